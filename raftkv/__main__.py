@@ -1,0 +1,3 @@
+from raftkv.cli import main
+
+main()

@@ -1,0 +1,242 @@
+"""Write commands and their log encoding.
+
+A Raft entry holds one *proposal*: the commands that one group commit gathered
+for a partition. The encoding is versioned and compact (no pickle): a version
+byte, then each command as a one-byte tag and length-prefixed byte strings.
+
+    entry   := VERSION command*
+    Put     := 0x01 u32 klen u32 vlen key value
+    Delete  := 0x02 u32 klen key
+    Range   := 0x03 u32 slen u32 elen start end        (delete [start, end))
+    Cas     := 0x04 u8 flags u32 klen u32 elen u32 nlen key expected new
+               flags bit0: expected present (else "key must be absent")
+               flags bit1: new present (else "delete on success")
+    Batch   := 0x05 u32 count (Put | Delete | Range)*  (applied atomically)
+
+An empty proposal (just the version byte) is a read barrier.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Union
+
+from raftkv.errors import InvalidRequest
+
+VERSION = 1
+
+_TAG_PUT, _TAG_DELETE, _TAG_RANGE, _TAG_CAS, _TAG_BATCH = 1, 2, 3, 4, 5
+_U32 = struct.Struct("<I")
+_U32x2 = struct.Struct("<II")
+_CAS_HEAD = struct.Struct("<BIII")
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRange:
+    """Delete every key in [start, end)."""
+
+    start: bytes
+    end: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Cas:
+    """Set `key` to `new` (or delete it when `new` is None) if its value is `expected`.
+
+    `expected=None` means the key must be absent.
+    """
+
+    key: bytes
+    expected: bytes | None
+    new: bytes | None
+
+
+Mutation = Union[Put, Delete, DeleteRange]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Mutations of one partition applied atomically."""
+
+    ops: tuple[Mutation, ...]
+
+
+Command = Union[Put, Delete, DeleteRange, Cas, Batch]
+
+
+@dataclass(frozen=True, slots=True)
+class CasResult:
+    succeeded: bool
+    current: bytes | None  # the value after the command
+
+
+def command_keys(command: Command) -> list[bytes]:
+    """The keys a command routes by (a DeleteRange routes by its start key)."""
+    if isinstance(command, Batch):
+        return [k for op in command.ops for k in command_keys(op)]
+    if isinstance(command, DeleteRange):
+        return [command.start]
+    return [command.key]
+
+
+def command_size(command: Command) -> int:
+    """Encoded size in bytes, for batching limits."""
+    if isinstance(command, Put):
+        return 9 + len(command.key) + len(command.value)
+    if isinstance(command, Delete):
+        return 5 + len(command.key)
+    if isinstance(command, DeleteRange):
+        return 9 + len(command.start) + len(command.end)
+    if isinstance(command, Cas):
+        return 14 + len(command.key) + len(command.expected or b"") + len(command.new or b"")
+    return 5 + sum(command_size(op) for op in command.ops)
+
+
+def _encode_into(out: list[bytes], command: Command) -> None:
+    if isinstance(command, Put):
+        out += (b"\x01", _U32x2.pack(len(command.key), len(command.value)), command.key, command.value)
+    elif isinstance(command, Delete):
+        out += (b"\x02", _U32.pack(len(command.key)), command.key)
+    elif isinstance(command, DeleteRange):
+        out += (b"\x03", _U32x2.pack(len(command.start), len(command.end)), command.start, command.end)
+    elif isinstance(command, Cas):
+        flags = (command.expected is not None) | ((command.new is not None) << 1)
+        expected, new = command.expected or b"", command.new or b""
+        out += (
+            b"\x04",
+            _CAS_HEAD.pack(flags, len(command.key), len(expected), len(new)),
+            command.key,
+            expected,
+            new,
+        )
+    elif isinstance(command, Batch):
+        out += (b"\x05", _U32.pack(len(command.ops)))
+        for op in command.ops:
+            if isinstance(op, (Cas, Batch)):
+                raise ValueError("a batch holds only put, delete and delete_range")
+            _encode_into(out, op)
+    else:
+        raise TypeError(f"not a command: {command!r}")
+
+
+def encode_proposal(commands: list[Command] | tuple[Command, ...]) -> bytes:
+    out: list[bytes] = [bytes((VERSION,))]
+    for command in commands:
+        _encode_into(out, command)
+    return b"".join(out)
+
+
+class DecodeError(ValueError):
+    """The bytes are not a proposal this version understands."""
+
+
+def _decode_one(buf: bytes, pos: int) -> tuple[Command, int]:
+    tag = buf[pos]
+    pos += 1
+    if tag == _TAG_PUT:
+        klen, vlen = _U32x2.unpack_from(buf, pos)
+        pos += 8
+        end = pos + klen
+        return Put(buf[pos:end], buf[end : end + vlen]), end + vlen
+    if tag == _TAG_DELETE:
+        (klen,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        return Delete(buf[pos : pos + klen]), pos + klen
+    if tag == _TAG_RANGE:
+        slen, elen = _U32x2.unpack_from(buf, pos)
+        pos += 8
+        mid = pos + slen
+        return DeleteRange(buf[pos:mid], buf[mid : mid + elen]), mid + elen
+    if tag == _TAG_CAS:
+        flags, klen, elen, nlen = _CAS_HEAD.unpack_from(buf, pos)
+        pos += _CAS_HEAD.size
+        key_end = pos + klen
+        exp_end = key_end + elen
+        new_end = exp_end + nlen
+        expected = buf[key_end:exp_end] if flags & 1 else None
+        new = buf[exp_end:new_end] if flags & 2 else None
+        return Cas(buf[pos:key_end], expected, new), new_end
+    if tag == _TAG_BATCH:
+        (count,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        ops = []
+        for _ in range(count):
+            if buf[pos] not in (_TAG_PUT, _TAG_DELETE, _TAG_RANGE):
+                raise DecodeError(f"tag {buf[pos]} is not allowed inside a batch")
+            op, pos = _decode_one(buf, pos)
+            ops.append(op)
+        return Batch(tuple(ops)), pos
+    raise DecodeError(f"unknown command tag {tag}")
+
+
+def decode_proposal(buf: bytes) -> list[Command]:
+    if not buf or buf[0] != VERSION:
+        raise DecodeError(f"unsupported proposal version {buf[:1]!r}")
+    commands: list[Command] = []
+    pos, end = 1, len(buf)
+    try:
+        while pos < end:
+            command, pos = _decode_one(buf, pos)
+            commands.append(command)
+    except (struct.error, IndexError) as exc:
+        raise DecodeError(f"truncated proposal at byte {pos}") from exc
+    if pos != end:
+        raise DecodeError(f"trailing bytes in proposal at {pos}")
+    return commands
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_key_bytes: int = 4096
+    max_value_bytes: int = 1024 * 1024
+
+
+def check_command(command: Command, limits: Limits) -> None:
+    """Raise InvalidRequest naming what is wrong with `command`."""
+    def key(k: bytes, what: str = "key") -> None:
+        if not k:
+            raise InvalidRequest(f"{what} must not be empty")
+        if len(k) > limits.max_key_bytes:
+            raise InvalidRequest(
+                f"{what} is {len(k)} bytes; the limit is {limits.max_key_bytes} (cluster.max_key_bytes)"
+            )
+
+    def value(v: bytes | None) -> None:
+        if v is not None and len(v) > limits.max_value_bytes:
+            raise InvalidRequest(
+                f"value is {len(v)} bytes; the limit is {limits.max_value_bytes} (cluster.max_value_bytes)"
+            )
+
+    if isinstance(command, Put):
+        key(command.key)
+        value(command.value)
+    elif isinstance(command, Delete):
+        key(command.key)
+    elif isinstance(command, DeleteRange):
+        key(command.start, "range start")
+        key(command.end, "range end")
+        if command.start >= command.end:
+            raise InvalidRequest("range start must be below range end")
+    elif isinstance(command, Cas):
+        key(command.key)
+        value(command.expected)
+        value(command.new)
+    elif isinstance(command, Batch):
+        if not command.ops:
+            raise InvalidRequest("a batch needs at least one operation")
+        for op in command.ops:
+            if isinstance(op, (Cas, Batch)):
+                raise InvalidRequest("a batch holds only put, delete and delete_range")
+            check_command(op, limits)

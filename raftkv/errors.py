@@ -1,0 +1,55 @@
+"""Every error raftkv raises, in one place.
+
+Each class builds its own message; only the CLI turns them into text and exit
+codes. `Undetermined` means the outcome of a write is unknown: it may or may
+not have been applied, and a history checker must treat it as maybe-applied.
+"""
+
+from __future__ import annotations
+
+
+class RaftKVError(Exception):
+    """Base of every raftkv error."""
+
+
+class InvalidRequest(RaftKVError):
+    """The request is malformed or breaks a limit; nothing was written."""
+
+
+class ConfigError(RaftKVError):
+    """The cluster spec or a flag is wrong; `problems` names each by field."""
+
+    def __init__(self, problems: list[str] | str, source: str = "config"):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.source = source
+        super().__init__(f"{source}: " + "; ".join(self.problems))
+
+
+class NotLeader(RaftKVError):
+    """This replica does not lead `partition`; `leader_hint` is the node id it believes leads."""
+
+    def __init__(self, partition: int, leader_hint: str | None = None):
+        self.partition = partition
+        self.leader_hint = leader_hint
+        hint = f"; leader is {leader_hint}" if leader_hint else "; no leader known"
+        super().__init__(f"not the leader of partition {partition}{hint}")
+
+
+class Unavailable(RaftKVError):
+    """No replica could be reached, or no leader was elected before the deadline; nothing was written."""
+
+
+class Timeout(RaftKVError):
+    """A read did not complete before its deadline."""
+
+
+class Undetermined(RaftKVError):
+    """A write was sent but its outcome is unknown: it may or may not have been applied."""
+
+
+class CorruptData(RaftKVError):
+    """A file on disk failed its integrity check; the node refuses to serve it."""
+
+
+class StorageFull(RaftKVError):
+    """The disk holding a node's data is full; nothing was acknowledged."""

@@ -1,0 +1,328 @@
+"""The cluster spec: one frozen, validated object built from a TOML file.
+
+    [cluster]
+    name = "raftkv"
+    partitions = 8           # fixed for the life of the cluster
+    replication = 3
+    durability = "default"   # or "fsync"
+    max_key_bytes = 4096
+    max_value_bytes = 1048576
+
+    [[nodes]]
+    id = "n1"
+    host = "127.0.0.1"
+    api_port = 7000
+    metrics_port = 7001
+    raft_port_base = 7002    # partition p's Raft port is raft_port_base + p
+    data_dir = "n1"          # relative paths are relative to the spec file
+
+    [tuning]                 # optional; every key has a default (see Tuning)
+    compaction_min_entries = 5000
+
+`validate` names every problem by field; `load_spec` raises one ConfigError
+listing them all.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import tomli_w
+
+from raftkv.errors import ConfigError
+
+DURABILITY_MODES = ("default", "fsync")
+DEFAULT_MAX_KEY_BYTES = 4 * 1024
+DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Raft and group-commit knobs; the defaults suit a LAN or loopback."""
+
+    election_timeout_min: float = 0.4
+    election_timeout_max: float = 1.4
+    heartbeat_period: float = 0.1
+    leader_fallback_timeout: float = 1.5  # an isolated leader steps down after this
+    connection_retry_seconds: float = 0.5
+    compaction_min_entries: int = 5000
+    compaction_min_seconds: float = 300.0
+    max_batch_ops: int = 4096
+    max_batch_bytes: int = 2 * 1024 * 1024
+    request_timeout: float = 10.0
+
+    def problems(self) -> list[str]:
+        problems = []
+        if not self.heartbeat_period * 3 < self.election_timeout_min < self.election_timeout_max:
+            problems.append("tuning: need 3 * heartbeat_period < election_timeout_min < election_timeout_max")
+        if self.leader_fallback_timeout <= self.heartbeat_period:
+            problems.append("tuning.leader_fallback_timeout: must exceed heartbeat_period")
+        for name in ("compaction_min_entries", "max_batch_ops", "max_batch_bytes"):
+            if getattr(self, name) < 2:
+                problems.append(f"tuning.{name}: must be at least 2")
+        for name in ("connection_retry_seconds", "compaction_min_seconds", "request_timeout"):
+            if getattr(self, name) <= 0:
+                problems.append(f"tuning.{name}: must be positive")
+        return problems
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    id: str
+    host: str
+    api_port: int
+    metrics_port: int
+    raft_port_base: int
+    data_dir: Path
+
+    @property
+    def api_address(self) -> str:
+        return f"{self.host}:{self.api_port}"
+
+    def raft_address(self, partition: int) -> str:
+        return f"{self.host}:{self.raft_port_base + partition}"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    partitions: int
+    replication: int
+    nodes: tuple[NodeSpec, ...]
+    durability: str = "default"
+    max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    tuning: Tuning = field(default_factory=Tuning)
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(n.id for n in self.nodes)
+
+    def node(self, node_id: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise ConfigError(
+            f"node {node_id!r} is not in the spec; known nodes: {', '.join(self.node_ids)}",
+            source=str(self.path or "spec"),
+        )
+
+    def validate(self) -> list[str]:
+        problems = []
+        if not self.name:
+            problems.append("cluster.name: must not be empty")
+        if not 1 <= self.partitions <= 4096:
+            problems.append(f"cluster.partitions: {self.partitions} is not in 1..4096")
+        if not self.nodes:
+            problems.append("nodes: at least one node is required")
+        if not 1 <= self.replication <= max(len(self.nodes), 1):
+            problems.append(
+                f"cluster.replication: {self.replication} must be between 1 and the number of nodes ({len(self.nodes)})"
+            )
+        if self.durability not in DURABILITY_MODES:
+            problems.append(f"cluster.durability: {self.durability!r} is not one of {', '.join(DURABILITY_MODES)}")
+        if self.max_key_bytes < 1:
+            problems.append("cluster.max_key_bytes: must be positive")
+        if self.max_value_bytes < 0:
+            problems.append("cluster.max_value_bytes: must not be negative")
+        problems += _node_problems(self.nodes, self.partitions)
+        problems += self.tuning.problems()
+        return problems
+
+
+def _node_problems(nodes: tuple[NodeSpec, ...], partitions: int) -> list[str]:
+    problems = []
+    seen_ids: set[str] = set()
+    used: dict[tuple[str, int], str] = {}
+    for i, n in enumerate(nodes):
+        where = f"nodes[{i}]"
+        if not n.id:
+            problems.append(f"{where}.id: must not be empty")
+        elif n.id in seen_ids:
+            problems.append(f"{where}.id: duplicate node id {n.id!r}")
+        seen_ids.add(n.id)
+        ports = [("api_port", n.api_port), ("metrics_port", n.metrics_port)]
+        ports += [(f"raft port of partition {p}", n.raft_port_base + p) for p in range(partitions)]
+        for name, port in ports:
+            if not 1 <= port <= 65535:
+                problems.append(f"{where}.{name}: {port} is not a valid port")
+                continue
+            other = used.get((n.host, port))
+            if other:
+                problems.append(f"{where}.{name}: port {port} on {n.host} is also {other}")
+            used[(n.host, port)] = f"{n.id} {name}"
+    return problems
+
+
+def build_spec(
+    *,
+    nodes: int,
+    partitions: int,
+    replication: int,
+    base_port: int,
+    data_dir: str | Path,
+    hosts: list[str] | None = None,
+    name: str = "raftkv",
+    durability: str = "default",
+) -> ClusterSpec:
+    """A spec for `nodes` nodes; each node takes a block of partitions + 2 ports."""
+    if hosts and len(hosts) != nodes:
+        raise ConfigError(f"--hosts lists {len(hosts)} hosts for {nodes} nodes")
+    stride = partitions + 2
+    node_specs = tuple(
+        NodeSpec(
+            id=f"n{i + 1}",
+            host=hosts[i] if hosts else "127.0.0.1",
+            api_port=base_port + i * stride,
+            metrics_port=base_port + i * stride + 1,
+            raft_port_base=base_port + i * stride + 2,
+            data_dir=Path(data_dir).resolve() / f"n{i + 1}",
+        )
+        for i in range(nodes)
+    )
+    spec = ClusterSpec(
+        name=name, partitions=partitions, replication=replication, nodes=node_specs, durability=durability
+    )
+    problems = spec.validate()
+    if problems:
+        raise ConfigError(problems, source="cluster init")
+    return spec
+
+
+def spec_to_toml(spec: ClusterSpec, relative_to: Path | None = None) -> str:
+    """TOML text; data dirs under `relative_to` are written relative to it."""
+
+    def data_dir(n: NodeSpec) -> str:
+        if relative_to is not None and n.data_dir.is_relative_to(relative_to):
+            return str(n.data_dir.relative_to(relative_to))
+        return str(n.data_dir)
+
+    doc = {
+        "cluster": {
+            "name": spec.name,
+            "partitions": spec.partitions,
+            "replication": spec.replication,
+            "durability": spec.durability,
+            "max_key_bytes": spec.max_key_bytes,
+            "max_value_bytes": spec.max_value_bytes,
+        },
+        **({"tuning": tuning_doc} if (tuning_doc := _non_default_tuning(spec.tuning)) else {}),
+        "nodes": [
+            {
+                "id": n.id,
+                "host": n.host,
+                "api_port": n.api_port,
+                "metrics_port": n.metrics_port,
+                "raft_port_base": n.raft_port_base,
+                "data_dir": data_dir(n),
+            }
+            for n in spec.nodes
+        ],
+    }
+    return tomli_w.dumps(doc)
+
+
+def _non_default_tuning(tuning: Tuning) -> dict:
+    default = Tuning()
+    return {k: v for k, v in vars(tuning).items() if v != getattr(default, k)}
+
+
+def save_spec(spec: ClusterSpec, path: str | Path) -> Path:
+    """Write the spec; relative data dirs stay relative to the spec file's folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(spec_to_toml(spec, relative_to=path.parent.resolve()))
+    return path
+
+
+_NODE_FIELDS = {"id": str, "host": str, "api_port": int, "metrics_port": int, "raft_port_base": int, "data_dir": str}
+
+
+def parse_spec(doc: dict, base_dir: Path, source: str = "spec") -> ClusterSpec:
+    problems: list[str] = []
+    cluster = doc.get("cluster")
+    if not isinstance(cluster, dict):
+        raise ConfigError("missing [cluster] table", source=source)
+    nodes_doc = doc.get("nodes")
+    if not isinstance(nodes_doc, list):
+        raise ConfigError("missing [[nodes]] entries", source=source)
+
+    def typed(table: dict, key: str, kind: type, where: str, default=None):
+        value = table.get(key, default)
+        if value is None:
+            problems.append(f"{where}.{key}: missing")
+        elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            problems.append(f"{where}.{key}: expected {kind.__name__}, got {value!r}")
+            return None
+        return value
+
+    nodes = []
+    for i, table in enumerate(nodes_doc):
+        if not isinstance(table, dict):
+            problems.append(f"nodes[{i}]: expected a table")
+            continue
+        values = {k: typed(table, k, kind, f"nodes[{i}]") for k, kind in _NODE_FIELDS.items()}
+        unknown = set(table) - set(_NODE_FIELDS)
+        if unknown:
+            problems.append(f"nodes[{i}]: unknown keys {', '.join(sorted(unknown))}")
+        if None not in values.values():
+            data_dir = Path(values["data_dir"])
+            values["data_dir"] = data_dir if data_dir.is_absolute() else base_dir / data_dir
+            nodes.append(NodeSpec(**values))
+
+    spec_values = {
+        "name": typed(cluster, "name", str, "cluster"),
+        "partitions": typed(cluster, "partitions", int, "cluster"),
+        "replication": typed(cluster, "replication", int, "cluster"),
+        "durability": typed(cluster, "durability", str, "cluster", "default"),
+        "max_key_bytes": typed(cluster, "max_key_bytes", int, "cluster", DEFAULT_MAX_KEY_BYTES),
+        "max_value_bytes": typed(cluster, "max_value_bytes", int, "cluster", DEFAULT_MAX_VALUE_BYTES),
+    }
+    unknown = set(cluster) - set(spec_values)
+    if unknown:
+        problems.append(f"cluster: unknown keys {', '.join(sorted(unknown))}")
+    spec_values["tuning"] = _parse_tuning(doc.get("tuning", {}), problems)
+    if problems:
+        raise ConfigError(problems, source=source)
+    spec = ClusterSpec(nodes=tuple(nodes), **spec_values)
+    problems = spec.validate()
+    if problems:
+        raise ConfigError(problems, source=source)
+    return spec
+
+
+def _parse_tuning(table: object, problems: list[str]) -> Tuning:
+    if not isinstance(table, dict):
+        problems.append("tuning: expected a table")
+        return Tuning()
+    default = Tuning()
+    values = {}
+    for key, value in table.items():
+        if not hasattr(default, key):
+            problems.append(f"tuning.{key}: unknown key")
+            continue
+        kind = type(getattr(default, key))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+            problems.append(f"tuning.{key}: expected {kind.__name__}, got {value!r}")
+            continue
+        values[key] = kind(value)
+    return Tuning(**values)
+
+
+def load_spec(path: str | Path) -> ClusterSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError("file not found; create one with `raftkv cluster init`", source=str(path)) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", source=str(path)) from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", source=str(path)) from None
+    spec = parse_spec(doc, base_dir=path.resolve().parent, source=str(path))
+    return replace(spec, path=path)

@@ -1,0 +1,77 @@
+"""Applying a committed proposal: pure and deterministic.
+
+`apply_proposal` turns decoded commands into the mutations to write (one
+atomic engine write per Raft entry) and one result per command. It reads the
+current state only through `read`, and sees the effects of earlier commands
+in the same proposal, so a Cas after a Put of the same key in one entry sees
+the Put.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Mutation, Put
+
+Result = CasResult | None
+
+
+@dataclass
+class _Overlay:
+    """Writes of the current proposal, consulted before the engine."""
+
+    read: Callable[[bytes], bytes | None]
+    values: dict[bytes, bytes | None] = field(default_factory=dict)
+    ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self.values:
+            return self.values[key]
+        if any(start <= key < end for start, end in self.ranges):
+            return None
+        return self.read(key)
+
+    def record(self, m: Mutation) -> None:
+        if isinstance(m, Put):
+            self.values[m.key] = m.value
+        elif isinstance(m, Delete):
+            self.values[m.key] = None
+        else:
+            self.ranges.append((m.start, m.end))
+            for key in self.values:
+                if m.start <= key < m.end:
+                    self.values[key] = None
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    mutations: list[Mutation]
+    results: list[Result]
+
+
+def apply_proposal(read: Callable[[bytes], bytes | None], commands: Sequence[Command]) -> Applied:
+    overlay = _Overlay(read)
+    mutations: list[Mutation] = []
+    results: list[Result] = []
+
+    def write(m: Mutation) -> None:
+        mutations.append(m)
+        overlay.record(m)
+
+    for command in commands:
+        if isinstance(command, Cas):
+            current = overlay.get(command.key)
+            if current == command.expected:
+                write(Put(command.key, command.new) if command.new is not None else Delete(command.key))
+                results.append(CasResult(True, command.new))
+            else:
+                results.append(CasResult(False, current))
+        elif isinstance(command, Batch):
+            for op in command.ops:
+                write(op)
+            results.append(None)
+        else:
+            write(command)
+            results.append(None)
+    return Applied(mutations, results)
