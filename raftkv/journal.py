@@ -1,0 +1,355 @@
+"""The Raft log of one partition replica: a crash-safe drop-in for pysyncobj's FileJournal.
+
+pysyncobj 0.3.17's FileJournal is not safe to build a store on: it writes through
+mmap and never fsyncs; its compaction (`deleteEntriesTo`) clears the file and then
+re-adds the kept entries, so a crash in between loses them; its records have no
+checksums, so a torn or rotted record is read back as data; and its term/vote meta
+file is replaced without fsync. RaftJournal fixes each of these:
+
+- every record carries its length and a CRC; recovery on open drops a torn tail and
+  refuses (CorruptData) anything else that fails a check;
+- `add` is one `os.write` (it survives `kill -9`); with `fsync=True` the caller makes
+  it survive power loss with `sync()`, one `fdatasync` per group commit;
+- compaction and `clear` write a new file and `os.replace` it, fsyncing both;
+- term and vote are written atomically (temp file, replace) before `setCurrentTerm`
+  returns.
+
+The directory holds `raft.log` and `meta` (and their `.tmp` twins while they are
+rewritten); integers are little-endian:
+
+    raft.log := "RKVLOG\\0\\0" u32 version record*
+    record   := u32 length | u32 length^0xFFFFFFFF | u32 crc | u64 idx | u64 term | payload
+                (crc = crc32 of idx, term and payload)
+    meta     := "RKVMETA\\0" u32 version | u32 crc | u64 term | u64 commit | i32 vlen | voted
+                (crc = crc32 of everything after it; vlen = -1 when no vote was cast)
+
+The length is stored with its complement so that a damaged length field is caught as
+corruption instead of looking like a record cut short at the end of the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import struct
+import zlib
+from itertools import accumulate
+from pathlib import Path
+
+from pysyncobj.journal import Journal
+
+from raftkv.errors import CorruptData, StorageFull
+
+Entry = tuple[bytes, int, int]
+
+LOG_NAME = "raft.log"
+META_NAME = "meta"
+FORMAT_VERSION = 1
+
+_TMP_SUFFIX = ".tmp"
+_LOG_MAGIC = b"RKVLOG\0\0"
+_META_MAGIC = b"RKVMETA\0"
+_LENGTH_MASK = 0xFFFFFFFF
+
+_FILE_HEADER = struct.Struct("<8sI")  # magic, format version
+_RECORD_HEADER = struct.Struct("<III")  # length, length ^ _LENGTH_MASK, crc
+_IDX_TERM = struct.Struct("<QQ")
+_CRC = struct.Struct("<I")
+_META_FIELDS = struct.Struct("<QQi")  # term, commit index, length of voted-for (-1: None)
+_LOG_HEADER = _FILE_HEADER.pack(_LOG_MAGIC, FORMAT_VERSION)
+
+_logger = logging.getLogger(__name__)
+
+
+class RaftJournal(Journal):
+    """The Raft log, term, vote and commit index of one replica, kept in `directory`.
+
+    Entries are `(command, idx, term)` tuples held in memory; positions passed to
+    `deleteEntriesFrom` / `deleteEntriesTo` are list positions, as in FileJournal.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], fsync: bool):
+        self._dir = Path(directory)
+        self._path = self._dir / LOG_NAME
+        self._meta_path = self._dir / META_NAME
+        self._fsync = fsync
+        self._dirty = False
+        self._make_directory()
+        for path in (self._path, self._meta_path):
+            _tmp_path(path).unlink(missing_ok=True)
+        if not self._path.exists():
+            os.close(_write_new_file(self._path, _LOG_HEADER, fsync=True))
+        self._load()
+        self._term, self._commit, self._voted = _read_meta(self._meta_path)
+        self._meta_saved = True
+
+    # Log entries
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        if self._entries and idx != self._entries[-1][1] + 1:
+            raise ValueError(f"journal {self._path}: entry {idx} does not follow {self._entries[-1][1]}")
+        record = _encode_record(command, idx, term)
+        try:
+            _write_all(self._fd, record, self._path)
+        except BaseException:
+            os.ftruncate(self._fd, self._end)  # a partial record would make the log unreadable
+            raise
+        self._entries.append((command, idx, term))
+        self._offsets.append(self._end)
+        self._end += len(record)
+        self._dirty = self._fsync
+
+    def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
+        return self._entries[item]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:
+        start = _position(entryFrom, len(self._entries))
+        if start == len(self._entries):
+            return
+        self._end = self._offsets[start]
+        os.ftruncate(self._fd, self._end)
+        del self._entries[start:]
+        del self._offsets[start:]
+        self._dirty = self._fsync
+
+    def deleteEntriesTo(self, entryTo: int) -> None:
+        start = _position(entryTo, len(self._entries))
+        if start:
+            self._install(self._entries[start:])
+
+    def clear(self) -> None:
+        self._install([])
+
+    # Durability
+
+    @property
+    def dirty(self) -> bool:
+        """Whether entries were added or truncated since the last `sync()` (always False without fsync)."""
+        return self._dirty
+
+    def sync(self) -> None:
+        """Make every added entry and truncation durable; a no-op unless dirty."""
+        if self._dirty:
+            os.fdatasync(self._fd)
+            self._dirty = False
+
+    def flush(self) -> None:
+        self.sync()
+        self.onOneSecondTimer()
+
+    def onOneSecondTimer(self) -> None:
+        if not self._meta_saved:
+            self._save_meta()
+
+    def _destroy(self) -> None:
+        self.flush()
+        os.close(self._fd)
+
+    # Term, vote and commit index
+
+    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:
+        self._term, self._voted = term, votedForNodeId
+        self._save_meta()
+
+    def getCurrentTerm(self) -> int:
+        return self._term
+
+    def getVotedForNodeId(self) -> str | None:
+        return self._voted
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
+        self._commit = raftCommitIndex
+        self._meta_saved = False
+
+    def getRaftCommitIndex(self) -> int:
+        return self._commit
+
+    # Files
+
+    def _make_directory(self) -> None:
+        if self._dir.is_dir():
+            return
+        self._dir.mkdir(parents=True)
+        if self._fsync:
+            _fsync_directory(self._dir.parent)
+
+    def _load(self) -> None:
+        data = self._path.read_bytes()
+        self._entries, self._offsets, self._end = _scan(self._path, data)
+        if self._end < len(data):
+            os.truncate(self._path, self._end)
+        self._fd = os.open(self._path, os.O_RDWR | os.O_APPEND)
+
+    def _install(self, entries: list[Entry]) -> None:
+        """Atomically replace the log file with one holding exactly `entries`."""
+        records = [_encode_record(*entry) for entry in entries]
+        fd = _write_new_file(self._path, b"".join([_LOG_HEADER, *records]), fsync=True)
+        os.close(self._fd)
+        self._fd = fd
+        *self._offsets, self._end = accumulate(map(len, records), initial=len(_LOG_HEADER))
+        self._entries = entries
+        self._dirty = False
+
+    def _save_meta(self) -> None:
+        # The stored commit index must never point past the durable end of the log.
+        self.sync()
+        meta = _encode_meta(self._term, self._commit, self._voted)
+        os.close(_write_new_file(self._meta_path, meta, fsync=self._fsync))
+        self._meta_saved = True
+
+
+def _position(item: int, length: int) -> int:
+    """The list position `item` means in a slice `[item:]` of a list of `length`."""
+    return slice(item, None).indices(length)[0]
+
+
+def _encode_record(command: bytes, idx: int, term: int) -> bytes:
+    idx_term = _IDX_TERM.pack(idx, term)
+    crc = zlib.crc32(command, zlib.crc32(idx_term))
+    length = len(command)
+    return _RECORD_HEADER.pack(length, length ^ _LENGTH_MASK, crc) + idx_term + command
+
+
+class _BadRecord(Exception):
+    """A record failed a check; it is a torn write if only zeros follow `torn_if_zeros_from`."""
+
+    def __init__(self, reason: str, torn_if_zeros_from: int):
+        super().__init__(reason)
+        self.reason = reason
+        self.torn_if_zeros_from = torn_if_zeros_from
+
+
+def _decode_record(data: bytes, offset: int) -> tuple[Entry, int]:
+    """The record at `offset` and the offset just after it."""
+    size = len(data)
+    body = offset + _RECORD_HEADER.size
+    if body + _IDX_TERM.size > size:
+        raise _BadRecord("incomplete record header", size)
+    length, length_check, crc = _RECORD_HEADER.unpack_from(data, offset)
+    if length ^ length_check != _LENGTH_MASK:
+        raise _BadRecord("bad record length", offset)
+    end = body + _IDX_TERM.size + length
+    if end > size:
+        raise _BadRecord("incomplete record", size)
+    if zlib.crc32(memoryview(data)[body:end]) != crc:
+        raise _BadRecord("checksum mismatch", end)
+    idx, term = _IDX_TERM.unpack_from(data, body)
+    return (data[body + _IDX_TERM.size : end], idx, term), end
+
+
+def _scan(path: Path, data: bytes) -> tuple[list[Entry], list[int], int]:
+    """Entries, their offsets and the end of the last good record in the log file `data`.
+
+    A damaged record followed by nothing but zeros is a write cut short by a crash
+    (file systems may extend a file with zeros before its data lands); it is dropped.
+    Any other damage raises CorruptData.
+    """
+    _check_file_header(path, data, _LOG_MAGIC)
+    entries: list[Entry] = []
+    offsets: list[int] = []
+    offset = _FILE_HEADER.size
+    while offset < len(data):
+        try:
+            entry, end = _decode_record(data, offset)
+        except _BadRecord as bad:
+            if data.count(0, bad.torn_if_zeros_from) != len(data) - bad.torn_if_zeros_from:
+                raise _corrupt(path, offset, bad.reason) from None
+            _logger.warning(
+                "journal %s: dropped %d bytes of a torn write at byte %d (%s); keeping %d entries",
+                path, len(data) - offset, offset, bad.reason, len(entries),
+            )
+            break
+        if entries and entry[1] != entries[-1][1] + 1:
+            raise _corrupt(path, offset, f"entry {entry[1]} follows entry {entries[-1][1]}")
+        entries.append(entry)
+        offsets.append(offset)
+        offset = end
+    return entries, offsets, offset
+
+
+def _encode_meta(term: int, commit: int, voted: str | None) -> bytes:
+    voted_bytes = b"" if voted is None else voted.encode()
+    fields = _META_FIELDS.pack(term, commit, -1 if voted is None else len(voted_bytes)) + voted_bytes
+    return _FILE_HEADER.pack(_META_MAGIC, FORMAT_VERSION) + _CRC.pack(zlib.crc32(fields)) + fields
+
+
+def _read_meta(path: Path) -> tuple[int, int, str | None]:
+    """Term, commit index and vote stored at `path`, or the defaults if there is no file."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 0, 1, None
+    _check_file_header(path, data, _META_MAGIC)
+    fields_at = _FILE_HEADER.size + _CRC.size
+    voted_at = fields_at + _META_FIELDS.size
+    if len(data) < voted_at:
+        raise _corrupt(path, len(data), "file cut short")
+    (crc,) = _CRC.unpack_from(data, _FILE_HEADER.size)
+    if zlib.crc32(memoryview(data)[fields_at:]) != crc:
+        raise _corrupt(path, _FILE_HEADER.size, "checksum mismatch")
+    term, commit, voted_length = _META_FIELDS.unpack_from(data, fields_at)
+    if len(data) != voted_at + max(voted_length, 0):
+        raise _corrupt(path, voted_at, "bad vote length")
+    return term, commit, None if voted_length < 0 else data[voted_at:].decode()
+
+
+def _check_file_header(path: Path, data: bytes, magic: bytes) -> None:
+    if len(data) < _FILE_HEADER.size:
+        raise _corrupt(path, len(data), "file header cut short")
+    found_magic, version = _FILE_HEADER.unpack_from(data)
+    if found_magic != magic:
+        raise _corrupt(path, 0, "not a raftkv journal file")
+    if version != FORMAT_VERSION:
+        raise _corrupt(path, len(magic), f"unsupported format version {version}")
+
+
+def _corrupt(path: Path, offset: int, reason: str) -> CorruptData:
+    return CorruptData(
+        f"journal {path} is corrupt at byte {offset} ({reason}); stop the node, "
+        f"move {path.parent} away and restart it so the partition re-syncs from its peers"
+    )
+
+
+def _write_all(fd: int, data: bytes, path: Path) -> None:
+    try:
+        written = os.write(fd, data)
+        while written < len(data):  # a regular file only takes part of a write as the disk fills up
+            written += os.write(fd, data[written:])
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise StorageFull(f"disk full while writing {path}; free space on that disk") from error
+        raise
+
+
+def _tmp_path(path: Path) -> Path:
+    return path.with_name(path.name + _TMP_SUFFIX)
+
+
+def _write_new_file(path: Path, data: bytes, fsync: bool) -> int:
+    """Atomically replace `path` with a file holding `data`; return an appending fd on it."""
+    tmp = _tmp_path(path)
+    fd = os.open(tmp, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, data, tmp)
+        if fsync:
+            os.fsync(fd)
+        os.replace(tmp, path)
+        if fsync:
+            _fsync_directory(path.parent)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    return fd
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
