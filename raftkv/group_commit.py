@@ -1,0 +1,127 @@
+"""Group commit for one partition, on the node's asyncio loop.
+
+Writes and linearizable-read barriers queue here; `GroupCommit` decides when
+a batch goes out; each batch becomes ONE Raft entry (one WriteBatch on every
+replica). Reads share the barrier of whatever batch carries them: once that
+entry is applied on this leader, every write acknowledged before the read
+arrived is visible, so a local read is linearizable.
+
+A proposal that neither commits nor fails within the request timeout (a
+deposed leader never hears back) is reported Undetermined and its slot freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+
+from pysyncobj import FAIL_REASON
+
+from raftkv import metrics
+from raftkv.batching import GroupCommit
+from raftkv.commands import Command, command_size, encode_proposal
+from raftkv.errors import NotLeader, Undetermined, Unavailable
+from raftkv.syncobj_replica import NOT_APPLIED, PartitionReplica, Role
+
+_BARRIER_SIZE = 1
+
+
+@dataclass(slots=True)
+class _Pending:
+    command: Command | None  # None: a read barrier
+    future: asyncio.Future
+
+
+class PartitionFrontend:
+    def __init__(
+        self,
+        replica: PartitionReplica,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        max_batch_ops: int,
+        max_batch_bytes: int,
+        request_timeout: float,
+        leader_id_of: callable,
+    ):
+        self.replica = replica
+        self.partition = replica.partition
+        self._loop = loop
+        self._policy: GroupCommit[_Pending] = GroupCommit(max_batch_ops, max_batch_bytes, max_in_flight=1)
+        self._timeout = request_timeout
+        self._leader_id_of = leader_id_of
+        self._ids = itertools.count()
+        self._in_flight: dict[int, tuple[list[_Pending], asyncio.TimerHandle]] = {}
+
+    @property
+    def is_leader(self) -> bool:
+        return self.replica.role == Role.LEADER
+
+    def not_leader(self) -> NotLeader:
+        return NotLeader(self.partition, self._leader_id_of(self.replica.leader_address))
+
+    def submit(self, command: Command) -> asyncio.Future:
+        return self._enqueue(_Pending(command, self._loop.create_future()), command_size(command))
+
+    def barrier(self) -> asyncio.Future:
+        return self._enqueue(_Pending(None, self._loop.create_future()), _BARRIER_SIZE)
+
+    def _enqueue(self, pending: _Pending, size: int) -> asyncio.Future:
+        if not self.is_leader:
+            pending.future.set_exception(self.not_leader())
+            return pending.future
+        for batch in self._policy.add(pending, size):
+            self._propose(batch)
+        return pending.future
+
+    def _propose(self, batch: list[_Pending]) -> None:
+        proposal_id = next(self._ids)
+        payload = encode_proposal([p.command for p in batch if p.command is not None])
+        timer = self._loop.call_later(self._timeout, self._finish, proposal_id, None, None)
+        self._in_flight[proposal_id] = (batch, timer)
+        metrics.PROPOSALS.labels(self.partition).inc()
+        metrics.PROPOSAL_OPS.labels(self.partition).observe(len(batch))
+        loop = self._loop
+
+        def on_applied(results, reason):  # on the replica's tick thread
+            loop.call_soon_threadsafe(self._finish, proposal_id, results, reason)
+
+        try:
+            self.replica.propose(payload, on_applied)
+        except Exception as exc:  # the replica is shutting down
+            self._finish(proposal_id, None, exc)
+
+    def _finish(self, proposal_id: int, results, reason) -> None:
+        entry = self._in_flight.pop(proposal_id, None)
+        if entry is None:
+            return  # timed out earlier; the late answer changes nothing we can still report
+        batch, timer = entry
+        timer.cancel()
+        if reason == FAIL_REASON.SUCCESS:
+            writes = iter(results or ())
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_result(next(writes) if p.command is not None else None)
+        else:
+            error = self._error_for(reason)
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(error)
+        for next_batch in self._policy.completed():
+            self._propose(next_batch)
+
+    def _error_for(self, reason) -> Exception:
+        if reason is None:
+            return Undetermined(f"partition {self.partition}: no commit within {self._timeout:.1f}s; the write may or may not apply")
+        if isinstance(reason, Exception):
+            return Unavailable(f"partition {self.partition}: {reason}")
+        if reason in NOT_APPLIED:
+            return self.not_leader()
+        return Undetermined(f"partition {self.partition}: leadership changed while the write was in flight")
+
+    def on_leadership_lost(self) -> None:
+        """Fail what was queued but not yet proposed, so clients re-route at once."""
+        error = self.not_leader()
+        for p in self._policy.abandon():
+            if not p.future.done():
+                p.future.set_exception(error)

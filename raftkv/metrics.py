@@ -1,0 +1,29 @@
+"""Prometheus metrics of a node, defined once. Labels: partition."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+LEADER_CHANGES = Counter("raftkv_leader_changes_total", "Times this replica's role changed", ["partition"])
+IS_LEADER = Gauge("raftkv_is_leader", "1 while this replica leads its partition", ["partition"])
+TERM = Gauge("raftkv_term", "Current Raft term", ["partition"])
+COMMIT_INDEX = Gauge("raftkv_commit_index", "Raft commit index", ["partition"])
+APPLIED_INDEX = Gauge("raftkv_applied_index", "Index of the last entry applied to RocksDB", ["partition"])
+PROPOSALS = Counter("raftkv_proposals_total", "Raft entries proposed by this leader", ["partition"])
+PROPOSAL_OPS = Histogram(
+    "raftkv_proposal_ops",
+    "Operations (writes and read barriers) per proposal",
+    ["partition"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
+)
+APPLY_SECONDS = Histogram(
+    "raftkv_apply_seconds",
+    "Time to apply one committed entry to RocksDB",
+    ["partition"],
+    buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
+)
+REQUEST_OPS = Counter("raftkv_request_ops_total", "Operations received through the API", ["kind"])
+
+
+def serve(host: str, port: int) -> None:
+    start_http_server(port, addr=host)

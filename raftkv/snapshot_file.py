@@ -1,0 +1,104 @@
+"""The snapshot file pysyncobj stores and streams to lagging replicas.
+
+An uncompressed tar (RocksDB's SST files are compressed already):
+
+    meta.json      format, partition, engine position, cluster addresses
+    prev.entry     the two journal entries pysyncobj keeps as the log's base:
+    last.entry     u64 index, u64 term, command bytes
+    db/...         a RocksDB checkpoint of the partition
+
+pysyncobj hands the file to other replicas byte by byte, so it must be one
+self-contained file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from raftkv.engine import Position
+from raftkv.errors import CorruptData
+
+FORMAT = 1
+_ENTRY_HEAD = struct.Struct("<QQ")
+
+Entry = tuple  # pysyncobj's (command: bytes, index: int, term: int)
+
+
+@dataclass(frozen=True)
+class Meta:
+    partition: int
+    position: Position
+    last_entry: Entry
+    prev_entry: Entry
+    cluster: list[str]
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _encode_entry(entry: Entry) -> bytes:
+    command, index, term = entry
+    return _ENTRY_HEAD.pack(index, term) + bytes(command)
+
+
+def _decode_entry(data: bytes) -> Entry:
+    index, term = _ENTRY_HEAD.unpack_from(data)
+    return (data[_ENTRY_HEAD.size :], index, term)
+
+
+def write(filename: str | Path, checkpoint_dir: Path, meta: Meta) -> None:
+    head = {
+        "format": FORMAT,
+        "partition": meta.partition,
+        "index": meta.position.index,
+        "term": meta.position.term,
+        "cluster": meta.cluster,
+    }
+    with tarfile.open(filename, "w") as tar:
+        _add_bytes(tar, "meta.json", json.dumps(head).encode())
+        _add_bytes(tar, "prev.entry", _encode_entry(meta.prev_entry))
+        _add_bytes(tar, "last.entry", _encode_entry(meta.last_entry))
+        tar.add(checkpoint_dir, arcname="db")
+
+
+def read_meta(filename: str | Path) -> Meta:
+    try:
+        with tarfile.open(filename, "r") as tar:
+            members = {}
+            for member in tar:
+                if member.name == "db":
+                    break
+                members[member.name] = tar.extractfile(member).read()
+        head = json.loads(members["meta.json"])
+        if head.get("format") != FORMAT:
+            raise CorruptData(f"snapshot {filename} has format {head.get('format')}, expected {FORMAT}")
+        return Meta(
+            partition=head["partition"],
+            position=Position(head["index"], head["term"]),
+            last_entry=_decode_entry(members["last.entry"]),
+            prev_entry=_decode_entry(members["prev.entry"]),
+            cluster=head["cluster"],
+        )
+    except (tarfile.TarError, KeyError, ValueError, struct.error, OSError) as exc:
+        raise CorruptData(
+            f"snapshot {filename} is unreadable ({exc}); delete it and let the replica re-sync from its peers"
+        ) from None
+
+
+def extract_db(filename: str | Path, dest: Path) -> Path:
+    """Unpack the checkpoint into dest/db and return that path."""
+    try:
+        with tarfile.open(filename, "r") as tar:
+            members = [m for m in tar.getmembers() if m.name == "db" or m.name.startswith("db/")]
+            tar.extractall(dest, members=members, filter="data")
+    except (tarfile.TarError, OSError) as exc:
+        raise CorruptData(f"snapshot {filename} is unreadable ({exc})") from None
+    return dest / "db"

@@ -1,0 +1,190 @@
+"""Safety fix for pysyncobj's follower-side AppendEntries handling.
+
+raftkv pins ``pysyncobj==0.3.17`` exactly; this module checks that at import
+time and refuses to load against any other version, because it reaches into
+pysyncobj's private (name-mangled) state.
+
+The bug
+-------
+``SyncObj.__onMessageReceived`` handles a regular ``append_entries`` message
+whose ``prevLogIdx`` is below the follower's last entry by deleting *every*
+entry after ``prevLogIdx`` and re-adding the message's entries, whether or not
+anything conflicts. That happens routinely: with ``appendEntriesUseBatch=False``
+the leader pipelines messages and rewinds its ``nextIndex`` on acknowledgements,
+so stale or overlapping messages (including empty heartbeats) reach followers.
+A follower then drops entries it has already acknowledged, committed and even
+applied (pysyncobj logs "truncating already-applied log entries ... may have
+diverged"). If the leader dies before re-sending them, acknowledged writes are
+lost and replicas diverge.
+
+A second defect in the same branch: the follower sets
+``commitIndex = min(leaderCommit, last log index)`` instead of
+``min(leaderCommit, index of last new entry)``, so stale entries beyond the
+point verified against the leader can be marked committed.
+
+The fix
+-------
+``PatchedSyncObj`` replaces the message handler. Regular ``append_entries``
+messages (term >= current term, with ``prevLogIdx``) are handled by
+``_patchedAppendEntries``, which follows Raft (Figure 2, AppendEntries receiver):
+
+* entries already present with the same index and term are skipped;
+* only at the first entry whose term differs is the log truncated, and the
+  remaining entries are appended;
+* a conflict at or below the commit index (or last applied index) is never
+  truncated: it is logged as critical and answered with a failure, since it
+  can only happen with a faulty leader;
+* ``commitIndex = max(commitIndex, min(leaderCommit, prevLogIdx + len(entries)))``.
+
+Everything else the original branch does (election deadline, leader change,
+term/state update, ``next_node_idx`` replies, dynamic-membership rollback and
+apply) is kept, restricted to entries actually deleted or appended. All other
+messages go to the original handler unchanged.
+
+The ``transmission`` path (one entry larger than ``appendEntriesBatchSizeBytes``
+sent in chunks) ends in the same branch. Its ``start``/``process`` chunks only
+buffer data and are delegated to upstream; the ``finish`` chunk is reassembled
+exactly as upstream does and then handled by ``_patchedAppendEntries``. raftkv
+nevertheless configures ``appendEntriesBatchSizeBytes`` above its largest entry
+so that path, whose chunking upstream has quirks of its own, is never taken.
+
+Why an override and not a vendored fork
+---------------------------------------
+It is the smallest surface: one handler path is replaced and everything else
+stays upstream code, so upgrading means re-reading one method (the version
+check forces that review) rather than re-diffing a fork.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Sequence, Tuple
+
+import pysyncobj
+import pysyncobj.version
+from pysyncobj import syncobj as _upstream
+from pysyncobj.node import Node
+
+PINNED_PYSYNCOBJ_VERSION = '0.3.17'
+
+if pysyncobj.version.VERSION != PINNED_PYSYNCOBJ_VERSION:
+    raise RuntimeError(
+        'raftkv.syncobj_patches requires pysyncobj==%s, found %s: the patch uses '
+        'pysyncobj private state; re-review SyncObj.__onMessageReceived before '
+        'changing the pin' % (PINNED_PYSYNCOBJ_VERSION, pysyncobj.version.VERSION))
+
+logger = logging.getLogger(__name__)
+
+# (command, index, term), as stored in pysyncobj's journal.
+LogEntry = Tuple[bytes, int, int]
+Message = Dict[str, Any]
+
+_originalOnMessageReceived = pysyncobj.SyncObj._SyncObj__onMessageReceived
+
+
+class PatchedSyncObj(pysyncobj.SyncObj):
+    """``pysyncobj.SyncObj`` with Raft-correct follower AppendEntries handling.
+
+    Subclass it exactly like ``SyncObj``. Do not set instance attributes here:
+    pysyncobj snapshots every attribute created after its ``__init__``.
+    """
+
+    def _patchedOnMessageReceived(self, node: Node, message: Message) -> None:
+        if (message['type'] == 'append_entries'
+                and message['term'] >= self._SyncObj__raftCurrentTerm
+                and 'prevLogIdx' in message
+                and message.get('transmission') in (None, 'finish')):
+            self._patchedAppendEntries(node, message)
+        else:
+            _originalOnMessageReceived(self, node, message)
+
+    # SyncObj.__init__ registers self.__onMessageReceived with the transport;
+    # this name is what that lookup resolves to (no mangling: one underscore).
+    _SyncObj__onMessageReceived = _patchedOnMessageReceived
+
+    def _patchedAppendEntries(self, node: Node, message: Message) -> None:
+        # Same bookkeeping as upstream before it looks at the log.
+        if message['term'] > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__transferInProgress = False
+        if not self._SyncObj__transferInProgress:
+            self._SyncObj__raftElectionDeadline = (
+                _upstream.monotonicTime() + self._SyncObj__generateRaftTimeout())
+        if self._SyncObj__raftLeader != node:
+            self._SyncObj__onLeaderChanged()
+        self._SyncObj__raftLeader = node
+        if message['term'] > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(message['term'], None)
+        self._SyncObj__setState(_upstream._RAFT_STATE.FOLLOWER)
+        leaderCommitIndex: int = message['commit_index']
+        self._SyncObj__leaderCommitIndex = leaderCommitIndex
+
+        entries: Sequence[LogEntry] = message.get('entries', [])
+        if message.get('transmission') == 'finish':
+            # Reassemble exactly like upstream (the buffer is kept if loads fails).
+            self._SyncObj__recvTransmission += message['data']
+            entries = [_upstream.pickle.loads(self._SyncObj__recvTransmission)]
+            self._SyncObj__recvTransmission = ''
+
+        prevLogIdx = message['prevLogIdx']
+        prevEntries = self._SyncObj__getEntries(prevLogIdx, 1)
+        if not prevEntries:
+            self._SyncObj__sendNextNodeIdx(node, success=False, reset=True)
+            return
+        if prevEntries[0][2] != message['prevLogTerm']:
+            self._SyncObj__sendNextNodeIdx(
+                node, nextNodeIdx=prevLogIdx, success=False, reset=True)
+            return
+
+        existing: List[LogEntry] = self._SyncObj__getEntries(prevLogIdx + 1, len(entries))
+        firstNew = _firstMismatch(existing, entries)
+        if firstNew < len(existing):
+            conflictIdx = prevLogIdx + 1 + firstNew
+            protectedIdx = max(self._SyncObj__raftCommitIndex, self._SyncObj__raftLastApplied)
+            if conflictIdx <= protectedIdx:
+                logger.critical(
+                    'refusing append_entries from %s: entry %d (term %d) conflicts with '
+                    'leader term %d but is committed (commit index %d, last applied %d)',
+                    node, conflictIdx, existing[firstNew][2], entries[firstNew][2],
+                    self._SyncObj__raftCommitIndex, self._SyncObj__raftLastApplied)
+                self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+                return
+            self._patchedTruncateFrom(conflictIdx)
+
+        newEntries = entries[firstNew:]
+        for entry in newEntries:
+            self._SyncObj__raftLog.add(*entry)
+        if self._SyncObj__conf.dynamicMembershipChange:
+            for entry in newEntries:
+                request = self._SyncObj__parseChangeClusterRequest(entry[0])
+                if request is not None:
+                    self._SyncObj__doChangeCluster(request)
+
+        lastVerifiedIdx = prevLogIdx + len(entries)
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=lastVerifiedIdx + 1, success=True)
+
+        commitIndex = max(self._SyncObj__raftCommitIndex, min(leaderCommitIndex, lastVerifiedIdx))
+        # Upstream's clamp; cannot trigger since we never truncate committed entries.
+        commitIndex = min(commitIndex, self._SyncObj__getCurrentLogIndex())
+        self._SyncObj__raftCommitIndex = commitIndex
+        self._SyncObj__raftLog.setRaftCommitIndex(commitIndex)
+
+    def _patchedTruncateFrom(self, idx: int) -> None:
+        """Delete log entries from ``idx`` on, undoing their membership changes."""
+        if self._SyncObj__conf.dynamicMembershipChange:
+            for entry in reversed(self._SyncObj__getEntries(idx)):
+                request = self._SyncObj__parseChangeClusterRequest(entry[0])
+                if request is not None:
+                    self._SyncObj__doChangeCluster(request, reverse=True)
+        self._SyncObj__deleteEntriesFrom(idx)
+
+
+def _firstMismatch(existing: Sequence[LogEntry], incoming: Sequence[LogEntry]) -> int:
+    """Position of the first incoming entry not already in the log.
+
+    ``existing`` holds the log's entries at the same indices as ``incoming``
+    (possibly fewer, if the log ends first); entries match when terms match.
+    """
+    for pos, (ours, theirs) in enumerate(zip(existing, incoming)):
+        if ours[2] != theirs[2]:
+            return pos
+    return len(existing)

@@ -1,0 +1,205 @@
+"""One partition replica: a pysyncobj SyncObj over a RocksDB state machine.
+
+This is the only module that wires our parts into pysyncobj:
+- the Raft log is our `RaftJournal` (checksummed, fsync-able), plugged in
+  through pysyncobj's module-level `createJournal`;
+- in fsync mode the transport syncs the journal before any message leaves, so
+  an entry is durable before a follower acknowledges it or a leader counts
+  itself, at one fsync per group commit;
+- log compaction serializes a RocksDB checkpoint (see `snapshot_file`), never
+  pysyncobj's pickle of the whole object, and never with fork;
+- every committed proposal is applied by `state_machine.apply_proposal` and
+  written with its Raft position in one atomic engine write. Entries at or
+  below the engine's position are skipped, so replaying the journal after a
+  restart is idempotent.
+
+`propose` is thread-safe; its callback runs on this replica's tick thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pysyncobj.syncobj
+from pysyncobj import FAIL_REASON, SyncObjConf, replicated
+from pysyncobj.monotonic import monotonic
+from pysyncobj.transport import TCPTransport
+
+from raftkv import metrics, snapshot_file
+from raftkv.commands import decode_proposal
+from raftkv.engine import Position
+from raftkv.journal import RaftJournal
+from raftkv.rocks_engine import RocksEngine
+from raftkv.spec import Tuning
+from raftkv.state_machine import apply_proposal
+from raftkv.syncobj_patches import PatchedSyncObj
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JournalConfig:
+    """Passed as SyncObjConf.journalFile; our createJournal hook builds a RaftJournal from it."""
+
+    directory: Path
+    fsync: bool
+
+
+_upstream_create_journal = pysyncobj.syncobj.createJournal
+
+
+def _create_journal(journal_file):
+    if isinstance(journal_file, JournalConfig):
+        return RaftJournal(journal_file.directory, fsync=journal_file.fsync)
+    return _upstream_create_journal(journal_file)
+
+
+pysyncobj.syncobj.createJournal = _create_journal
+
+
+class SyncingTransport(TCPTransport):
+    """Syncs a dirty journal before sending, so nothing is acknowledged before it is durable."""
+
+    def send(self, node, message):
+        journal = self._syncObj._SyncObj__raftLog
+        if journal.dirty:
+            journal.sync()
+        return super().send(node, message)
+
+
+class Role:
+    FOLLOWER, CANDIDATE, LEADER = 0, 1, 2
+    NAMES = {0: "follower", 1: "candidate", 2: "leader"}
+
+
+# pysyncobj reasons after which the proposal was certainly not applied.
+NOT_APPLIED = {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED, FAIL_REASON.NOT_LEADER,
+               FAIL_REASON.REQUEST_DENIED}
+
+ProposalCallback = Callable[[object, int], None]
+
+
+class PartitionReplica(PatchedSyncObj):
+    def __init__(
+        self,
+        *,
+        partition: int,
+        self_address: str,
+        peer_addresses: list[str],
+        folder: Path,
+        fsync: bool,
+        tuning: Tuning,
+        on_state_changed: Callable[[int, int], None] | None = None,
+    ):
+        self.partition = partition
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.engine = RocksEngine(self.folder)
+        self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
+        conf = SyncObjConf(
+            appendEntriesUseBatch=False,  # we batch ourselves (group commit); pysyncobj's batching adds ~100 ms
+            appendEntriesBatchSizeBytes=4 * tuning.max_batch_bytes,  # > any entry: never the chunked path
+            journalFile=JournalConfig(self.folder / "journal", fsync),
+            fullDumpFile=str(self.folder / "raft.snapshot"),
+            serializer=self._write_snapshot,
+            deserializer=self._read_snapshot,
+            useFork=False,
+            bindAddress=self_address,  # pysyncobj would otherwise listen on 0.0.0.0
+            maxBindRetries=3,
+            bindRetryTime=0.2,
+            raftMinTimeout=tuning.election_timeout_min,
+            raftMaxTimeout=tuning.election_timeout_max,
+            appendEntriesPeriod=tuning.heartbeat_period,
+            leaderFallbackTimeout=tuning.leader_fallback_timeout,
+            connectionTimeout=max(3.5, tuning.election_timeout_max),
+            connectionRetryTime=tuning.connection_retry_seconds,
+            logCompactionMinEntries=tuning.compaction_min_entries,
+            logCompactionMinTime=tuning.compaction_min_seconds,
+            commandsWaitLeader=False,
+            onStateChanged=on_state_changed,
+        )
+        super().__init__(self_address, peer_addresses, conf, transportClass=SyncingTransport)
+
+    # -- write path -------------------------------------------------------
+
+    def propose(self, payload: bytes, callback: ProposalCallback) -> None:
+        """Append an encoded proposal; `callback(results, reason)` runs once it is applied or failed."""
+        self._apply(payload, callback=callback)
+
+    @replicated
+    def _apply(self, payload: bytes):
+        index = self.raftLastApplied + 1  # pysyncobj increments it right after this call
+        if index <= self.engine.position.index:
+            return None
+        journal = self._SyncObj__raftLog
+        if journal.dirty:  # a single-replica leader commits without sending, so no send synced it
+            journal.sync()
+        started = time.perf_counter()
+        term = journal[index - journal[0][1]][2]
+        applied = apply_proposal(self.engine.get, decode_proposal(payload))
+        self.engine.write(applied.mutations, Position(index, term))
+        self._apply_seconds.observe(time.perf_counter() - started)
+        return applied.results
+
+    # -- status -----------------------------------------------------------
+
+    @property
+    def role(self) -> int:
+        return self._SyncObj__raftState
+
+    @property
+    def leader_address(self) -> str | None:
+        leader = self._getLeader()
+        return leader.address if leader is not None else None
+
+    @property
+    def last_log_index(self) -> int:
+        return self._SyncObj__raftLog[-1][1]
+
+    def quorum_recently_heard(self, within: float) -> bool:
+        """On a leader: has a majority answered within `within` seconds? (a lease for `leader` reads)"""
+        responses = self._SyncObj__lastResponseTime
+        voters = self.otherNodes
+        fresh = sum(1 for node in voters if responses.get(node, 0) > monotonic() - within)
+        return fresh + 1 > (len(voters) + 1) / 2
+
+    # -- snapshots --------------------------------------------------------
+
+    def _write_snapshot(self, filename: str, data) -> None:
+        last_entry, prev_entry, cluster = data
+        if self.conf.journalFile.fsync:
+            self.engine.flush()
+        with tempfile.TemporaryDirectory(dir=self.folder, prefix="checkpoint-") as tmp:
+            checkpoint = Path(tmp) / "db"
+            position = self.engine.checkpoint(checkpoint)
+            snapshot_file.write(
+                filename,
+                checkpoint,
+                snapshot_file.Meta(
+                    partition=self.partition,
+                    position=position,
+                    last_entry=last_entry,
+                    prev_entry=prev_entry,
+                    cluster=sorted(node.address for node in cluster),
+                ),
+            )
+
+    def _read_snapshot(self, filename: str):
+        meta = snapshot_file.read_meta(filename)
+        if meta.partition != self.partition:
+            raise ValueError(f"snapshot {filename} is of partition {meta.partition}, not {self.partition}")
+        if meta.position.index > self.engine.position.index:
+            with tempfile.TemporaryDirectory(dir=self.folder, prefix="install-") as tmp:
+                checkpoint = snapshot_file.extract_db(filename, Path(tmp))
+                self.engine.install(checkpoint)
+            log.info("partition %d installed a snapshot at index %d", self.partition, meta.position.index)
+        return meta.last_entry, meta.prev_entry, meta.cluster
+
+    def close(self) -> None:
+        self.destroy_synchronous()
+        self.engine.close()
