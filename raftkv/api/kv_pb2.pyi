@@ -1,0 +1,218 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Consistency(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LINEARIZABLE: _ClassVar[Consistency]
+    LEADER: _ClassVar[Consistency]
+    FOLLOWER: _ClassVar[Consistency]
+
+class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OK: _ClassVar[Code]
+    NOT_LEADER: _ClassVar[Code]
+    INVALID: _ClassVar[Code]
+    UNAVAILABLE: _ClassVar[Code]
+    UNDETERMINED: _ClassVar[Code]
+    TIMEOUT: _ClassVar[Code]
+    STORAGE_FULL: _ClassVar[Code]
+LINEARIZABLE: Consistency
+LEADER: Consistency
+FOLLOWER: Consistency
+OK: Code
+NOT_LEADER: Code
+INVALID: Code
+UNAVAILABLE: Code
+UNDETERMINED: Code
+TIMEOUT: Code
+STORAGE_FULL: Code
+
+class Put(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    value: bytes
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class Delete(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    def __init__(self, key: _Optional[bytes] = ...) -> None: ...
+
+class DeleteRange(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: bytes
+    end: bytes
+    def __init__(self, start: _Optional[bytes] = ..., end: _Optional[bytes] = ...) -> None: ...
+
+class Cas(_message.Message):
+    __slots__ = ("key", "expected", "new")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    NEW_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    expected: bytes
+    new: bytes
+    def __init__(self, key: _Optional[bytes] = ..., expected: _Optional[bytes] = ..., new: _Optional[bytes] = ...) -> None: ...
+
+class Mutation(_message.Message):
+    __slots__ = ("put", "delete", "delete_range")
+    PUT_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    DELETE_RANGE_FIELD_NUMBER: _ClassVar[int]
+    put: Put
+    delete: Delete
+    delete_range: DeleteRange
+    def __init__(self, put: _Optional[_Union[Put, _Mapping]] = ..., delete: _Optional[_Union[Delete, _Mapping]] = ..., delete_range: _Optional[_Union[DeleteRange, _Mapping]] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("ops",)
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[Mutation]
+    def __init__(self, ops: _Optional[_Iterable[_Union[Mutation, _Mapping]]] = ...) -> None: ...
+
+class Get(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    def __init__(self, key: _Optional[bytes] = ...) -> None: ...
+
+class Op(_message.Message):
+    __slots__ = ("partition", "put", "delete", "delete_range", "cas", "batch", "get")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    PUT_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    DELETE_RANGE_FIELD_NUMBER: _ClassVar[int]
+    CAS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    GET_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    put: Put
+    delete: Delete
+    delete_range: DeleteRange
+    cas: Cas
+    batch: Batch
+    get: Get
+    def __init__(self, partition: _Optional[int] = ..., put: _Optional[_Union[Put, _Mapping]] = ..., delete: _Optional[_Union[Delete, _Mapping]] = ..., delete_range: _Optional[_Union[DeleteRange, _Mapping]] = ..., cas: _Optional[_Union[Cas, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ...) -> None: ...
+
+class ExecuteRequest(_message.Message):
+    __slots__ = ("ops", "consistency", "forwarded")
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    FORWARDED_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[Op]
+    consistency: Consistency
+    forwarded: bool
+    def __init__(self, ops: _Optional[_Iterable[_Union[Op, _Mapping]]] = ..., consistency: _Optional[_Union[Consistency, str]] = ..., forwarded: _Optional[bool] = ...) -> None: ...
+
+class Result(_message.Message):
+    __slots__ = ("code", "message", "leader_hint", "found", "value", "cas_succeeded", "applied_index")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_HINT_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    CAS_SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    code: Code
+    message: str
+    leader_hint: str
+    found: bool
+    value: bytes
+    cas_succeeded: bool
+    applied_index: int
+    def __init__(self, code: _Optional[_Union[Code, str]] = ..., message: _Optional[str] = ..., leader_hint: _Optional[str] = ..., found: _Optional[bool] = ..., value: _Optional[bytes] = ..., cas_succeeded: _Optional[bool] = ..., applied_index: _Optional[int] = ...) -> None: ...
+
+class ExecuteResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[Result]
+    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ...) -> None: ...
+
+class ScanRequest(_message.Message):
+    __slots__ = ("partition", "start", "end", "limit", "consistency")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    start: bytes
+    end: bytes
+    limit: int
+    consistency: Consistency
+    def __init__(self, partition: _Optional[int] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
+
+class KeyValue(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    value: bytes
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
+
+class ScanChunk(_message.Message):
+    __slots__ = ("items", "applied_index")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    applied_index: int
+    def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., applied_index: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("id", "api_address")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    API_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    api_address: str
+    def __init__(self, id: _Optional[str] = ..., api_address: _Optional[str] = ...) -> None: ...
+
+class PartitionStatus(_message.Message):
+    __slots__ = ("partition", "role", "leader", "term", "commit_index", "applied_index", "last_log_index", "replicas", "has_quorum")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    HAS_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    role: str
+    leader: str
+    term: int
+    commit_index: int
+    applied_index: int
+    last_log_index: int
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    has_quorum: bool
+    def __init__(self, partition: _Optional[int] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., has_quorum: _Optional[bool] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("node_id", "cluster", "partitions", "nodes", "hosted")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    HOSTED_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    cluster: str
+    partitions: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    hosted: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
+    def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., partitions: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., hosted: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,48 @@
+"""raftkv cluster init."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from raftkv.cli.output import console
+from raftkv.errors import ConfigError
+from raftkv.spec import DURABILITY_MODES, build_spec, save_spec
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(cluster)
+
+
+@click.group()
+def cluster() -> None:
+    """Create cluster specs."""
+
+
+@cluster.command()
+@click.option("--nodes", "-n", type=click.IntRange(1, 99), default=3, show_default=True)
+@click.option("--partitions", "-p", type=click.IntRange(1, 4096), default=8, show_default=True,
+              help="Fixed for the life of the cluster.")
+@click.option("--replication", "-r", type=click.IntRange(1, 99), default=3, show_default=True)
+@click.option("--base-port", type=click.IntRange(1024, 65000), default=7000, show_default=True,
+              help="Node k uses ports base + k*(partitions+2) onwards: API, metrics, then one Raft port a partition.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default="raftkv-data", show_default=True)
+@click.option("--hosts", default=None, help="Comma-separated host of each node (default: all 127.0.0.1).")
+@click.option("--name", default="raftkv", show_default=True)
+@click.option("--durability", type=click.Choice(DURABILITY_MODES), default="default", show_default=True,
+              help="fsync: acknowledged writes survive power loss, not just process crashes.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="cluster.toml", show_default=True)
+@click.option("--force", is_flag=True, help="Overwrite an existing spec.")
+def init(nodes, partitions, replication, base_port, data_dir, hosts, name, durability, output, force) -> None:
+    """Write a cluster spec (TOML)."""
+    out = Path(output)
+    if out.exists() and not force:
+        raise ConfigError(f"{out} exists; pass --force to overwrite it", source="cluster init")
+    spec = build_spec(
+        nodes=nodes, partitions=partitions, replication=replication, base_port=base_port, data_dir=data_dir,
+        hosts=[h.strip() for h in hosts.split(",")] if hosts else None, name=name, durability=durability,
+    )
+    save_spec(spec, out)
+    console.print(f"wrote {out}: {nodes} nodes, {partitions} partitions, replication {replication}")
+    console.print(f"start each node with: raftkv node start --config {out} --node <id>  ({', '.join(spec.node_ids)})")

@@ -1,0 +1,53 @@
+"""raftkv status."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.table import Table
+
+from raftkv.cli.options import config_option, endpoints_option, json_option, resolve_endpoints
+from raftkv.cli.output import console
+from raftkv.client import Client, NodeStatus
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(status)
+
+
+def status_rows(statuses: list[NodeStatus]) -> list[dict]:
+    rows = []
+    for s in statuses:
+        for ps in s.partitions:
+            rows.append({
+                "partition": ps.partition, "node": s.node_id, "role": ps.role, "leader": ps.leader or None,
+                "term": ps.term, "commit_index": ps.commit_index, "applied_index": ps.applied_index,
+                "last_log_index": ps.last_log_index, "replicas": list(ps.replicas), "has_quorum": ps.has_quorum,
+            })
+    return sorted(rows, key=lambda r: (r["partition"], r["node"]))
+
+
+@click.command()
+@config_option
+@endpoints_option
+@json_option
+def status(config: str, endpoints: str | None, as_json: bool) -> None:
+    """Partitions, leaders, terms, commit/applied indexes and replicas, as each node sees them."""
+    with Client(resolve_endpoints(config, endpoints), timeout=5.0) as kv:
+        statuses = kv.status()
+    rows = status_rows(statuses)
+    down = [{"node": s.node_id, "address": s.address, "error": s.error} for s in statuses if not s.reachable]
+    if as_json:
+        console.print_json(json.dumps({"partitions": rows, "unreachable": down}))
+        return
+    table = Table(title="raftkv partitions")
+    for column in ("partition", "node", "role", "leader", "term", "commit", "applied", "replicas"):
+        table.add_column(column, justify="right" if column in ("partition", "term", "commit", "applied") else "left")
+    for r in rows:
+        role = f"[bold green]{r['role']}[/]" if r["role"] == "leader" else r["role"]
+        table.add_row(str(r["partition"]), r["node"], role, r["leader"] or "-", str(r["term"]),
+                      str(r["commit_index"]), str(r["applied_index"]), ",".join(r["replicas"]))
+    console.print(table)
+    for d in down:
+        console.print(f"[red]unreachable[/]: {d['node']} at {d['address']} ({d['error']})")

@@ -1,0 +1,449 @@
+"""The Python client.
+
+    with raftkv.Client("127.0.0.1:7000") as kv:
+        kv.put(b"k", b"v")
+        kv.get(b"k")                      # linearizable by default
+        kv.read(b"k", consistency="follower").applied_index
+
+Thread-safe. Calls from many threads are coalesced: operations bound for the
+same node travel in one Execute request (see `batching.GroupCommit`), so one
+gRPC call carries many operations. Routing: the client computes each key's
+partition, sends to the leader from its cached routing table, and refreshes
+the table on NotLeader or a connection failure, retrying until the deadline.
+
+Errors: InvalidRequest (nothing written), Unavailable (nothing written, no
+leader reachable before the deadline), Undetermined (a write whose outcome is
+unknown), Timeout (a read that did not finish), StorageFull.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import grpc
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from raftkv.batching import GroupCommit
+from raftkv.codec import consistency_from_name, error_from_result, op_from_command
+from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Limits, Mutation, Put, check_command
+from raftkv.engine import prefix_end
+from raftkv.errors import InvalidRequest, NotLeader, RaftKVError, Timeout, Unavailable, Undetermined
+from raftkv.partitioning import partition_for_key
+
+Bytes = bytes | str
+
+
+def _b(value: Bytes) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise InvalidRequest(f"keys and values are bytes or str, not {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class Read:
+    value: bytes | None
+    applied_index: int
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node_id: str
+    address: str
+    reachable: bool
+    partitions: tuple[pb.PartitionStatus, ...] = ()
+    error: str = ""
+
+
+class _TransportError(Exception):
+    def __init__(self, never_sent: bool, detail: str):
+        self.never_sent = never_sent
+        super().__init__(detail)
+
+
+def _never_sent(exc: grpc.aio.AioRpcError) -> bool:
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and "connect" in (exc.details() or "").lower()
+
+
+class _Link:
+    """Coalesces operations bound for one node and consistency into Execute requests."""
+
+    def __init__(self, stub: kv_pb2_grpc.KVStub, consistency: int, timeout: float, max_ops: int, max_in_flight: int):
+        self._stub = stub
+        self._consistency = consistency
+        self._timeout = timeout
+        self._policy: GroupCommit[tuple[pb.Op, asyncio.Future]] = GroupCommit(max_ops, 8 << 20, max_in_flight)
+
+    def submit(self, op: pb.Op) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        for batch in self._policy.add((op, future), op.ByteSize()):
+            asyncio.ensure_future(self._send(batch))
+        return future
+
+    async def _send(self, batch: list[tuple[pb.Op, asyncio.Future]]) -> None:
+        request = pb.ExecuteRequest(ops=[op for op, _ in batch], consistency=self._consistency)
+        try:
+            response = await self._stub.Execute(request, timeout=self._timeout)
+            for (_, future), result in zip(batch, response.results):
+                if not future.done():
+                    future.set_result(result)
+        except grpc.aio.AioRpcError as exc:
+            error = _TransportError(_never_sent(exc), f"{exc.code().name}: {exc.details()}")
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+        finally:
+            for next_batch in self._policy.completed():
+                asyncio.ensure_future(self._send(next_batch))
+
+
+class _Core:
+    """Everything that runs on the client's event loop."""
+
+    def __init__(self, endpoints: list[str], timeout: float, max_batch_ops: int, max_in_flight: int):
+        self.endpoints = list(endpoints)
+        self.timeout = timeout
+        self.max_batch_ops = max_batch_ops
+        self.max_in_flight = max_in_flight
+        self.partitions = 0
+        self.addresses: dict[str, str] = {}  # node id -> api address
+        self.leaders: dict[int, str] = {}  # partition -> node id
+        self.replicas: dict[int, tuple[str, ...]] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, kv_pb2_grpc.KVStub] = {}
+        self._links: dict[tuple[str, int], _Link] = {}
+        self._refreshing: asyncio.Task | None = None
+
+    def stub(self, address: str) -> kv_pb2_grpc.KVStub:
+        if address not in self._stubs:
+            self._channels[address] = grpc.aio.insecure_channel(address)
+            self._stubs[address] = kv_pb2_grpc.KVStub(self._channels[address])
+        return self._stubs[address]
+
+    def link(self, address: str, consistency: int) -> _Link:
+        key = (address, consistency)
+        if key not in self._links:
+            self._links[key] = _Link(self.stub(address), consistency, self.timeout, self.max_batch_ops, self.max_in_flight)
+        return self._links[key]
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+
+    # -- routing ----------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Re-learn nodes and leaders; concurrent callers share one refresh."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._refresh())
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh(self) -> None:
+        statuses = await self.statuses(timeout=min(2.0, self.timeout))
+        best_term: dict[int, int] = {}
+        for status in statuses:
+            if not status.reachable:
+                continue
+            for ps in status.partitions:
+                self.replicas[ps.partition] = tuple(ps.replicas)
+                if ps.leader and ps.term >= best_term.get(ps.partition, -1):
+                    best_term[ps.partition] = ps.term
+                    self.leaders[ps.partition] = ps.leader
+
+    async def statuses(self, timeout: float) -> list[NodeStatus]:
+        addresses = dict.fromkeys(list(self.addresses.values()) + self.endpoints)
+        replies = await asyncio.gather(
+            *(self.stub(a).Status(pb.StatusRequest(), timeout=timeout) for a in addresses), return_exceptions=True
+        )
+        result = []
+        for address, reply in zip(addresses, replies):
+            if isinstance(reply, BaseException):
+                detail = reply.details() if isinstance(reply, grpc.aio.AioRpcError) else str(reply)
+                node_id = next((i for i, a in self.addresses.items() if a == address), "?")
+                result.append(NodeStatus(node_id, address, False, error=detail or type(reply).__name__))
+                continue
+            self.partitions = reply.partitions
+            self.addresses.update({n.id: n.api_address for n in reply.nodes})
+            result.append(NodeStatus(reply.node_id, address, True, tuple(reply.hosted)))
+        if not any(s.reachable for s in result):
+            raise Unavailable(
+                "no node answered at " + ", ".join(addresses) + "; check the endpoints and that the nodes are running"
+            )
+        return result
+
+    def target(self, partition: int, attempt: int) -> str:
+        """The address to send a partition's operations to."""
+        leader = self.leaders.get(partition)
+        if leader in self.addresses:
+            return self.addresses[leader]
+        candidates = [self.addresses[n] for n in self.replicas.get(partition, ()) if n in self.addresses]
+        candidates = candidates or list(self.addresses.values()) or self.endpoints
+        return candidates[attempt % len(candidates)]
+
+    # -- operations -------------------------------------------------------
+
+    async def execute(self, op: pb.Op, consistency: int, is_write: bool) -> pb.Result:
+        """Send one operation to its partition's leader, re-routing and retrying until the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        if not self.partitions:
+            await self.refresh()
+        last_error: Exception | None = None
+        attempt = 0
+        while True:
+            attempt += 1
+            address = self.target(op.partition, attempt)
+            try:
+                result = await asyncio.wait_for(self.link(address, consistency).submit(op), deadline - loop.time())
+            except asyncio.TimeoutError:
+                raise self._give_up(is_write, maybe_sent=True, last_error=last_error) from None
+            except _TransportError as exc:
+                if is_write and not exc.never_sent:
+                    raise Undetermined(f"lost the connection to {address} after sending the write: {exc}") from None
+                error: RaftKVError = Unavailable(f"{address}: {exc}")
+            else:
+                error = error_from_result(result, op.partition)
+                if error is None:
+                    return result
+            if not isinstance(error, (NotLeader, Unavailable, Timeout, Undetermined)) or (
+                is_write and isinstance(error, Undetermined)
+            ):
+                raise error
+            last_error = error
+            hint = error.leader_hint if isinstance(error, NotLeader) else None
+            if hint and hint != self.leaders.get(op.partition):
+                self.leaders[op.partition] = hint
+                continue
+            self.leaders.pop(op.partition, None)
+            await asyncio.sleep(min(0.02 * attempt, 0.3))
+            if loop.time() >= deadline:
+                raise self._give_up(is_write, maybe_sent=False, last_error=last_error)
+            try:
+                await self.refresh()
+            except Unavailable:
+                pass
+
+    def _give_up(self, is_write: bool, maybe_sent: bool, last_error: Exception | None) -> RaftKVError:
+        why = f" (last error: {last_error})" if last_error else ""
+        if not is_write:
+            return Timeout(f"read did not complete within {self.timeout}s{why}")
+        if maybe_sent:
+            return Undetermined(f"write not confirmed within {self.timeout}s{why}")
+        return Unavailable(f"no leader accepted the write within {self.timeout}s{why}")
+
+    async def scan_partition(self, partition: int, request: pb.ScanRequest):
+        """Chunks of one partition's scan, all from one view; retried only before the first chunk."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        if not self.partitions:
+            await self.refresh()
+        attempt = 0
+        while True:
+            attempt += 1
+            address = self.target(partition, attempt)
+            call = self.stub(address).Scan(request, timeout=None)
+            try:
+                first = True
+                async for chunk in call:
+                    first = False
+                    yield chunk
+                return
+            except grpc.aio.AioRpcError as exc:
+                if not first:
+                    raise Unavailable(f"scan of partition {partition} broke off at {address}: {exc.details()}") from None
+                details = exc.details() or ""
+                if details.startswith("NOT_LEADER:") and (hint := details.split(":")[1]) and hint != self.leaders.get(partition):
+                    self.leaders[partition] = hint
+                else:
+                    self.leaders.pop(partition, None)
+                    if loop.time() >= deadline:
+                        raise Unavailable(f"scan of partition {partition} found no serving replica: {details}") from None
+                    await asyncio.sleep(min(0.02 * attempt, 0.3))
+                    try:
+                        await self.refresh()
+                    except Unavailable:
+                        pass
+
+
+class Client:
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        consistency: str = "linearizable",
+        timeout: float = 10.0,
+        max_batch_ops: int = 1024,
+        max_in_flight: int = 4,
+    ):
+        if isinstance(endpoints, str):
+            endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
+        if not endpoints:
+            raise InvalidRequest("give at least one endpoint (host:port of a node's API)")
+        self._consistency = consistency_from_name(consistency)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="raftkv-client", daemon=True)
+        self._thread.start()
+        self._core = _Core(list(endpoints), timeout, max_batch_ops, max_in_flight)
+        self._closed = False
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        asyncio.run_coroutine_threadsafe(self._core.close(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _partitions(self) -> int:
+        if not self._core.partitions:
+            await self._core.refresh()
+        return self._core.partitions
+
+    def _write(self, command: Command) -> pb.Result:
+        async def go():
+            partitions = await self._partitions()
+            key = command.start if isinstance(command, DeleteRange) else _first_key(command)
+            op = op_from_command(command, partition_for_key(key, partitions))
+            return await self._core.execute(op, self._consistency, is_write=True)
+
+        return self._run(go())
+
+    # -- writes -----------------------------------------------------------
+
+    def put(self, key: Bytes, value: Bytes) -> None:
+        self._write(Put(_b(key), _b(value)))
+
+    def delete(self, key: Bytes) -> None:
+        self._write(Delete(_b(key)))
+
+    def cas(self, key: Bytes, expected: Bytes | None, new: Bytes | None) -> CasResult:
+        """Set key to `new` (delete if None) when its value is `expected` (absent if None)."""
+        result = self._write(
+            Cas(_b(key), None if expected is None else _b(expected), None if new is None else _b(new))
+        )
+        return CasResult(result.cas_succeeded, result.value if result.found else None)
+
+    def batch(self, ops: Iterable[Mutation]) -> None:
+        """Apply puts, deletes and delete_ranges atomically; all keys must be in one partition."""
+        ops = tuple(ops)
+        if not ops:
+            raise InvalidRequest("a batch needs at least one operation")
+        self._write(Batch(ops))
+
+    def delete_range(self, start: Bytes, end: Bytes) -> None:
+        """Delete [start, end) in every partition (atomic per partition, not across partitions)."""
+        command = DeleteRange(_b(start), _b(end))
+        check_command(command, Limits(max_key_bytes=1 << 30))
+
+        async def go():
+            partitions = await self._partitions()
+            await asyncio.gather(
+                *(self._core.execute(op_from_command(command, p), self._consistency, True) for p in range(partitions))
+            )
+
+        self._run(go())
+
+    # -- reads ------------------------------------------------------------
+
+    def read(self, key: Bytes, consistency: str | None = None) -> Read:
+        level = consistency_from_name(consistency) if consistency else self._consistency
+        key = _b(key)
+
+        async def go():
+            partitions = await self._partitions()
+            op = pb.Op(partition=partition_for_key(key, partitions), get=pb.Get(key=key))
+            return await self._core.execute(op, level, is_write=False)
+
+        result = self._run(go())
+        return Read(result.value if result.found else None, result.applied_index)
+
+    def get(self, key: Bytes, consistency: str | None = None) -> bytes | None:
+        return self.read(key, consistency).value
+
+    def scan(
+        self,
+        start: Bytes = b"",
+        end: Bytes | None = None,
+        *,
+        prefix: Bytes | None = None,
+        limit: int = 0,
+        consistency: str | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Keys in [start, end) (or with `prefix`) in key order, merged across partitions.
+
+        Each partition is read from one consistent view; different partitions
+        may be read at different moments.
+        """
+        start_b, end_b = _b(start), None if end is None else _b(end)
+        if prefix is not None:
+            start_b, end_b = _b(prefix), prefix_end(_b(prefix))
+        partitions = self._run(self._partitions())
+        streams = [
+            self.scan_partition(p, start_b, end_b, limit=limit, consistency=consistency) for p in range(partitions)
+        ]
+        merged = heapq.merge(*streams, key=lambda kv: kv[0])
+        for count, item in enumerate(merged, 1):
+            yield item
+            if limit and count >= limit:
+                return
+
+    def scan_partition(
+        self,
+        partition: int,
+        start: bytes = b"",
+        end: bytes | None = None,
+        *,
+        limit: int = 0,
+        consistency: str | None = None,
+        on_index=None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """One partition's keys in order from one view; `on_index(i)` receives that view's applied index."""
+        level = consistency_from_name(consistency) if consistency else self._consistency
+        request = pb.ScanRequest(partition=partition, start=start, end=end, limit=limit, consistency=level)
+        chunks = self._core.scan_partition(partition, request)
+        while True:
+            try:
+                chunk = self._run(chunks.__anext__())
+            except StopAsyncIteration:
+                return
+            if on_index is not None:
+                on_index(chunk.applied_index)
+                on_index = None
+            for kv in chunk.items:
+                yield kv.key, kv.value
+
+    # -- cluster ----------------------------------------------------------
+
+    def status(self) -> list[NodeStatus]:
+        async def go():
+            await self._core.refresh()
+            return await self._core.statuses(timeout=2.0)
+
+        return self._run(go())
+
+    @property
+    def partitions(self) -> int:
+        return self._run(self._partitions())
+
+
+def _first_key(command: Command) -> bytes:
+    if isinstance(command, Batch):
+        first = command.ops[0]
+        return first.start if isinstance(first, DeleteRange) else first.key
+    return command.key

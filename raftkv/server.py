@@ -1,0 +1,222 @@
+"""The gRPC API of a node: route each operation to its partition, forward
+what this node does not lead, and answer with one result per operation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Callable
+
+import grpc
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from raftkv.codec import command_from_op, result_from_error, result_from_write
+from raftkv.commands import Limits
+from raftkv.engine import KeyRange
+from raftkv.errors import InvalidRequest, NotLeader, RaftKVError, Unavailable
+from raftkv.group_commit import PartitionFrontend
+from raftkv.spec import ClusterSpec
+from raftkv.syncobj_replica import Role
+
+log = logging.getLogger(__name__)
+
+SCAN_CHUNK_ITEMS = 1024
+SCAN_CHUNK_BYTES = 1 << 20
+
+
+class Peers:
+    """gRPC stubs of the other nodes, made on first use."""
+
+    def __init__(self, spec: ClusterSpec):
+        self._addresses = {n.id: n.api_address for n in spec.nodes}
+        self._stubs: dict[str, kv_pb2_grpc.KVStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    def stub(self, node_id: str) -> kv_pb2_grpc.KVStub:
+        stub = self._stubs.get(node_id)
+        if stub is None:
+            channel = grpc.aio.insecure_channel(self._addresses[node_id])
+            self._channels.append(channel)
+            stub = self._stubs[node_id] = kv_pb2_grpc.KVStub(channel)
+        return stub
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close()
+
+
+class KVService(kv_pb2_grpc.KVServicer):
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        node_id: str,
+        frontends: dict[int, PartitionFrontend],
+        replicas_of: Callable[[int], tuple[str, ...]],
+    ):
+        self._spec = spec
+        self._node_id = node_id
+        self._frontends = frontends
+        self._replicas_of = replicas_of
+        self._limits = Limits(spec.max_key_bytes, spec.max_value_bytes)
+        self._timeout = spec.tuning.request_timeout
+        self._peers = Peers(spec)
+
+    async def close(self) -> None:
+        await self._peers.close()
+
+    # -- Execute ----------------------------------------------------------
+
+    async def Execute(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
+        results: list[pb.Result | None] = [None] * len(request.ops)
+        waits: list[tuple[int, asyncio.Future | asyncio.Task]] = []
+        forwards: dict[str, list[int]] = defaultdict(list)
+        for i, op in enumerate(request.ops):
+            try:
+                target = self._target(op, request)
+                if target is None:
+                    waits.append((i, self._local(op, request.consistency)))
+                else:
+                    forwards[target].append(i)
+            except RaftKVError as error:
+                results[i] = result_from_error(error)
+        for node_id, indexes in forwards.items():
+            waits.append((indexes, asyncio.ensure_future(self._forward(node_id, request, indexes))))
+        for where, fut in waits:
+            try:
+                value = await fut
+            except RaftKVError as error:
+                value = result_from_error(error)
+            if isinstance(where, list):
+                for i, r in zip(where, value):
+                    results[i] = r
+            else:
+                results[where] = value
+        return pb.ExecuteResponse(results=results)
+
+    def _target(self, op: pb.Op, request: pb.ExecuteRequest) -> str | None:
+        """None when this node serves the op, else the node to forward it to."""
+        p = op.partition
+        if p >= self._spec.partitions:
+            raise InvalidRequest(f"partition {p} does not exist; the cluster has {self._spec.partitions}")
+        frontend = self._frontends.get(p)
+        is_follower_read = op.WhichOneof("op") == "get" and request.consistency == pb.FOLLOWER
+        if frontend is not None and (frontend.is_leader or is_follower_read):
+            return None
+        if request.forwarded:
+            raise frontend.not_leader() if frontend else NotLeader(p, self._replicas_of(p)[0])
+        leader = frontend.not_leader().leader_hint if frontend else None
+        if leader is None or leader == self._node_id:
+            if frontend is None:
+                return self._replicas_of(p)[0]  # a replica knows the leader and forwards once more if needed
+            raise Unavailable(f"partition {p} has no leader right now (election in progress); retry")
+        return leader
+
+    def _local(self, op: pb.Op, consistency: int) -> asyncio.Future:
+        frontend = self._frontends[op.partition]
+        if op.WhichOneof("op") == "get":
+            return asyncio.ensure_future(self._get(frontend, op.get.key, consistency))
+        command = command_from_op(op, self._spec.partitions, self._limits)
+        return _chain(frontend.submit(command), result_from_write)
+
+    async def _get(self, frontend: PartitionFrontend, key: bytes, consistency: int) -> pb.Result:
+        if not key:
+            raise InvalidRequest("key must not be empty")
+        if consistency == pb.LINEARIZABLE:
+            await frontend.barrier()
+        elif consistency == pb.LEADER and not frontend.is_leader:
+            raise frontend.not_leader()
+        engine = frontend.replica.engine
+        index = engine.position.index
+        value = engine.get(key)
+        return pb.Result(found=value is not None, value=value or b"", applied_index=index)
+
+    async def _forward(self, node_id: str, request: pb.ExecuteRequest, indexes: list[int]) -> list[pb.Result]:
+        forwarded = pb.ExecuteRequest(
+            ops=[request.ops[i] for i in indexes], consistency=request.consistency, forwarded=True
+        )
+        try:
+            response = await self._peers.stub(node_id).Execute(forwarded, timeout=self._timeout)
+            return list(response.results)
+        except grpc.aio.AioRpcError as exc:
+            never_sent = exc.code() == grpc.StatusCode.UNAVAILABLE and "connect" in (exc.details() or "")
+            code = pb.UNAVAILABLE if never_sent else pb.UNDETERMINED
+            message = f"forwarding to {node_id} failed: {exc.code().name} {exc.details()}"
+            reads_only = all(request.ops[i].WhichOneof("op") == "get" for i in indexes)
+            return [pb.Result(code=pb.UNAVAILABLE if reads_only else code, message=message)] * len(indexes)
+
+    # -- Scan -------------------------------------------------------------
+
+    async def Scan(self, request: pb.ScanRequest, context):
+        frontend = self._frontends.get(request.partition)
+        try:
+            if frontend is None:
+                raise NotLeader(request.partition, self._replicas_of(request.partition)[0])
+            if request.consistency == pb.LINEARIZABLE:
+                await frontend.barrier()
+            elif request.consistency == pb.LEADER and not frontend.is_leader:
+                raise frontend.not_leader()
+        except NotLeader as error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"NOT_LEADER:{error.leader_hint or ''}:{error}")
+        except RaftKVError as error:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+        key_range = KeyRange(request.start, request.end if request.HasField("end") else None, request.limit)
+        position, items = frontend.replica.engine.scan(key_range)
+        sent_any = False
+        while chunk := await asyncio.to_thread(_next_chunk, items):
+            sent_any = True
+            yield pb.ScanChunk(items=chunk, applied_index=position.index)
+        if not sent_any:
+            yield pb.ScanChunk(applied_index=position.index)  # an empty range still reports its index
+
+    # -- Status -----------------------------------------------------------
+
+    async def Status(self, request: pb.StatusRequest, context) -> pb.StatusResponse:
+        hosted = []
+        for p, frontend in sorted(self._frontends.items()):
+            r = frontend.replica
+            hosted.append(
+                pb.PartitionStatus(
+                    partition=p,
+                    role=Role.NAMES.get(r.role, "unknown"),
+                    leader=frontend.not_leader().leader_hint or "",
+                    term=r.raftCurrentTerm,
+                    commit_index=r.raftCommitIndex,
+                    applied_index=r.engine.position.index,
+                    last_log_index=r.last_log_index,
+                    replicas=self._replicas_of(p),
+                    has_quorum=r.hasQuorum,
+                )
+            )
+        return pb.StatusResponse(
+            node_id=self._node_id,
+            cluster=self._spec.name,
+            partitions=self._spec.partitions,
+            nodes=[pb.NodeInfo(id=n.id, api_address=n.api_address) for n in self._spec.nodes],
+            hosted=hosted,
+        )
+
+
+def _next_chunk(items) -> list[pb.KeyValue]:
+    chunk, size = [], 0
+    for key, value in items:
+        chunk.append(pb.KeyValue(key=key, value=value))
+        size += len(key) + len(value)
+        if len(chunk) >= SCAN_CHUNK_ITEMS or size >= SCAN_CHUNK_BYTES:
+            break
+    return chunk
+
+
+def _chain(future: asyncio.Future, convert: Callable) -> asyncio.Future:
+    """A future resolving to convert(result) of `future`, without a coroutine per operation."""
+    out = future.get_loop().create_future()
+
+    def done(f: asyncio.Future) -> None:
+        if f.exception() is not None:
+            out.set_exception(f.exception())
+        else:
+            out.set_result(convert(f.result()))
+
+    future.add_done_callback(done)
+    return out
