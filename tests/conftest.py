@@ -1,0 +1,74 @@
+"""Shared fixtures: real node processes on free loopback ports."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import socket
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from raftkv.local_cluster import LocalCluster
+from raftkv.spec import ClusterSpec, Tuning, build_spec, save_spec
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port_block(size: int) -> int:
+    """A base port with `size` consecutive free loopback ports."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - size)
+        if all(_port_free(base + i) for i in range(size)):
+            return base
+    raise RuntimeError(f"no block of {size} free ports found")
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
+    """Poll `predicate` until it returns a truthy value, or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # the condition may raise while the cluster settles
+            last_exc = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path):
+    """make_cluster(nodes=3, partitions=4, **tuning) -> a started, ready LocalCluster."""
+    clusters: list[LocalCluster] = []
+
+    def make(nodes: int = 3, partitions: int = 4, replication: int = 3, durability: str = "default",
+             start: bool = True, **tuning) -> LocalCluster:
+        base = free_port_block(nodes * (partitions + 2))
+        spec: ClusterSpec = build_spec(nodes=nodes, partitions=partitions, replication=replication,
+                                       base_port=base, data_dir=tmp_path / f"c{len(clusters)}", durability=durability)
+        spec = dataclasses.replace(spec, tuning=Tuning(**tuning))
+        spec_path = save_spec(spec, tmp_path / f"c{len(clusters)}" / "cluster.toml")
+        cluster = LocalCluster(spec, spec_path)
+        clusters.append(cluster)
+        if start:
+            cluster.start_all()
+            cluster.wait_ready(timeout=60)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        for node_id in list(cluster.procs):
+            cluster.kill(node_id)

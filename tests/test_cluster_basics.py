@@ -1,0 +1,83 @@
+"""A real 3-node cluster: reads, writes, scans, forwarding and routing."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from raftkv import Client, InvalidRequest
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from raftkv.partitioning import partition_for_key
+from raftkv.commands import Delete, Put
+
+
+
+
+def leader_of(client: Client, partition: int) -> str:
+    for status in client.status():
+        for ps in status.partitions:
+            if ps.partition == partition and ps.role == "leader":
+                return status.node_id
+    raise AssertionError(f"partition {partition} has no leader")
+
+
+def test_put_get_delete_scan_cas_batch(make_cluster):
+    cluster = make_cluster(nodes=3, partitions=4)
+    with Client(cluster.endpoints) as kv:
+        kv.put(b"a", b"1")
+        kv.put("b", "2")
+        assert kv.get(b"a") == b"1"
+        assert kv.get("b") == b"2"
+        assert kv.get(b"missing") is None
+        kv.delete(b"a")
+        assert kv.get(b"a") is None
+        assert kv.cas(b"c", None, b"x").succeeded
+        assert not kv.cas(b"c", b"wrong", b"y").succeeded
+        result = kv.cas(b"c", b"x", b"y")
+        assert result.succeeded and result.current == b"y"
+        key = b"batch-key"
+        p = partition_for_key(key, kv.partitions)
+        sibling = next(k for k in (b"sib%d" % i for i in range(1000)) if partition_for_key(k, kv.partitions) == p)
+        kv.batch([Put(key, b"1"), Put(sibling, b"2"), Delete(b"never-there" if partition_for_key(b"never-there", 4) == p else sibling)])
+        assert kv.get(key) == b"1"
+        for i in range(50):
+            kv.put(b"scan/%03d" % i, b"v%d" % i)
+        items = list(kv.scan(prefix=b"scan/"))
+        assert items == [(b"scan/%03d" % i, b"v%d" % i) for i in range(50)]
+        assert list(kv.scan(b"scan/010", b"scan/013")) == [(b"scan/%03d" % i, b"v%d" % i) for i in (10, 11, 12)]
+        assert len(list(kv.scan(prefix=b"scan/", limit=7))) == 7
+        kv.delete_range(b"scan/020", b"scan/040")
+        assert len(list(kv.scan(prefix=b"scan/"))) == 30
+        read = kv.read(b"b", consistency="follower")
+        assert read.value == b"2" and read.applied_index > 0
+        assert kv.get(b"b", consistency="leader") == b"2"
+
+
+def test_batch_across_partitions_is_rejected(make_cluster):
+    cluster = make_cluster(nodes=3, partitions=4)
+    with Client(cluster.endpoints) as kv:
+        keys = [b"k%d" % i for i in range(20)]
+        a = keys[0]
+        b = next(k for k in keys if partition_for_key(k, 4) != partition_for_key(a, 4))
+        with pytest.raises(InvalidRequest, match="one partition"):
+            kv.batch([Put(a, b"1"), Put(b, b"2")])
+        assert kv.get(a) is None and kv.get(b) is None
+
+
+def test_non_leader_forwards(make_cluster):
+    cluster = make_cluster(nodes=3, partitions=4)
+    with Client(cluster.endpoints) as kv:
+        key = b"forward-me"
+        p = partition_for_key(key, 4)
+        leader = leader_of(kv, p)
+        follower = next(n for n in cluster.spec.nodes if n.id != leader)
+    with grpc.insecure_channel(follower.api_address) as channel:
+        stub = kv_pb2_grpc.KVStub(channel)
+        response = stub.Execute(pb.ExecuteRequest(ops=[pb.Op(partition=p, put=pb.Put(key=key, value=b"v"))]))
+        assert response.results[0].code == pb.OK
+        response = stub.Execute(pb.ExecuteRequest(ops=[pb.Op(partition=p, get=pb.Get(key=key))]))
+        assert response.results[0].found and response.results[0].value == b"v"
+        # a request that was already forwarded once is answered NOT_LEADER with the leader's id
+        response = stub.Execute(pb.ExecuteRequest(ops=[pb.Op(partition=p, get=pb.Get(key=key))], forwarded=True))
+        assert response.results[0].code == pb.NOT_LEADER and response.results[0].leader_hint == leader
