@@ -1,0 +1,28 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   install into .venv and start a local 3-node cluster (Ctrl-C stops it)
+#   make test   install into .venv and run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test install proto clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test,dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/raftkv dev up
+
+test: install
+	$(PY) -m pytest -q
+
+# Regenerate the gRPC code after editing raftkv/api/kv.proto (the generated files are committed).
+proto: install
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. raftkv/api/kv.proto
+
+clean:
+	rm -rf $(VENV) raftkv-data .pytest_cache .hypothesis

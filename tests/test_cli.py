@@ -1,0 +1,145 @@
+"""The `raftkv` command as a user runs it: real subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from raftkv import Client, InvalidRequest
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from raftkv.partitioning import partition_for_key
+from tests.conftest import _port_free, free_port_block, wait_until
+
+RAFTKV = [sys.executable, "-m", "raftkv"]
+
+
+def run(*args: str, cwd: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*RAFTKV, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_cluster_init_writes_a_spec_and_refuses_to_overwrite(tmp_path):
+    result = run("cluster", "init", "--nodes", "3", "--partitions", "5", "--base-port", "21000",
+                 "--data-dir", "data", "-o", "cluster.toml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "cluster.toml").read_text()
+    assert "partitions = 5" in text and 'id = "n3"' in text and "api_port = 21014" in text
+    assert_one_line_error(run("cluster", "init", "-o", "cluster.toml", cwd=tmp_path), "exists", "--force")
+
+
+def test_bad_specs_get_one_clear_line(tmp_path):
+    (tmp_path / "broken.toml").write_text("[cluster\nname=")
+    assert_one_line_error(run("status", "--config", str(tmp_path / "broken.toml")), "not valid TOML")
+    (tmp_path / "wrong.toml").write_text('[cluster]\nname="x"\npartitions="eight"\nreplication=3\n[[nodes]]\nid="n1"\n')
+    assert_one_line_error(run("node", "start", "--config", str(tmp_path / "wrong.toml"), "--node", "n1"),
+                          "cluster.partitions: expected int", "nodes[0].host: missing")
+    assert_one_line_error(run("status", "--config", str(tmp_path / "missing.toml")), "raftkv cluster init")
+
+
+def test_node_errors_name_the_problem(make_cluster):
+    cluster = make_cluster(nodes=3, partitions=2, start=False)
+    config = str(cluster.spec_path)
+    assert_one_line_error(run("node", "start", "--config", config, "--node", "n9"), "'n9' is not in the spec", "n1, n2, n3")
+    n1 = cluster.spec.node("n1")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", n1.raft_port_base + 1))
+        busy.listen()
+        assert_one_line_error(run("node", "start", "--config", config, "--node", "n1"),
+                              f"127.0.0.1:{n1.raft_port_base + 1}", "raft port of partition 1")
+
+
+def test_unreachable_cluster_is_one_line():
+    assert_one_line_error(run("get", "x", "--endpoints", "127.0.0.1:1", "--timeout", "1"), "no node answered")
+
+
+def test_cli_data_commands_status_and_limits(make_cluster):
+    cluster = make_cluster(nodes=3, partitions=4)
+    config = ["--config", str(cluster.spec_path)]
+    assert run("put", "greeting", "hello", *config).returncode == 0
+    got = run("get", "greeting", *config)
+    assert got.returncode == 0 and got.stdout.strip() == "hello"
+    missing = run("get", "nope", *config)
+    assert missing.returncode == 1 and "not found" in missing.stderr
+    assert_one_line_error(run("put", "k" * 5000, "v", *config), "5000 bytes", "cluster.max_key_bytes")
+    scan = run("scan", "--prefix", "greet", "--json", *config)
+    assert [json.loads(line) for line in scan.stdout.splitlines()] == [{"key": "greeting", "value": "hello"}]
+    assert run("delete", "greeting", *config).returncode == 0
+    assert run("get", "greeting", *config).returncode == 1
+    status = json.loads(run("status", "--json", *config).stdout)
+    assert len(status["partitions"]) == 4 * 3
+    assert sorted(r["partition"] for r in status["partitions"] if r["role"] == "leader") == [0, 1, 2, 3]
+    table = run("status", *config).stdout
+    assert "leader" in table and "n1" in table
+
+
+def test_api_rejects_bad_input_and_writes_nothing(make_cluster):
+    cluster = make_cluster(nodes=3, partitions=4)
+    with Client(cluster.endpoints) as kv:
+        with pytest.raises(InvalidRequest, match="max_value_bytes"):
+            kv.put(b"big", b"x" * (1024 * 1024 + 1))
+        with pytest.raises(InvalidRequest, match="must not be empty"):
+            kv.put(b"", b"v")
+        with pytest.raises(InvalidRequest, match="bytes or str"):
+            kv.put(b"k", 42)
+        assert kv.get(b"big") is None
+    address = cluster.spec.nodes[0].api_address
+    with grpc.insecure_channel(address) as channel:
+        stub = kv_pb2_grpc.KVStub(channel)
+        results = stub.Execute(pb.ExecuteRequest(ops=[
+            pb.Op(partition=0),                                                     # no operation set
+            pb.Op(partition=99, put=pb.Put(key=b"k", value=b"v")),                  # no such partition
+            pb.Op(partition=(partition_for_key(b"zz", 4) + 1) % 4, put=pb.Put(key=b"zz", value=b"v")),
+        ])).results
+        assert [r.code for r in results] == [pb.INVALID, pb.INVALID, pb.INVALID]
+        assert "does not exist" in results[1].message
+        garbage = channel.unary_unary("/raftkv.v1.KV/Execute", request_serializer=lambda b: b,
+                                      response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as failure:
+            garbage(b"\xff\xff\xff\xff not a protobuf", timeout=5)
+        assert "Error parsing message" in failure.value.details()
+    with Client(cluster.endpoints) as kv:  # the node survived all of it
+        kv.put(b"still", b"alive")
+        assert kv.get(b"still") == b"alive"
+
+
+def test_dev_up_starts_serves_and_stops_cleanly(tmp_path):
+    base = free_port_block(3 * (2 + 2))
+    proc = subprocess.Popen(
+        [*RAFTKV, "dev", "up", "--partitions", "2", "--base-port", str(base), "--data-dir", "devdata"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        output = []
+        def ready():
+            line = proc.stdout.readline()
+            output.append(line)
+            return "ready" in line or proc.poll() is not None
+        wait_until(ready, 90, "dev up to print ready")
+        assert proc.poll() is None, "".join(output)
+        assert run("put", "dev", "works", "--config", str(tmp_path / "devdata" / "cluster.toml")).returncode == 0
+        got = run("get", "dev", "--config", str(tmp_path / "devdata" / "cluster.toml"))
+        assert got.stdout.strip() == "works"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    assert proc.returncode == 0
+    wait_until(lambda: all(_port_free(base + i) for i in range(12)), 10, "every node port to be released")
