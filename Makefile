@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install proto clean
+.PHONY: demo test install system-deps proto clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,11 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/raftkv dev up
 
-test: install
+# The network-partition tests drive nftables on loopback (root, Debian's nftables package).
+system-deps:
+	@command -v nft >/dev/null || { apt-get update -qq && apt-get install -y -qq nftables >/dev/null; }
+
+test: install system-deps
 	$(PY) -m pytest -q
 
 # Regenerate the gRPC code after editing raftkv/api/kv.proto (the generated files are committed).

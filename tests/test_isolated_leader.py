@@ -1,0 +1,80 @@
+"""pysyncobj's isolated leader keeps believing it leads: `leader` reads from it can be
+stale, `linearizable` reads must never be (they go through a barrier it cannot commit)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import grpc
+
+from raftkv import Client
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from tests.conftest import wait_until
+from tests.netsplit import NetSplit, smallest_address_node
+
+
+def statuses(addresses: list[str]) -> list[tuple[str, pb.PartitionStatus]]:
+    out = []
+    for address in addresses:
+        try:
+            with grpc.insecure_channel(address) as channel:
+                reply = kv_pb2_grpc.KVStub(channel).Status(pb.StatusRequest(), timeout=2)
+            out += [(reply.node_id, ps) for ps in reply.hosted]
+        except grpc.RpcError:
+            pass
+    return out
+
+
+def read_at(address: str, key: bytes, consistency: int) -> pb.Result:
+    """A read served by exactly this node (forwarded=True: it will not forward it)."""
+    with grpc.insecure_channel(address) as channel:
+        request = pb.ExecuteRequest(ops=[pb.Op(partition=0, get=pb.Get(key=key))], consistency=consistency,
+                                    forwarded=True)
+        return kv_pb2_grpc.KVStub(channel).Execute(request, timeout=10).results[0]
+
+
+def leader_of(addresses: list[str]) -> str | None:
+    return next((node for node, ps in statuses(addresses) if ps.role == "leader"), None)
+
+
+def transfer_leadership(spec, partition: int, leader: str, target: str) -> None:
+    """pysyncobj's own admin tool, sent to the current leader's Raft port."""
+    subprocess.run(
+        [sys.executable, "-m", "pysyncobj.syncobj_admin", "-conn", spec.node(leader).raft_address(partition),
+         "-transfer", spec.node(target).raft_address(partition)],
+        check=True, capture_output=True, timeout=30,
+    )
+
+
+def test_isolated_leader_serves_stale_leader_reads_but_never_stale_linearizable_reads(make_cluster):
+    # a long fallback keeps the old leader convinced it leads while we look at it
+    cluster = make_cluster(nodes=3, partitions=1, leader_fallback_timeout=20.0, request_timeout=2.0)
+    spec = cluster.spec
+    address = {n.id: n.api_address for n in spec.nodes}
+    with Client(cluster.endpoints) as kv:
+        kv.put(b"k", b"old")
+    isolated = smallest_address_node(spec, 0, spec.node_ids)
+    if (leader := leader_of(cluster.endpoints)) != isolated:
+        transfer_leadership(spec, 0, leader, isolated)
+        wait_until(lambda: leader_of(cluster.endpoints) == isolated, 20, f"{isolated} to take over leadership")
+    majority = [address[n] for n in spec.node_ids if n != isolated]
+
+    with NetSplit(spec) as net:
+        net.isolate(isolated, 0, spec.node_ids)
+        new_leader = wait_until(lambda: leader_of(majority), 20, "the majority to elect a new leader")
+        assert new_leader != isolated
+        with Client(majority) as kv:
+            kv.put(b"k", b"new")
+
+        assert leader_of([address[isolated]]) == isolated, "the isolated node should still believe it leads"
+        assert read_at(address[isolated], b"k", pb.LEADER).value == b"old"  # stale, as documented
+        linearizable = read_at(address[isolated], b"k", pb.LINEARIZABLE)
+        assert linearizable.code != pb.OK, "an isolated leader answered a linearizable read"
+        with Client(cluster.endpoints) as kv:
+            assert kv.get(b"k") == b"new"
+
+        net.heal()
+        wait_until(lambda: read_at(address[isolated], b"k", pb.FOLLOWER).value == b"new", 30,
+                   "the old leader to rejoin and catch up")
