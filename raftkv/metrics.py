@@ -22,7 +22,15 @@ APPLY_SECONDS = Histogram(
     ["partition"],
     buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
 )
-REQUEST_OPS = Counter("raftkv_request_ops_total", "Operations received through the API", ["kind"])
+API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")
+API_OPS = Counter("raftkv_api_ops_total", "Operations received in Execute requests (several per request)")
+
+
+def init_partition(partition: int) -> None:
+    """Create a partition's series at start, so they exist before the first event."""
+    LEADER_CHANGES.labels(partition)
+    IS_LEADER.labels(partition).set(0)
+    PROPOSALS.labels(partition)
 
 
 def serve(host: str, port: int) -> None:

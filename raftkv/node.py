@@ -80,6 +80,7 @@ class Node:
         log.info("node %s serving %s; partitions %s", self.me.id, self.me.api_address, self.hosted)
 
     def _start_partition(self, p: int, loop: asyncio.AbstractEventLoop) -> PartitionFrontend:
+        metrics.init_partition(p)
         by_address = {n.raft_address(p): n.id for n in self.spec.nodes}
         peers = [self.spec.node(i).raft_address(p) for i in self.replicas_of(p) if i != self.me.id]
         frontend: PartitionFrontend | None = None

@@ -10,6 +10,7 @@ from typing import Callable
 
 import grpc
 
+from raftkv import metrics
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.codec import command_from_op, result_from_error, result_from_write
@@ -69,6 +70,8 @@ class KVService(kv_pb2_grpc.KVServicer):
     # -- Execute ----------------------------------------------------------
 
     async def Execute(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
+        metrics.API_REQUESTS.inc()
+        metrics.API_OPS.inc(len(request.ops))
         results: list[pb.Result | None] = [None] * len(request.ops)
         waits: list[tuple[int, asyncio.Future | asyncio.Task]] = []
         forwards: dict[str, list[int]] = defaultdict(list)

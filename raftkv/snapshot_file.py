@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 import tarfile
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ def _decode_entry(data: bytes) -> Entry:
     return (data[_ENTRY_HEAD.size :], index, term)
 
 
-def write(filename: str | Path, checkpoint_dir: Path, meta: Meta) -> None:
+def write(filename: str | Path, checkpoint_dir: Path, meta: Meta, fsync: bool = False) -> None:
     head = {
         "format": FORMAT,
         "partition": meta.partition,
@@ -67,6 +68,9 @@ def write(filename: str | Path, checkpoint_dir: Path, meta: Meta) -> None:
         _add_bytes(tar, "prev.entry", _encode_entry(meta.prev_entry))
         _add_bytes(tar, "last.entry", _encode_entry(meta.last_entry))
         tar.add(checkpoint_dir, arcname="db")
+    if fsync:  # pysyncobj renames it over the previous snapshot once we return
+        with open(filename, "rb+") as f:
+            os.fsync(f.fileno())
 
 
 def read_meta(filename: str | Path) -> Meta:

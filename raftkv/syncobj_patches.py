@@ -38,8 +38,19 @@ messages (term >= current term, with ``prevLogIdx``) are handled by
 
 Everything else the original branch does (election deadline, leader change,
 term/state update, ``next_node_idx`` replies, dynamic-membership rollback and
-apply) is kept, restricted to entries actually deleted or appended. All other
-messages go to the original handler unchanged.
+apply) is kept, restricted to entries actually deleted or appended.
+
+An ``append_entries`` *without* ``prevLogIdx`` (a snapshot transfer chunk, or
+``serialized=None`` while the leader is still compacting) verifies none of the
+follower's entries, yet upstream also ends it with
+``commitIndex = min(leaderCommit, last log index)``, committing and applying
+stale entries before any snapshot arrives. ``_patchedAppendEntries`` takes
+these too: after the same bookkeeping, ``_patchedInstallSnapshot`` runs
+upstream's snapshot branch unchanged but raises the commit index only when a
+snapshot is installed, and only to its last index (where the journal then
+ends), never from ``leaderCommit``. In both paths the commit index never
+decreases, except to stay at or below the last log index. All other messages
+go to the original handler unchanged.
 
 The ``transmission`` path (one entry larger than ``appendEntriesBatchSizeBytes``
 sent in chunks) ends in the same branch. Its ``start``/``process`` chunks only
@@ -92,7 +103,6 @@ class PatchedSyncObj(pysyncobj.SyncObj):
     def _patchedOnMessageReceived(self, node: Node, message: Message) -> None:
         if (message['type'] == 'append_entries'
                 and message['term'] >= self._SyncObj__raftCurrentTerm
-                and 'prevLogIdx' in message
                 and message.get('transmission') in (None, 'finish')):
             self._patchedAppendEntries(node, message)
         else:
@@ -117,6 +127,9 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         self._SyncObj__setState(_upstream._RAFT_STATE.FOLLOWER)
         leaderCommitIndex: int = message['commit_index']
         self._SyncObj__leaderCommitIndex = leaderCommitIndex
+        if 'prevLogIdx' not in message:
+            self._patchedInstallSnapshot(node, message.get('serialized'))
+            return
 
         entries: Sequence[LogEntry] = message.get('entries', [])
         if message.get('transmission') == 'finish':
@@ -162,8 +175,25 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         lastVerifiedIdx = prevLogIdx + len(entries)
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=lastVerifiedIdx + 1, success=True)
 
-        commitIndex = max(self._SyncObj__raftCommitIndex, min(leaderCommitIndex, lastVerifiedIdx))
-        # Upstream's clamp; cannot trigger since we never truncate committed entries.
+        self._patchedAdvanceCommitIndex(min(leaderCommitIndex, lastVerifiedIdx))
+
+    def _patchedInstallSnapshot(self, node: Node, serialized: Any) -> None:
+        """Upstream's snapshot branch, but commit only what the snapshot holds."""
+        snapshotIdx = 0
+        if self._SyncObj__serializer.setTransmissionData(serialized):
+            self._SyncObj__loadDumpFile(clearJournal=True)
+            self._SyncObj__sendNextNodeIdx(node, success=True)
+            # After an install, lastApplied is the snapshot's last index, where the
+            # journal now ends. __loadDumpFile logs and swallows errors: if loading
+            # failed, lastApplied is unchanged and covers no unverified entry.
+            snapshotIdx = self._SyncObj__raftLastApplied
+        self._patchedAdvanceCommitIndex(snapshotIdx)
+
+    def _patchedAdvanceCommitIndex(self, committedIdx: int) -> None:
+        """Raise the commit index to ``committedIdx``; lower it only to the log end."""
+        commitIndex = max(self._SyncObj__raftCommitIndex, committedIdx)
+        # Upstream's clamp: never beyond the log end (e.g. commit index restored
+        # from journal metadata ahead of journal entries lost in a crash).
         commitIndex = min(commitIndex, self._SyncObj__getCurrentLogIndex())
         self._SyncObj__raftCommitIndex = commitIndex
         self._SyncObj__raftLog.setRaftCommitIndex(commitIndex)

@@ -172,7 +172,8 @@ class PartitionReplica(PatchedSyncObj):
 
     def _write_snapshot(self, filename: str, data) -> None:
         last_entry, prev_entry, cluster = data
-        if self.conf.journalFile.fsync:
+        fsync = self.conf.journalFile.fsync
+        if fsync:  # the journal is about to drop entries this database must then cover
             self.engine.flush()
         with tempfile.TemporaryDirectory(dir=self.folder, prefix="checkpoint-") as tmp:
             checkpoint = Path(tmp) / "db"
@@ -187,6 +188,7 @@ class PartitionReplica(PatchedSyncObj):
                     prev_entry=prev_entry,
                     cluster=sorted(node.address for node in cluster),
                 ),
+                fsync=fsync,
             )
 
     def _read_snapshot(self, filename: str):

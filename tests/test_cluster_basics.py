@@ -81,3 +81,31 @@ def test_non_leader_forwards(make_cluster):
         # a request that was already forwarded once is answered NOT_LEADER with the leader's id
         response = stub.Execute(pb.ExecuteRequest(ops=[pb.Op(partition=p, get=pb.Get(key=key))], forwarded=True))
         assert response.results[0].code == pb.NOT_LEADER and response.results[0].leader_hint == leader
+
+
+def test_every_node_serves_prometheus_metrics(make_cluster):
+    import re
+    import urllib.request
+
+    cluster = make_cluster(nodes=3, partitions=2)
+    with Client(cluster.endpoints) as kv:
+        for i in range(20):
+            kv.put(b"m%d" % i, b"v")
+
+    def scrape(node):
+        with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    leaders = 0
+    for node in cluster.spec.nodes:
+        text = scrape(node)
+        for name in ("raftkv_term", "raftkv_commit_index", "raftkv_applied_index", "raftkv_apply_seconds_count",
+                     "raftkv_leader_changes_total"):
+            assert re.search(rf'^{name}{{partition="[01]"}} ', text, re.M), f"{name} missing on {node.id}"
+        leaders += sum(float(v) for v in re.findall(r'^raftkv_is_leader\{partition="\d"\} (\S+)', text, re.M))
+        for p, proposals in re.findall(r'^raftkv_proposals_total\{partition="(\d)"\} (\S+)', text, re.M):
+            if float(proposals) > 0:
+                assert re.search(rf'^raftkv_proposal_ops_count{{partition="{p}"}} [1-9]', text, re.M)
+    assert leaders == 2  # one leader per partition across the cluster
+    assert sum(float(v) for node in cluster.spec.nodes
+               for v in re.findall(r"^raftkv_api_ops_total (\S+)", scrape(node), re.M)) >= 20
