@@ -1,0 +1,570 @@
+"""Tests for raftkv.syncobj_patches (pysyncobj follower AppendEntries fix).
+
+The deterministic tests drive a single follower by calling its message handler
+directly with crafted append_entries messages, which reproduces delivery orders
+that real TCP cannot force on demand. A recording transport (a TCPTransport that
+also keeps what was sent) lets them check the follower's replies.
+
+The cluster tests run three real voters over loopback TCP.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import re
+import runpy
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
+
+import pysyncobj
+import pysyncobj.pickle
+import pysyncobj.version
+import pytest
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.node import TCPNode
+from pysyncobj.transport import TCPTransport
+
+from raftkv.syncobj_patches import PatchedSyncObj
+
+UPSTREAM_TRUNCATION_LOG = 'truncating already-applied log entries'
+NO_OP = pysyncobj._COMMAND_TYPE.NO_OP
+MEMBERSHIP = pysyncobj._COMMAND_TYPE.MEMBERSHIP
+
+Entry = Tuple[bytes, int, int]
+
+
+# --------------------------------------------------------------------------- helpers
+
+def free_ports(count: int) -> List[int]:
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(('127.0.0.1', 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError('timed out after %.0f s waiting for %s' % (timeout, what))
+        time.sleep(0.01)
+
+
+def entry(idx: int, term: int, command: Optional[bytes] = None) -> Entry:
+    # NO_OP-typed commands are inert when applied; the suffix makes them distinguishable.
+    if command is None:
+        command = bytes([NO_OP]) + b'entry-%d-term-%d' % (idx, term)
+    return (command, idx, term)
+
+
+def entries(first: int, last: int, term: int) -> List[Entry]:
+    return [entry(i, term) for i in range(first, last + 1)]
+
+
+class RecordingTransport(TCPTransport):
+    """TCPTransport that also records every message the node tries to send."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.sent: List[Tuple[Any, Dict[str, Any]]] = []
+        super().__init__(*args, **kwargs)
+
+    def send(self, node: Any, message: Any) -> bool:
+        self.sent.append((node, message))
+        return super().send(node, message)
+
+
+class Follower:
+    """A SyncObj (patched or not) fed with crafted messages from a fake leader."""
+
+    def __init__(self, cls: Type[SyncObj], **conf: Any) -> None:
+        ports = free_ports(3)
+        self_addr, *other_addrs = ['127.0.0.1:%d' % p for p in ports]
+        self.obj = cls(self_addr, other_addrs, SyncObjConf(
+            autoTick=False, bindAddress=self_addr, **conf), transportClass=RecordingTransport)
+        self.leader, self.other = sorted(self.obj.otherNodes, key=lambda n: n.id)
+
+    @property
+    def transport(self) -> RecordingTransport:
+        return self.obj._SyncObj__transport
+
+    @property
+    def log(self) -> List[Entry]:
+        raftLog = self.obj._SyncObj__raftLog
+        return [tuple(raftLog[i]) for i in range(len(raftLog))]
+
+    @property
+    def commit_index(self) -> int:
+        return self.obj.raftCommitIndex
+
+    def deliver(self, prev_idx: int, prev_term: int, new: List[Entry], *, term: int,
+                commit: int, node: Any = None) -> Dict[str, Any]:
+        """Deliver one append_entries and return the follower's reply to it."""
+        self.deliver_raw(node or self.leader, {
+            'type': 'append_entries', 'term': term, 'commit_index': commit,
+            'entries': new, 'prevLogIdx': prev_idx, 'prevLogTerm': prev_term,
+        })
+        return self.last_reply()
+
+    def deliver_raw(self, node: Any, message: Dict[str, Any]) -> None:
+        self.transport.sent.clear()
+        self.obj._SyncObj__onMessageReceived(node, message)
+
+    def last_reply(self) -> Dict[str, Any]:
+        replies = [m for _, m in self.transport.sent if m['type'] == 'next_node_idx']
+        assert len(replies) == 1, self.transport.sent
+        return replies[0]
+
+    def apply(self) -> None:
+        self.obj.doTick(0.0)
+
+
+@pytest.fixture
+def make_follower() -> Iterator[Callable[..., Follower]]:
+    created: List[Follower] = []
+
+    def make(cls: Type[SyncObj] = PatchedSyncObj, **conf: Any) -> Follower:
+        f = Follower(cls, **conf)
+        created.append(f)
+        return f
+
+    yield make
+    for f in created:
+        f.obj.destroy()
+
+
+def filled_follower(make_follower: Callable[..., Follower], cls: Type[SyncObj],
+                    last: int, commit: int, term: int = 1) -> Follower:
+    """Follower whose log is entries 2..last of `term`, committed (and applied) up to `commit`."""
+    f = make_follower(cls)
+    reply = f.deliver(1, 0, entries(2, last, term), term=term, commit=commit)
+    assert reply['success'] and reply['next_node_idx'] == last + 1
+    f.apply()
+    assert f.commit_index == commit and f.obj.raftLastApplied == commit
+    assert [e[1] for e in f.log] == list(range(1, last + 1))
+    return f
+
+
+UNPATCHED_BASELINE = pytest.param(SyncObj, id='unpatched-SyncObj-expected-bad')
+PATCHED = pytest.param(PatchedSyncObj, id='PatchedSyncObj')
+
+
+# --------------------------------------------------------------------------- deterministic
+
+def test_version_pin_is_enforced(monkeypatch: pytest.MonkeyPatch) -> None:
+    import raftkv.syncobj_patches as patches
+
+    monkeypatch.setattr(pysyncobj.version, 'VERSION', '0.3.18')
+    with pytest.raises(RuntimeError, match=r'pysyncobj==0\.3\.17.*found 0\.3\.18'):
+        runpy.run_path(patches.__file__)
+
+
+def test_patched_handler_is_the_one_registered(make_follower: Callable[..., Follower]) -> None:
+    f = make_follower(PatchedSyncObj)
+    callback = f.transport._onMessageReceivedCallback
+    assert callback.__func__ is PatchedSyncObj._SyncObj__onMessageReceived
+    assert callback.__func__ is not SyncObj._SyncObj__onMessageReceived
+
+
+@pytest.mark.parametrize('cls', [UNPATCHED_BASELINE, PATCHED])
+@pytest.mark.parametrize('stale_entries', [
+    pytest.param(entries(4, 6, 1), id='matching-prefix'),
+    pytest.param([], id='empty-heartbeat'),
+])
+def test_stale_append_entries_keeps_committed_entries(
+        make_follower: Callable[..., Follower], caplog: pytest.LogCaptureFixture,
+        cls: Type[SyncObj], stale_entries: List[Entry]) -> None:
+    """A delayed/duplicated append_entries whose entries all match must delete nothing."""
+    f = filled_follower(make_follower, cls, last=11, commit=11)
+    log_before = f.log
+
+    caplog.set_level(logging.CRITICAL, logger='pysyncobj')
+    reply = f.deliver(3, 1, stale_entries, term=1, commit=11)
+
+    if cls is SyncObj:
+        # Expected-bad baseline: upstream truncates committed, applied entries.
+        assert len(f.log) == 3 + len(stale_entries) < len(log_before)
+        assert f.commit_index < 11
+        assert UPSTREAM_TRUNCATION_LOG in caplog.text
+        return
+
+    assert f.log == log_before
+    assert f.commit_index == 11
+    assert f.obj.raftLastApplied == 11
+    assert reply == {'type': 'next_node_idx', 'next_node_idx': 3 + len(stale_entries) + 1,
+                     'reset': False, 'success': True}
+    assert not caplog.records
+
+
+def test_stale_append_entries_does_not_reapply(make_follower: Callable[..., Follower]) -> None:
+    f = filled_follower(make_follower, PatchedSyncObj, last=11, commit=8)
+    f.deliver(5, 1, entries(6, 9, 1), term=1, commit=9)
+    f.apply()
+    assert [e[1] for e in f.log] == list(range(1, 12))
+    assert f.commit_index == 9 and f.obj.raftLastApplied == 9
+
+
+def test_conflict_after_commit_index_truncates_only_from_conflict(
+        make_follower: Callable[..., Follower]) -> None:
+    f = filled_follower(make_follower, PatchedSyncObj, last=11, commit=8)
+    log_before = f.log
+
+    # New leader (term 2) agrees up to 10, has a term-2 entry at 11, and one more.
+    new = [log_before[9], entry(11, 2), entry(12, 2)]
+    reply = f.deliver(9, 1, new, term=2, commit=8, node=f.other)
+
+    assert f.log == log_before[:10] + [entry(11, 2), entry(12, 2)]
+    assert f.commit_index == 8
+    assert reply['success'] and reply['next_node_idx'] == 13
+    assert f.obj.raftCurrentTerm == 2
+    assert f.obj._getLeader() == f.other
+
+
+def test_conflict_at_or_below_commit_index_is_refused(
+        make_follower: Callable[..., Follower], caplog: pytest.LogCaptureFixture) -> None:
+    f = filled_follower(make_follower, PatchedSyncObj, last=11, commit=8)
+    log_before = f.log
+
+    caplog.set_level(logging.CRITICAL)
+    # A faulty "leader" claims index 6..7 hold term-2 entries: 6 is committed here.
+    reply = f.deliver(5, 1, [entry(6, 2), entry(7, 2)], term=2, commit=8, node=f.other)
+
+    assert f.log == log_before
+    assert f.commit_index == 8 and f.obj.raftLastApplied == 8
+    assert reply['success'] is False
+    assert any(r.levelno == logging.CRITICAL and 'refusing append_entries' in r.getMessage()
+               for r in caplog.records)
+
+
+def test_commit_index_stops_at_last_verified_entry(make_follower: Callable[..., Follower]) -> None:
+    """Stale entries beyond the verified prefix must not be marked committed.
+
+    Upstream masks this rule by always truncating after prevLogIdx; once extra
+    entries are kept, min(leaderCommit, last log index) would commit them.
+    """
+    # Entries 2..11 of term 1 from an old leader; only 2..5 are committed.
+    f = filled_follower(make_follower, PatchedSyncObj, last=11, commit=5)
+    log_before = f.log
+
+    # The term-2 leader shares entries up to 7 and has committed 10 of its own
+    # entries; its heartbeat only vouches for index 7.
+    reply = f.deliver(7, 1, [], term=2, commit=10, node=f.other)
+
+    assert reply['success'] and reply['next_node_idx'] == 8
+    assert f.commit_index == 7
+    assert f.log == log_before  # no conflict seen yet, so nothing deleted
+
+
+@pytest.mark.parametrize('cls', [UNPATCHED_BASELINE, PATCHED])
+@pytest.mark.parametrize('serialized', [
+    pytest.param(None, id='leader-compacting'),
+    pytest.param((b'first snapshot chunk', True, False), id='non-final-snapshot-chunk'),
+    pytest.param((b'not a snapshot', True, True), id='snapshot-fails-to-load'),
+])
+def test_snapshot_path_message_does_not_commit_unverified_entries(
+        make_follower: Callable[..., Follower], cls: Type[SyncObj], serialized: Any) -> None:
+    """An append_entries without prevLogIdx verifies none of the follower's entries."""
+    # Entries 2..11 of term 1 from an old leader; only 2..5 are committed.
+    f = filled_follower(make_follower, cls, last=11, commit=5)
+    log_before = f.log
+
+    f.deliver_raw(f.other, {'type': 'append_entries', 'term': 2, 'commit_index': 10,
+                            'serialized': serialized})
+    f.apply()
+
+    assert f.log == log_before
+    assert f.obj.raftCurrentTerm == 2 and f.obj._getLeader() == f.other
+    if cls is SyncObj:
+        # Expected-bad baseline: upstream commits and applies stale entries 6..10.
+        assert f.commit_index == 10 and f.obj.raftLastApplied == 10
+        return
+    assert f.commit_index == 5 and f.obj.raftLastApplied == 5
+
+
+def test_snapshot_install_commits_up_to_snapshot_end(
+        make_follower: Callable[..., Follower]) -> None:
+    # A real snapshot: the term-2 leader's log agrees with the follower up to 5,
+    # holds term-2 entries 6..10, and is compacted at its last applied index 9.
+    source = make_follower(PatchedSyncObj, logCompactionBatchSize=64)
+    source.deliver(1, 0, entries(2, 5, 1) + entries(6, 10, 2), term=2, commit=9)
+    source.apply()
+    source.obj.snapshot_state = 'state up to 9'  # serialized with the snapshot
+    source.obj.forceLogCompaction()
+    source.apply()  # serialize
+    source.apply()  # compact
+    assert [e[1] for e in source.log] == [8, 9, 10]
+    serializer = source.obj._SyncObj__serializer
+    chunks = []
+    while not chunks or not chunks[-1][2]:
+        chunks.append(serializer.getTransmissionData('follower'))
+    assert len(chunks) > 2
+
+    f = filled_follower(make_follower, PatchedSyncObj, last=11, commit=5)
+    log_before = f.log
+    for chunk in chunks[:-1]:
+        f.deliver_raw(f.other, {'type': 'append_entries', 'term': 2, 'commit_index': 10,
+                                'serialized': chunk})
+        assert f.log == log_before and f.commit_index == 5 and not f.transport.sent
+
+    f.deliver_raw(f.other, {'type': 'append_entries', 'term': 2, 'commit_index': 10,
+                            'serialized': chunks[-1]})
+    assert f.last_reply() == {'type': 'next_node_idx', 'next_node_idx': 10,
+                              'reset': False, 'success': True}
+    assert f.log == source.log[:2]
+    assert f.commit_index == 9 and f.obj.raftLastApplied == 9
+    assert f.obj.snapshot_state == 'state up to 9'
+
+    # Replication resumes after the snapshot.
+    reply = f.deliver(9, 2, [source.log[2]], term=2, commit=10, node=f.other)
+    f.apply()
+    assert reply['success'] and reply['next_node_idx'] == 11
+    assert f.commit_index == 10 and f.obj.raftLastApplied == 10
+
+
+def test_commit_index_never_decreases(make_follower: Callable[..., Follower]) -> None:
+    f = filled_follower(make_follower, PatchedSyncObj, last=11, commit=9)
+    f.deliver(3, 1, entries(4, 5, 1), term=1, commit=9)
+    assert f.commit_index == 9
+
+
+@pytest.mark.parametrize('prev_idx, prev_term, expected_reply', [
+    pytest.param(20, 1, {'next_node_idx': 12, 'reset': True, 'success': False}, id='prev-beyond-log'),
+    pytest.param(9, 7, {'next_node_idx': 9, 'reset': True, 'success': False}, id='prev-term-mismatch'),
+])
+def test_prev_log_checks_reply_like_upstream(
+        make_follower: Callable[..., Follower], prev_idx: int, prev_term: int,
+        expected_reply: Dict[str, Any]) -> None:
+    f = filled_follower(make_follower, PatchedSyncObj, last=11, commit=5)
+    log_before = f.log
+    reply = f.deliver(prev_idx, prev_term, [entry(prev_idx + 1, 7)], term=7, commit=5)
+    assert reply == dict(expected_reply, type='next_node_idx')
+    assert f.log == log_before
+
+
+def test_membership_change_rolled_back_only_when_truncated(
+        make_follower: Callable[..., Follower]) -> None:
+    f = make_follower(PatchedSyncObj, dynamicMembershipChange=True)
+    new_node = TCPNode('127.0.0.1:%d' % free_ports(1)[0])
+    add = entry(3, 1, bytes([MEMBERSHIP]) + pysyncobj.pickle.dumps(['add', new_node.id, new_node]))
+    f.deliver(1, 0, [entry(2, 1), add, entry(4, 1)], term=1, commit=2)
+    assert new_node in f.obj.otherNodes
+
+    # Stale duplicate including the membership entry: no rollback, no re-apply.
+    f.deliver(1, 0, [entry(2, 1), add], term=1, commit=2)
+    assert new_node in f.obj.otherNodes and len(f.log) == 4
+
+    # A term-2 leader never had the membership entry: it is rolled back.
+    f.deliver(2, 1, [entry(3, 2)], term=2, commit=2, node=f.other)
+    assert new_node not in f.obj.otherNodes
+    assert f.log[2:] == [entry(3, 2)]
+
+
+def test_chunked_transmission_finish_uses_patched_logic(
+        make_follower: Callable[..., Follower]) -> None:
+    f = filled_follower(make_follower, PatchedSyncObj, last=11, commit=11)
+    log_before = f.log
+
+    data = pysyncobj.pickle.dumps(log_before[5])  # entry 6, already present
+    chunks = [data[i:i + 8] for i in range(0, len(data), 8)]
+    kinds = ['start'] + ['process'] * (len(chunks) - 2) + ['finish']
+    for kind, chunk in zip(kinds, chunks):
+        f.deliver_raw(f.leader, {
+            'type': 'append_entries', 'transmission': kind, 'data': chunk, 'term': 1,
+            'commit_index': 11, 'prevLogIdx': 5, 'prevLogTerm': 1,
+        })
+
+    assert f.last_reply() == {'type': 'next_node_idx', 'next_node_idx': 7,
+                              'reset': False, 'success': True}
+    assert f.log == log_before
+    assert f.commit_index == 11
+
+
+# --------------------------------------------------------------------------- real cluster
+
+COMMANDS = 20_000
+
+
+def make_replica_class(base: Type[SyncObj]) -> Type[SyncObj]:
+    class Replica(base):  # type: ignore[valid-type, misc]
+        def __init__(self, self_addr: str, other_addrs: List[str]) -> None:
+            super().__init__(self_addr, other_addrs, SyncObjConf(
+                appendEntriesUseBatch=False, bindAddress=self_addr))
+            self.applied: List[int] = []
+
+        @replicated
+        def record(self, value: int) -> int:
+            self.applied.append(value)
+            return value
+
+    return Replica
+
+
+@contextlib.contextmanager
+def cluster(base: Type[SyncObj]) -> Iterator[List[SyncObj]]:
+    replica_cls = make_replica_class(base)
+    addrs = ['127.0.0.1:%d' % p for p in free_ports(3)]
+    replicas: List[SyncObj] = []
+    try:
+        for addr in addrs:
+            replicas.append(replica_cls(addr, [a for a in addrs if a != addr]))
+        yield replicas
+    finally:
+        for r in replicas:
+            r.destroy_synchronous()
+
+
+def current_leader(replicas: List[SyncObj]) -> Optional[SyncObj]:
+    leaders = {r._getLeader() for r in replicas}
+    if len(leaders) != 1 or None in leaders:
+        return None
+    (node,) = leaders
+    leader = next(r for r in replicas if r.selfNode == node)
+    return leader if leader._isLeader() else None
+
+
+def elect(replicas: List[SyncObj]) -> SyncObj:
+    wait_for(lambda: current_leader(replicas) is not None, 10, 'a leader')
+    leader = current_leader(replicas)
+    assert leader is not None
+    return leader
+
+
+def run_workload(leader: SyncObj, replicas: List[SyncObj], timeout: float) -> Dict[int, int]:
+    """Pipeline COMMANDS writes through the leader; return value -> fail reason."""
+    results: Dict[int, int] = {}
+    lock = threading.Lock()
+
+    def on_result(value: int) -> Callable[[Any, int], None]:
+        def callback(res: Any, err: int) -> None:
+            with lock:
+                results[value] = err
+        return callback
+
+    for value in range(COMMANDS):
+        leader.record(value, callback=on_result(value))
+    wait_for(lambda: len(results) == COMMANDS, timeout, 'all command callbacks')
+
+    def converged() -> bool:
+        target = leader.raftCommitIndex
+        return all(r.raftLastApplied == target for r in replicas)
+    wait_for(converged, timeout, 'all replicas to apply up to the commit index')
+    return results
+
+
+@dataclasses.dataclass
+class LogDeletions:
+    calls: int = 0
+    entries: int = 0          # entries removed (upstream re-adds the message's own right after)
+    acked: int = 0            # ... of which the follower had already acknowledged
+    committed: int = 0        # ... of which were at or below its commit index
+    acked_missing: int = 0    # acknowledged entries absent when the follower next replied
+
+    def reset(self) -> None:
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, field.default)
+
+
+@pytest.fixture
+def log_deletions(monkeypatch: pytest.MonkeyPatch) -> LogDeletions:
+    """Count every log deletion and acknowledgement, patched or not.
+
+    Both classes delete through SyncObj.__deleteEntriesFrom and reply through
+    SyncObj.__sendNextNodeIdx, so wrapping those on the base class sees all.
+    """
+    stats = LogDeletions()
+    acked: Dict[int, int] = collections.defaultdict(int)  # id(SyncObj) -> highest acked index
+    delete = SyncObj._SyncObj__deleteEntriesFrom
+    reply = SyncObj._SyncObj__sendNextNodeIdx
+
+    def counting_delete(self: SyncObj, fromIdx: int) -> None:
+        before = self._SyncObj__getCurrentLogIndex()
+        delete(self, fromIdx)
+        removed = before - self._SyncObj__getCurrentLogIndex()
+        if removed > 0:
+            stats.calls += 1
+            stats.entries += removed
+            stats.acked += max(0, min(acked[id(self)], before) - fromIdx + 1)
+            stats.committed += max(0, self.raftCommitIndex - fromIdx + 1)
+
+    def recording_reply(self: SyncObj, node: Any, reset: bool = False,
+                        nextNodeIdx: Optional[int] = None, success: bool = False) -> None:
+        lastIdx = self._SyncObj__getCurrentLogIndex()
+        stats.acked_missing += max(0, acked[id(self)] - lastIdx)
+        if success:
+            acked[id(self)] = max(acked[id(self)], (nextNodeIdx or lastIdx + 1) - 1)
+        reply(self, node, reset=reset, nextNodeIdx=nextNodeIdx, success=success)
+
+    monkeypatch.setattr(SyncObj, '_SyncObj__deleteEntriesFrom', counting_delete)
+    monkeypatch.setattr(SyncObj, '_SyncObj__sendNextNodeIdx', recording_reply)
+    return stats
+
+
+def truncation_lines(caplog: pytest.LogCaptureFixture) -> List[Tuple[int, int]]:
+    """(from index, last applied) of every upstream 'truncating already-applied' line."""
+    pattern = re.compile(r'from index (\d+) \(last applied: (\d+)\)')
+    found = []
+    for record in caplog.records:
+        match = pattern.search(record.getMessage())
+        if UPSTREAM_TRUNCATION_LOG in record.getMessage() and match:
+            found.append((int(match.group(1)), int(match.group(2))))
+    return found
+
+
+def test_pipelined_writes_patched_cluster(caplog: pytest.LogCaptureFixture,
+                                          log_deletions: LogDeletions) -> None:
+    caplog.set_level(logging.CRITICAL, logger='pysyncobj')
+    with cluster(PatchedSyncObj) as replicas:
+        leader = elect(replicas)
+        term = leader.raftCurrentTerm
+        log_deletions.reset()  # only count what happens under this leader
+        results = run_workload(leader, replicas, timeout=40)
+        states = [list(r.applied) for r in replicas]
+        terms = {r.raftCurrentTerm for r in replicas}
+
+    assert truncation_lines(caplog) == []
+    assert not [r for r in caplog.records if r.levelno >= logging.CRITICAL]
+    assert states[0] == states[1] == states[2]
+    counts = collections.Counter(states[0])
+    succeeded = [v for v, err in results.items() if err == FAIL_REASON.SUCCESS]
+    assert all(counts[v] == 1 for v in succeeded)
+    assert max(counts.values()) == 1
+    assert log_deletions.committed == 0
+    if terms == {term}:
+        # One leader throughout: every entry a follower holds is the leader's, so
+        # Raft never deletes anything (upstream deletes thousands here, see below).
+        assert log_deletions == LogDeletions()
+        assert len(succeeded) == COMMANDS
+
+
+def test_pipelined_writes_unpatched_baseline(caplog: pytest.LogCaptureFixture,
+                                             log_deletions: LogDeletions,
+                                             record_property: Callable[[str, Any], None]) -> None:
+    """Same workload on upstream SyncObj. Observational: timing-dependent, never fails on the bug."""
+    caplog.set_level(logging.CRITICAL, logger='pysyncobj')
+    outcome = 'converged'
+    with cluster(SyncObj) as replicas:
+        try:
+            leader = elect(replicas)
+            log_deletions.reset()
+            run_workload(leader, replicas, timeout=20)
+        except AssertionError as e:
+            outcome = str(e)
+        identical = len({tuple(r.applied) for r in replicas}) == 1
+
+    lines = truncation_lines(caplog)
+    summary = ('unpatched SyncObj: %d "truncating already-applied" lines (applied entries '
+               'truncated per line: %s); %s; replicas identical: %s; %s' % (
+                   len(lines), [applied - start + 1 for start, applied in lines],
+                   log_deletions, identical, outcome))
+    record_property('unpatched_baseline', summary)
+    print(summary)
