@@ -30,7 +30,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.batching import GroupCommit
 from raftkv.codec import consistency_from_name, error_from_result, op_from_command
-from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Limits, Mutation, Put, check_command
+from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Limits, Mutation, Put, check_command, routing_keys
 from raftkv.engine import prefix_end
 from raftkv.errors import InvalidRequest, NotLeader, RaftKVError, Timeout, Unavailable, Undetermined
 from raftkv.partitioning import partition_for_key
@@ -318,8 +318,10 @@ class Client:
     def _write(self, command: Command) -> pb.Result:
         async def go():
             partitions = await self._partitions()
-            key = command.start if isinstance(command, DeleteRange) else _first_key(command)
-            op = op_from_command(command, partition_for_key(key, partitions))
+            keys = routing_keys(command)
+            if not keys:
+                raise InvalidRequest("a batch of only delete_ranges has no partition; use delete_range()")
+            op = op_from_command(command, partition_for_key(keys[0], partitions))
             return await self._core.execute(op, self._consistency, is_write=True)
 
         return self._run(go())
@@ -441,9 +443,3 @@ class Client:
     def partitions(self) -> int:
         return self._run(self._partitions())
 
-
-def _first_key(command: Command) -> bytes:
-    if isinstance(command, Batch):
-        first = command.ops[0]
-        return first.start if isinstance(first, DeleteRange) else first.key
-    return command.key

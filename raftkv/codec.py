@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Limits, Put, check_command, command_keys
+from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Limits, Put, check_command, routing_keys
 from raftkv.errors import (
     InvalidRequest,
     NotLeader,
@@ -67,9 +67,7 @@ def command_from_op(op: pb.Op, partitions: int, limits: Limits) -> Command:
 def check_partition(command: Command, partition: int, partitions: int) -> None:
     if partition >= partitions:
         raise InvalidRequest(f"partition {partition} does not exist; the cluster has {partitions}")
-    if isinstance(command, DeleteRange):
-        return  # a range is deleted within whichever partition it is sent to
-    for key in command_keys(command):
+    for key in routing_keys(command):
         if partition_for_key(key, partitions) != partition:
             raise InvalidRequest(
                 f"key {key[:40]!r} belongs to partition {partition_for_key(key, partitions)}, not {partition}"

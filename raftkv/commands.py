@@ -82,12 +82,17 @@ class CasResult:
     current: bytes | None  # the value after the command
 
 
-def command_keys(command: Command) -> list[bytes]:
-    """The keys a command routes by (a DeleteRange routes by its start key)."""
+def routing_keys(command: Command) -> list[bytes]:
+    """The keys that decide a command's partition.
+
+    A DeleteRange applies within whichever partition it is sent to, so it
+    routes by nothing; a Batch routes by its put and delete keys, and its
+    ranges apply within that partition.
+    """
     if isinstance(command, Batch):
-        return [k for op in command.ops for k in command_keys(op)]
+        return [k for op in command.ops for k in routing_keys(op)]
     if isinstance(command, DeleteRange):
-        return [command.start]
+        return []
     return [command.key]
 
 
@@ -162,6 +167,8 @@ def _decode_one(buf: bytes, pos: int) -> tuple[Command, int]:
     if tag == _TAG_CAS:
         flags, klen, elen, nlen = _CAS_HEAD.unpack_from(buf, pos)
         pos += _CAS_HEAD.size
+        if flags & ~3 or (not flags & 1 and elen) or (not flags & 2 and nlen):
+            raise DecodeError(f"malformed cas at byte {pos - _CAS_HEAD.size - 1}")
         key_end = pos + klen
         exp_end = key_end + elen
         new_end = exp_end + nlen
@@ -192,8 +199,8 @@ def decode_proposal(buf: bytes) -> list[Command]:
             commands.append(command)
     except (struct.error, IndexError) as exc:
         raise DecodeError(f"truncated proposal at byte {pos}") from exc
-    if pos != end:
-        raise DecodeError(f"trailing bytes in proposal at {pos}")
+    if pos > end:  # a length field pointed past the end: slices do not raise
+        raise DecodeError(f"truncated proposal: a field runs to byte {pos} of {end}")
     return commands
 
 

@@ -23,6 +23,7 @@ import shutil
 import struct
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -107,7 +108,7 @@ class RocksEngine:
                 wb.put(m.key, m.value)
             elif isinstance(m, Delete):
                 wb.delete(m.key)
-            elif isinstance(m, DeleteRange):
+            elif isinstance(m, DeleteRange) and m.start < m.end:  # RocksDB fails the whole DB on end < start
                 wb.delete_range(m.start, m.end)
         with self._lock:
             wb.put(_POSITION_KEY, _POSITION.pack(position.index, position.term), self._db.get_column_family_handle(_META_CF))
@@ -121,30 +122,15 @@ class RocksEngine:
 
     def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
         with self._lock:
-            db = self._db
-            it = db.iter()
+            it = self._db.iter()
             position = self._position
             self._readers += 1
-        return position, self._iterate(it, key_range)
+        return position, _Scan(it, key_range, self._reader_done)
 
-    def _iterate(self, it, key_range: KeyRange) -> Iterator[tuple[bytes, bytes]]:
-        try:
-            it.seek(key_range.start)
-            count = 0
-            while it.valid():
-                key = it.key()
-                if key_range.end is not None and key >= key_range.end:
-                    return
-                yield key, it.value()
-                count += 1
-                if key_range.limit and count >= key_range.limit:
-                    return
-                it.next()
-        finally:
-            del it
-            with self._lock:
-                self._readers -= 1
-                self._readers_done.notify_all()
+    def _reader_done(self) -> None:
+        with self._lock:
+            self._readers -= 1
+            self._readers_done.notify_all()
 
     def checkpoint(self, dest: Path) -> Position:
         """A consistent copy of the database (hard links) at `dest`, and its position."""
@@ -180,3 +166,35 @@ class RocksEngine:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+class _Scan:
+    """A scan's iterator; releases its reader slot when exhausted, closed or collected."""
+
+    def __init__(self, it, key_range: KeyRange, release):
+        self._it = it
+        self._range = key_range
+        self._count = 0
+        it.seek(key_range.start)
+        self._release = weakref.finalize(self, release)
+
+    def __iter__(self) -> _Scan:
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        it, rng = self._it, self._range
+        if it is None or not it.valid() or (rng.limit and self._count >= rng.limit):
+            self.close()
+            raise StopIteration
+        key = it.key()
+        if rng.end is not None and key >= rng.end:
+            self.close()
+            raise StopIteration
+        item = key, it.value()
+        self._count += 1
+        it.next()
+        return item
+
+    def close(self) -> None:
+        self._it = None
+        self._release()

@@ -69,9 +69,16 @@ def apply_proposal(read: Callable[[bytes], bytes | None], commands: Sequence[Com
                 results.append(CasResult(False, current))
         elif isinstance(command, Batch):
             for op in command.ops:
-                write(op)
+                _write_unless_empty_range(write, op)
             results.append(None)
         else:
-            write(command)
+            _write_unless_empty_range(write, command)
             results.append(None)
     return Applied(mutations, results)
+
+
+def _write_unless_empty_range(write: Callable[[Mutation], None], m: Mutation) -> None:
+    # The API rejects start >= end; the log may still hold one (an older client, a bug), and
+    # every replica must treat it the same harmless way rather than fail on it.
+    if not (isinstance(m, DeleteRange) and m.start >= m.end):
+        write(m)

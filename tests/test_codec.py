@@ -328,3 +328,10 @@ def test_unknown_consistency_is_rejected_listing_the_choices(name):
         consistency_from_name(name)
     assert repr(name) in str(info.value)
     assert "linearizable, leader, follower, stale" in str(info.value)
+
+
+def test_a_range_inside_a_batch_applies_within_the_batch_partition():
+    partition = zlib.crc32(b"d") % P
+    other_start = next(k for k in (b"a%d" % i for i in range(100)) if zlib.crc32(k) % P != partition)
+    op = op_from_command(Batch((Put(b"d", b"1"), DeleteRange(other_start, other_start + b"\x00"))), partition)
+    assert command_from_op(op, P, LIMITS).ops[1] == DeleteRange(other_start, other_start + b"\x00")

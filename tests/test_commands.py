@@ -18,7 +18,7 @@ from raftkv.commands import (
     Limits,
     Put,
     check_command,
-    command_keys,
+    routing_keys,
     command_size,
     decode_proposal,
     encode_proposal,
@@ -215,15 +215,15 @@ def test_decode_error_is_a_value_error():
     assert issubclass(DecodeError, ValueError)
 
 
-# --- command_keys -----------------------------------------------------------
+# --- routing_keys -----------------------------------------------------------
 
 
-def test_command_keys_routes_ranges_by_start_and_batches_by_every_key():
-    assert command_keys(Put(b"p", b"v")) == [b"p"]
-    assert command_keys(Delete(b"d")) == [b"d"]
-    assert command_keys(Cas(b"c", None, None)) == [b"c"]
-    assert command_keys(DeleteRange(b"s", b"t")) == [b"s"]
-    assert command_keys(Batch((Put(b"a", b""), DeleteRange(b"b", b"c"), Delete(b"d")))) == [b"a", b"b", b"d"]
+def test_routing_keys_ignore_ranges_which_apply_within_the_partition_they_are_sent_to():
+    assert routing_keys(Put(b"p", b"v")) == [b"p"]
+    assert routing_keys(Delete(b"d")) == [b"d"]
+    assert routing_keys(Cas(b"c", None, None)) == [b"c"]
+    assert routing_keys(DeleteRange(b"s", b"t")) == []
+    assert routing_keys(Batch((Put(b"a", b""), DeleteRange(b"b", b"c"), Delete(b"d")))) == [b"a", b"d"]
 
 
 # --- check_command ----------------------------------------------------------
@@ -340,3 +340,17 @@ def test_check_command_accepts_a_put_iff_key_and_value_are_within_the_limits(key
     else:
         with pytest.raises(InvalidRequest):
             check_command(Put(key, value), limits)
+
+
+def test_decode_reports_a_cut_inside_a_field_as_truncation():
+    with pytest.raises(DecodeError, match="truncated"):
+        decode_proposal(encode_proposal([Put(b"abc", b"def")])[:10])
+
+
+@pytest.mark.parametrize("flags, elen, nlen", [(0xFF, 0, 0), (0b10, 3, 1), (0b01, 0, 2)])
+def test_decode_rejects_malformed_cas(flags, elen, nlen):
+    import struct
+
+    body = b"k" + b"x" * elen + b"n" * nlen
+    with pytest.raises(DecodeError, match="malformed cas"):
+        decode_proposal(b"\x01\x04" + struct.pack("<BIII", flags, 1, elen, nlen) + body)

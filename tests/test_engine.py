@@ -387,3 +387,26 @@ def test_recovery_of_a_clean_folder_changes_nothing(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["db"]
     assert sorted(p.name for p in (folder / "db").iterdir()) == before
     assert _open_and_read(folder) == (Position(2, 1), [(b"k", b"v")])
+
+
+def test_rocks_scan_dropped_before_iterating_releases_its_reader(tmp_path):
+    import gc
+
+    engine = RocksEngine(tmp_path / "e")
+    engine.write([Put(b"a", b"1")], Position(1, 1))
+    _, items = engine.scan(KeyRange())
+    del items
+    gc.collect()
+    assert engine._readers == 0
+    _, items = engine.scan(KeyRange())
+    assert list(items) == [(b"a", b"1")]
+    assert engine._readers == 0
+    engine.close()
+
+
+def test_rocks_inverted_delete_range_is_a_no_op_not_a_broken_database(tmp_path):
+    engine = RocksEngine(tmp_path / "e")
+    engine.write([Put(b"a", b"1"), DeleteRange(b"b", b"a")], Position(1, 1))
+    engine.write([Put(b"c", b"3")], Position(2, 1))
+    assert engine.get(b"a") == b"1" and engine.get(b"c") == b"3" and engine.position == Position(2, 1)
+    engine.close()
