@@ -83,8 +83,8 @@ class PartitionFrontend:
         metrics.PROPOSAL_OPS.labels(self.partition).observe(len(batch))
         loop = self._loop
 
-        def on_applied(results, reason):  # on the replica's tick thread
-            loop.call_soon_threadsafe(self._finish, proposal_id, results, reason)
+        def on_applied(results, reason):  # inside the replica's tick, on the loop
+            loop.call_soon(self._finish, proposal_id, results, reason)
 
         try:
             self.replica.propose(payload, on_applied)

@@ -103,11 +103,15 @@ class LocalCluster:
 
 
 def _leaderless(client: Client, partitions: int) -> str:
-    """'' when every partition has one agreed leader, else what is missing."""
+    """'' when every partition has one leader that every reachable replica knows, else what is missing."""
     leaders: dict[int, set[str]] = {p: set() for p in range(partitions)}
+    known: dict[int, set[str]] = {p: set() for p in range(partitions)}
     for status in client.status():
+        if not status.reachable:
+            continue
         for ps in status.partitions:
             if ps.role == "leader":
                 leaders[ps.partition].add(status.node_id)
-    missing = [p for p, who in leaders.items() if len(who) != 1]
-    return f"partitions without a single leader: {missing}" if missing else ""
+            known[ps.partition].add(ps.leader)
+    missing = [p for p in range(partitions) if len(leaders[p]) != 1 or known[p] != leaders[p]]
+    return f"partitions without a leader known to all their replicas: {missing}" if missing else ""

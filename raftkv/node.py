@@ -1,8 +1,8 @@
 """A node process: the replicas this node hosts, the gRPC API and metrics.
 
-Threads: one pysyncobj tick thread per replica; the asyncio loop (main
-thread) runs the API and group commit. Replicas call back into the loop with
-`call_soon_threadsafe` only.
+Everything runs on one asyncio loop (the main thread): the gRPC API, group
+commit, and every replica's pysyncobj ticks (see `syncobj_loop`). Only gRPC's
+and RocksDB's own threads run beside it.
 """
 
 from __future__ import annotations
@@ -85,11 +85,11 @@ class Node:
         peers = [self.spec.node(i).raft_address(p) for i in self.replicas_of(p) if i != self.me.id]
         frontend: PartitionFrontend | None = None
 
-        def on_state_changed(old: int, new: int) -> None:  # tick thread
+        def on_state_changed(old: int, new: int) -> None:  # inside a tick, on the loop
             metrics.LEADER_CHANGES.labels(p).inc()
             metrics.IS_LEADER.labels(p).set(1 if new == Role.LEADER else 0)
             if old == Role.LEADER and frontend is not None:
-                loop.call_soon_threadsafe(frontend.on_leadership_lost)
+                loop.call_soon(frontend.on_leadership_lost)
 
         try:
             replica = PartitionReplica(
@@ -99,8 +99,14 @@ class Node:
                 folder=self.me.data_dir / f"p{p:04d}",
                 fsync=self.spec.durability == "fsync",
                 tuning=self.spec.tuning,
+                loop=loop,
                 on_state_changed=on_state_changed,
             )
+        except SyncObjException:
+            raise ConfigError(
+                f"cannot listen on {self.me.raft_address(p)} (Raft port of partition {p}): the port is in use",
+                source=f"node {self.me.id} raft_port_base",
+            ) from None
         except Exception as exc:
             if "lock" in str(exc).lower():
                 raise ConfigError(
@@ -108,14 +114,6 @@ class Node:
                     source=f"node {self.me.id}",
                 ) from None
             raise
-        try:
-            replica.waitBinded()
-        except SyncObjException:
-            replica.close()
-            raise ConfigError(
-                f"cannot listen on {self.me.raft_address(p)} (Raft port of partition {p}): the port is in use",
-                source=f"node {self.me.id} raft_port_base",
-            ) from None
         frontend = PartitionFrontend(
             replica,
             loop,

@@ -13,11 +13,13 @@ This is the only module that wires our parts into pysyncobj:
   below the engine's position are skipped, so replaying the journal after a
   restart is idempotent.
 
-`propose` is thread-safe; its callback runs on this replica's tick thread.
+Replicas run on the node's asyncio loop (`syncobj_loop`), not on threads of
+their own: `propose`, its callback and every pysyncobj call happen on the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import tempfile
@@ -37,6 +39,7 @@ from raftkv.journal import RaftJournal
 from raftkv.rocks_engine import RocksEngine
 from raftkv.spec import Tuning
 from raftkv.state_machine import apply_proposal
+from raftkv.syncobj_loop import LoopPoller, Ticker
 from raftkv.syncobj_patches import PatchedSyncObj
 
 log = logging.getLogger(__name__)
@@ -94,6 +97,7 @@ class PartitionReplica(PatchedSyncObj):
         folder: Path,
         fsync: bool,
         tuning: Tuning,
+        loop: asyncio.AbstractEventLoop,
         on_state_changed: Callable[[int, int], None] | None = None,
     ):
         self.partition = partition
@@ -101,7 +105,10 @@ class PartitionReplica(PatchedSyncObj):
         self.folder.mkdir(parents=True, exist_ok=True)
         self.engine = RocksEngine(self.folder)
         self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
+        poller = LoopPoller(loop)
         conf = SyncObjConf(
+            autoTick=False,  # ticked on the node's event loop, see syncobj_loop
+            pollerType=poller,
             appendEntriesUseBatch=False,  # we batch ourselves (group commit); pysyncobj's batching adds ~100 ms
             appendEntriesBatchSizeBytes=4 * tuning.max_batch_bytes,  # > any entry: never the chunked path
             journalFile=JournalConfig(self.folder / "journal", fsync),
@@ -124,12 +131,15 @@ class PartitionReplica(PatchedSyncObj):
             onStateChanged=on_state_changed,
         )
         super().__init__(self_address, peer_addresses, conf, transportClass=SyncingTransport)
+        self._ticker = Ticker(self, poller, loop, period=min(0.05, tuning.heartbeat_period / 2))
+        self._ticker.start()
 
     # -- write path -------------------------------------------------------
 
     def propose(self, payload: bytes, callback: ProposalCallback) -> None:
         """Append an encoded proposal; `callback(results, reason)` runs once it is applied or failed."""
         self._apply(payload, callback=callback)
+        self._ticker.soon()
 
     @replicated
     def _apply(self, payload: bytes):
@@ -203,5 +213,6 @@ class PartitionReplica(PatchedSyncObj):
         return meta.last_entry, meta.prev_entry, meta.cluster
 
     def close(self) -> None:
-        self.destroy_synchronous()
+        self._ticker.stop()
+        self.destroy()  # with autoTick off this closes sockets and the journal at once
         self.engine.close()

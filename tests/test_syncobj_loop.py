@@ -1,0 +1,63 @@
+"""LoopPoller and Ticker: pysyncobj's poller contract on an asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from pysyncobj.poller import POLL_EVENT_TYPE
+
+from raftkv.syncobj_loop import LoopPoller, Ticker
+
+
+def test_events_reach_the_current_owner_of_an_fd_and_closed_fds_unsubscribe_quietly():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        poller = LoopPoller(loop)
+        a, b = socket.socketpair()
+        seen = []
+        poller.subscribe(a.fileno(), lambda fd, ev: seen.append(("old", ev)), POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE)
+        # re-subscribing replaces the owner; events dispatched later go to the new callback only
+        poller.subscribe(a.fileno(), lambda fd, ev: seen.append(("new", ev)), POLL_EVENT_TYPE.READ)
+        b.send(b"x")
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+            if seen:
+                break
+        assert seen and all(owner == "new" and ev == POLL_EVENT_TYPE.READ for owner, ev in seen)
+        fd = a.fileno()
+        poller.subscribe(fd, lambda fd, ev: None, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE)
+        a.close()  # pysyncobj closes first...
+        poller.unsubscribe(fd)  # ...then unsubscribes: must not raise
+        b.close()
+
+    asyncio.run(scenario())
+
+
+def test_ticker_coalesces_requests_and_ticks_periodically():
+    class FakeSyncObj:
+        ticks = 0
+
+        def _onTick(self, timeToWait):
+            self.ticks += 1
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        obj = FakeSyncObj()
+        poller = LoopPoller(loop)
+        ticker = Ticker(obj, poller, loop, period=0.02)
+        for _ in range(10):
+            ticker.soon()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert obj.ticks == 1
+        ticker.start()
+        await asyncio.sleep(0.2)
+        assert obj.ticks >= 4
+        ticker.stop()
+        stopped_at = obj.ticks
+        ticker.soon()
+        await asyncio.sleep(0.06)
+        assert obj.ticks == stopped_at
+
+    asyncio.run(scenario())
