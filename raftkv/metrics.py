@@ -22,6 +22,7 @@ APPLY_SECONDS = Histogram(
     ["partition"],
     buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
 )
+JOURNAL_FSYNCS = Counter("raftkv_journal_fsyncs_total", "fdatasync calls on the Raft journal (fsync mode)", ["partition"])
 API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")
 API_OPS = Counter("raftkv_api_ops_total", "Operations received in Execute requests (several per request)")
 
@@ -31,6 +32,7 @@ def init_partition(partition: int) -> None:
     LEADER_CHANGES.labels(partition)
     IS_LEADER.labels(partition).set(0)
     PROPOSALS.labels(partition)
+    JOURNAL_FSYNCS.labels(partition)
 
 
 def serve(host: str, port: int) -> None:

@@ -69,9 +69,7 @@ class SyncingTransport(TCPTransport):
     """Syncs a dirty journal before sending, so nothing is acknowledged before it is durable."""
 
     def send(self, node, message):
-        journal = self._syncObj._SyncObj__raftLog
-        if journal.dirty:
-            journal.sync()
+        self._syncObj.sync_journal()
         return super().send(node, message)
 
 
@@ -105,6 +103,7 @@ class PartitionReplica(PatchedSyncObj):
         self.folder.mkdir(parents=True, exist_ok=True)
         self.engine = RocksEngine(self.folder)
         self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
+        self._fsyncs = metrics.JOURNAL_FSYNCS.labels(partition)
         poller = LoopPoller(loop)
         conf = SyncObjConf(
             autoTick=False,  # ticked on the node's event loop, see syncobj_loop
@@ -146,15 +145,21 @@ class PartitionReplica(PatchedSyncObj):
         index = self.raftLastApplied + 1  # pysyncobj increments it right after this call
         if index <= self.engine.position.index:
             return None
+        self.sync_journal()  # a single-replica leader commits without sending, so no send synced it
         journal = self._SyncObj__raftLog
-        if journal.dirty:  # a single-replica leader commits without sending, so no send synced it
-            journal.sync()
         started = time.perf_counter()
         term = journal[index - journal[0][1]][2]
         applied = apply_proposal(self.engine.get, decode_proposal(payload))
         self.engine.write(applied.mutations, Position(index, term))
         self._apply_seconds.observe(time.perf_counter() - started)
         return applied.results
+
+    def sync_journal(self) -> None:
+        """fsync mode: make every journal write so far durable (one fdatasync for all of them)."""
+        journal = self._SyncObj__raftLog
+        if journal.dirty:
+            journal.sync()
+            self._fsyncs.inc()
 
     # -- status -----------------------------------------------------------
 

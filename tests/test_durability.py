@@ -151,3 +151,30 @@ def test_read_of_unreachable_cluster_is_a_clear_error():
     with Client(["127.0.0.1:1"], timeout=1) as kv:
         with pytest.raises((Unavailable, Timeout), match="no node answered"):
             kv.get(b"x")
+
+
+def journal_fsyncs(cluster) -> dict[str, float]:
+    import re
+    import urllib.request
+
+    counts = {}
+    for node in cluster.spec.nodes:
+        with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        counts[node.id] = float(re.search(r'^raftkv_journal_fsyncs_total\{partition="0"\} (\S+)', text, re.M).group(1))
+    return counts
+
+
+@pytest.mark.parametrize("durability", ["default", "fsync"])
+def test_fsync_mode_syncs_the_journal_once_per_group_commit_on_every_replica(make_cluster, durability):
+    cluster = make_cluster(nodes=3, partitions=1, durability=durability)
+    before = journal_fsyncs(cluster)
+    with Client(cluster.endpoints) as kv:
+        for i in range(50):
+            kv.put(b"k%d" % i, b"v")  # sequential: one group commit (one Raft entry) each
+    synced = {node: count - before[node] for node, count in journal_fsyncs(cluster).items()}
+    if durability == "fsync":
+        # each replica synced before acknowledging (followers) or sending (leader) every entry
+        assert all(count >= 50 for count in synced.values()), synced
+    else:
+        assert all(count == 0 for count in synced.values()), synced
