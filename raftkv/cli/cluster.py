@@ -8,7 +8,8 @@ import click
 
 from raftkv.cli.output import console
 from raftkv.errors import ConfigError
-from raftkv.spec import DURABILITY_MODES, build_spec, save_spec
+from raftkv.cli.options import topology_options
+from raftkv.spec import build_spec, save_spec
 
 
 def register(cli: click.Group) -> None:
@@ -21,17 +22,9 @@ def cluster() -> None:
 
 
 @cluster.command()
-@click.option("--nodes", "-n", type=click.IntRange(1, 99), default=3, show_default=True)
-@click.option("--partitions", "-p", type=click.IntRange(1, 4096), default=8, show_default=True,
-              help="Fixed for the life of the cluster.")
-@click.option("--replication", "-r", type=click.IntRange(1, 99), default=3, show_default=True)
-@click.option("--base-port", type=click.IntRange(1024, 65000), default=7000, show_default=True,
-              help="Node k uses ports base + k*(partitions+2) onwards: API, metrics, then one Raft port a partition.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default="raftkv-data", show_default=True)
+@topology_options
 @click.option("--hosts", default=None, help="Comma-separated host of each node (default: all 127.0.0.1).")
 @click.option("--name", default="raftkv", show_default=True)
-@click.option("--durability", type=click.Choice(DURABILITY_MODES), default="default", show_default=True,
-              help="fsync: acknowledged writes survive power loss, not just process crashes.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="cluster.toml", show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite an existing spec.")
 def init(nodes, partitions, replication, base_port, data_dir, hosts, name, durability, output, force) -> None:

@@ -10,7 +10,8 @@ import click
 
 from raftkv.cli.output import console, err_console
 from raftkv.local_cluster import LocalCluster
-from raftkv.spec import DURABILITY_MODES, build_spec, load_spec, save_spec
+from raftkv.cli.options import topology_options
+from raftkv.spec import build_spec, load_spec, save_spec
 
 
 def register(cli: click.Group) -> None:
@@ -23,12 +24,7 @@ def dev() -> None:
 
 
 @dev.command()
-@click.option("--nodes", "-n", type=click.IntRange(1, 9), default=3, show_default=True)
-@click.option("--partitions", "-p", type=click.IntRange(1, 256), default=8, show_default=True)
-@click.option("--replication", "-r", type=click.IntRange(1, 9), default=3, show_default=True)
-@click.option("--base-port", type=click.IntRange(1024, 65000), default=7000, show_default=True)
-@click.option("--data-dir", type=click.Path(file_okay=False), default="raftkv-data", show_default=True)
-@click.option("--durability", type=click.Choice(DURABILITY_MODES), default="default", show_default=True)
+@topology_options
 def up(nodes, partitions, replication, base_port, data_dir, durability) -> None:
     """Start a local N-node cluster (data in --data-dir) until Ctrl-C.
 
