@@ -130,7 +130,7 @@ class Node:
                 r = frontend.replica
                 metrics.TERM.labels(p).set(r.raftCurrentTerm)
                 metrics.COMMIT_INDEX.labels(p).set(r.raftCommitIndex)
-                metrics.APPLIED_INDEX.labels(p).set(r.engine.position.index)
+                metrics.APPLIED_INDEX.labels(p).set(r.applied_index)
             await asyncio.sleep(1.0)
 
     async def stop(self) -> None:

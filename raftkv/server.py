@@ -130,10 +130,9 @@ class KVService(kv_pb2_grpc.KVServicer):
             await frontend.barrier()
         elif consistency == pb.LEADER and not frontend.is_leader:
             raise frontend.not_leader()
-        engine = frontend.replica.engine
-        index = engine.position.index
-        value = engine.get(key)
-        return pb.Result(found=value is not None, value=value or b"", applied_index=index)
+        replica = frontend.replica
+        value = replica.engine.get(key)
+        return pb.Result(found=value is not None, value=value or b"", applied_index=replica.applied_index)
 
     async def _forward(self, node_id: str, request: pb.ExecuteRequest, indexes: list[int]) -> list[pb.Result]:
         forwarded = pb.ExecuteRequest(
@@ -165,13 +164,14 @@ class KVService(kv_pb2_grpc.KVServicer):
         except RaftKVError as error:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         key_range = KeyRange(request.start, request.end if request.HasField("end") else None, request.limit)
-        position, items = frontend.replica.engine.scan(key_range)
+        applied_index = frontend.replica.applied_index  # nothing applies between these two lines
+        _, items = frontend.replica.engine.scan(key_range)
         sent_any = False
         while chunk := await asyncio.to_thread(_next_chunk, items):
             sent_any = True
-            yield pb.ScanChunk(items=chunk, applied_index=position.index)
+            yield pb.ScanChunk(items=chunk, applied_index=applied_index)
         if not sent_any:
-            yield pb.ScanChunk(applied_index=position.index)  # an empty range still reports its index
+            yield pb.ScanChunk(applied_index=applied_index)  # an empty range still reports its index
 
     # -- Status -----------------------------------------------------------
 
@@ -186,7 +186,7 @@ class KVService(kv_pb2_grpc.KVServicer):
                     leader=frontend.not_leader().leader_hint or "",
                     term=r.raftCurrentTerm,
                     commit_index=r.raftCommitIndex,
-                    applied_index=r.engine.position.index,
+                    applied_index=r.applied_index,
                     last_log_index=r.last_log_index,
                     replicas=self._replicas_of(p),
                     has_quorum=r.hasQuorum,

@@ -173,6 +173,12 @@ class PartitionReplica(PatchedSyncObj):
         return leader.address if leader is not None else None
 
     @property
+    def applied_index(self) -> int:
+        """The index the local state reflects: pysyncobj's no-op entries advance it without
+        touching the engine, and after a restart the engine is ahead until the replay catches up."""
+        return max(self.raftLastApplied, self.engine.position.index)
+
+    @property
     def last_log_index(self) -> int:
         return self._SyncObj__raftLog[-1][1]
 

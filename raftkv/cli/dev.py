@@ -48,9 +48,9 @@ def up(nodes, partitions, replication, base_port, data_dir, durability) -> None:
         cluster.wait_ready(timeout=60)
         for n in spec.nodes:
             console.print(f"  {n.id}: api {n.api_address}  metrics http://{n.host}:{n.metrics_port}/metrics  "
-                          f"log {cluster.log_path(n.id)}")
+                          f"log {cluster.log_path(n.id)}", soft_wrap=True)
         console.print(f"[bold green]ready[/]: try  raftkv put hello world --config {spec_path}   "
-                      "(Ctrl-C stops the cluster)")
+                      "(Ctrl-C stops the cluster)", soft_wrap=True)
         while not stop:
             if dead := cluster.exited():
                 err_console.print(f"node(s) exited: {dead}; see their node.log; stopping")
