@@ -143,3 +143,16 @@ def test_dev_up_starts_serves_and_stops_cleanly(tmp_path):
         proc.wait(30)
     assert proc.returncode == 0
     wait_until(lambda: all(_port_free(base + i) for i in range(12)), 10, "every node port to be released")
+
+
+def test_a_node_whose_peers_are_unreachable_keeps_running_and_writes_fail_clearly(make_cluster):
+    cluster = make_cluster(nodes=3, partitions=2, start=False)
+    cluster.start("n1")  # its peers never come up
+    n1 = cluster.spec.node("n1")
+    wait_until(lambda: not _port_free(n1.api_port), 30, "n1 to listen")
+    failed = run("put", "k", "v", "--endpoints", n1.api_address, "--timeout", "2")
+    assert_one_line_error(failed, "no leader")
+    assert cluster.procs["n1"].poll() is None, "n1 exited"
+    status = json.loads(run("status", "--json", "--endpoints", n1.api_address).stdout)
+    assert {r["role"] for r in status["partitions"]} <= {"follower", "candidate"}
+    assert all(r["has_quorum"] is False for r in status["partitions"])
