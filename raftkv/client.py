@@ -200,9 +200,8 @@ class _Core:
             attempt += 1
             address = self.target(op.partition, attempt)
             try:
-                result = await asyncio.wait_for(self.link(address, consistency).submit(op), deadline - loop.time())
-            except asyncio.TimeoutError:
-                raise self._give_up(is_write, maybe_sent=True, last_error=last_error) from None
+                # No per-op timer: the request carrying the op has the gRPC deadline `timeout`.
+                result = await self.link(address, consistency).submit(op)
             except _TransportError as exc:
                 if is_write and not exc.never_sent:
                     raise Undetermined(f"lost the connection to {address} after sending the write: {exc}") from None

@@ -73,6 +73,9 @@ class SyncingTransport(TCPTransport):
         return super().send(node, message)
 
 
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+
 class Role:
     FOLLOWER, CANDIDATE, LEADER = 0, 1, 2
     NAMES = {0: "follower", 1: "candidate", 2: "leader"}
@@ -110,6 +113,8 @@ class PartitionReplica(PatchedSyncObj):
             pollerType=poller,
             appendEntriesUseBatch=False,  # we batch ourselves (group commit); pysyncobj's batching adds ~100 ms
             appendEntriesBatchSizeBytes=4 * tuning.max_batch_bytes,  # > any entry: never the chunked path
+            sendBufferSize=SOCKET_BUFFER_BYTES,  # pysyncobj's 64 KiB makes big appends trickle out
+            recvBufferSize=SOCKET_BUFFER_BYTES,
             journalFile=JournalConfig(self.folder / "journal", fsync),
             fullDumpFile=str(self.folder / "raft.snapshot"),
             serializer=self._write_snapshot,
