@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cache
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import pysyncobj.syncobj
-from pysyncobj import FAIL_REASON, SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic
 from pysyncobj.transport import TCPTransport
 
@@ -76,6 +80,12 @@ class SyncingTransport(TCPTransport):
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 
 
+@cache
+def _snapshot_writer() -> ThreadPoolExecutor:
+    """One thread per process writes snapshot files, one at a time."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="raftkv-snapshot")
+
+
 class Role:
     FOLLOWER, CANDIDATE, LEADER = 0, 1, 2
     NAMES = {0: "follower", 1: "candidate", 2: "leader"}
@@ -105,6 +115,7 @@ class PartitionReplica(PatchedSyncObj):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.engine = RocksEngine(self.folder)
+        self._snapshot_job: Future | None = None
         self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
         self._fsyncs = metrics.JOURNAL_FSYNCS.labels(partition)
         poller = LoopPoller(loop)
@@ -118,6 +129,7 @@ class PartitionReplica(PatchedSyncObj):
             journalFile=JournalConfig(self.folder / "journal", fsync),
             fullDumpFile=str(self.folder / "raft.snapshot"),
             serializer=self._write_snapshot,
+            serializeChecker=self._snapshot_state,
             deserializer=self._read_snapshot,
             useFork=False,
             bindAddress=self_address,  # pysyncobj would otherwise listen on 0.0.0.0
@@ -196,26 +208,60 @@ class PartitionReplica(PatchedSyncObj):
 
     # -- snapshots --------------------------------------------------------
 
-    def _write_snapshot(self, filename: str, data) -> None:
+    def _write_snapshot(self, tmp_filename: str, data) -> None:
+        """pysyncobj's serializer: checkpoint now (hard links, milliseconds); write the file on a thread.
+
+        The replica shares the node's event loop, so writing a large tar here would stall every
+        partition's heartbeats. pysyncobj renames `tmp_filename` over the snapshot file as soon as
+        this returns, so it gets a hard link of the current snapshot (or an empty file) and the
+        new file replaces the snapshot when complete. Until then `_snapshot_state` (pysyncobj's
+        serializeChecker) answers SERIALIZING, which keeps pysyncobj from compacting the journal
+        or sending the snapshot file.
+        """
         last_entry, prev_entry, cluster = data
         fsync = self.conf.journalFile.fsync
-        if fsync:  # the journal is about to drop entries this database must then cover
+        if fsync:  # the journal will drop entries this database must then cover
             self.engine.flush()
-        with tempfile.TemporaryDirectory(dir=self.folder, prefix="checkpoint-") as tmp:
-            checkpoint = Path(tmp) / "db"
-            position = self.engine.checkpoint(checkpoint)
-            snapshot_file.write(
-                filename,
-                checkpoint,
-                snapshot_file.Meta(
-                    partition=self.partition,
-                    position=position,
-                    last_entry=last_entry,
-                    prev_entry=prev_entry,
-                    cluster=sorted(node.address for node in cluster),
-                ),
-                fsync=fsync,
+        work = Path(tempfile.mkdtemp(dir=self.folder, prefix="checkpoint-"))
+        try:
+            meta = snapshot_file.Meta(
+                partition=self.partition,
+                position=self.engine.checkpoint(work / "db"),
+                last_entry=last_entry,
+                prev_entry=prev_entry,
+                cluster=sorted(node.address for node in cluster),
             )
+            # Renaming a hard link over its own inode is a no-op that leaves the link behind.
+            Path(tmp_filename).unlink(missing_ok=True)
+            current = Path(self.conf.fullDumpFile)
+            if current.exists():
+                os.link(current, tmp_filename)
+            else:
+                open(tmp_filename, "wb").close()
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        self._snapshot_job = _snapshot_writer().submit(self._finish_snapshot, work, meta, fsync)
+
+    def _finish_snapshot(self, work: Path, meta: snapshot_file.Meta, fsync: bool) -> None:
+        try:
+            next_file = self.folder / "raft.snapshot.next"
+            snapshot_file.write(next_file, work / "db", meta, fsync=fsync)
+            os.replace(next_file, self.conf.fullDumpFile)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _snapshot_state(self) -> int:
+        job = self._snapshot_job
+        if job is None:
+            return SERIALIZER_STATE.NOT_SERIALIZING
+        if not job.done():
+            return SERIALIZER_STATE.SERIALIZING
+        self._snapshot_job = None
+        if job.exception() is not None:
+            log.error("partition %d: writing a snapshot failed: %s", self.partition, job.exception())
+            return SERIALIZER_STATE.FAILED
+        return SERIALIZER_STATE.SUCCESS
 
     def _read_snapshot(self, filename: str):
         meta = snapshot_file.read_meta(filename)
