@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from raftkv.cli import cluster, data, dev, node, status
+from raftkv.cli import cluster, data, dev, learner, node, status
 from raftkv.cli.output import err_console
 from raftkv.errors import RaftKVError
 
@@ -22,7 +22,7 @@ def cli() -> None:
     """raftkv: a Raft-replicated, partitioned key-value store."""
 
 
-for module in (cluster, data, dev, node, status):
+for module in (cluster, data, dev, learner, node, status):
     module.register(cli)
 
 

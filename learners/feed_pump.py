@@ -1,0 +1,142 @@
+"""The feed pump: committed entries → events → sink → only then the learner's copy.
+
+One pump serves every partition of a learner, on the learner's event loop;
+sink calls (which block: Kafka transactions, file fsyncs, uploads) run in a
+worker thread. Each step:
+
+1. a partition with a stashed snapshot is handled alone: its `r` diff is
+   delivered and flushed, then the snapshot is installed;
+2. otherwise up to `max_entries` committed entries per partition are turned
+   into events against a PendingView, delivered, flushed, and then written to
+   the copies with their positions.
+
+Events at or below the position the sink recovered at start-up are computed
+(their mutations are needed) but not delivered again: they were flushed just
+before a crash that hit before the copy was written. A sink failure leaves
+the copies untouched; the step is retried with backoff, and the journal
+holds the entries meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from learners.change_capture import EntryContext, PendingView, capture_entry, capture_snapshot
+from learners.change_event import ChangeEvent
+from learners.learner_replica import LearnerReplica
+from learners.sinks.base import DeliveryBatch, Sink
+from raftkv import snapshot_file
+from raftkv.engine import Position
+from raftkv.rocks_engine import RocksEngine
+
+log = logging.getLogger(__name__)
+
+COMPACT_AFTER_ENTRIES = 5000
+
+
+@dataclass
+class _Prepared:
+    replica: LearnerReplica
+    view: PendingView
+    last: Position
+
+
+class FeedPump:
+    def __init__(self, cluster: str, replicas: dict[int, LearnerReplica], sink: Sink, *, max_entries: int = 2000,
+                 clock: Callable[[], float] = time.time):
+        self.cluster = cluster
+        self.replicas = replicas
+        self.sink = sink
+        self.max_entries = max_entries
+        self.clock = clock
+        self.delivered_before_start: dict[int, int] = {}
+        self.failures = 0
+
+    async def run(self, stop: asyncio.Event, idle_wait: float = 0.005) -> None:
+        self.delivered_before_start = await asyncio.to_thread(self.sink.recover)
+        backoff = 0.1
+        while not stop.is_set():
+            try:
+                progressed = await self.step()
+                backoff = 0.1
+            except Exception as exc:  # the sink is down or refused: retry, the journal holds the entries
+                self.failures += 1
+                log.warning("delivery failed (%s); retrying in %.1fs", exc, backoff)
+                await _sleep_or_stop(stop, backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if not progressed:
+                await _sleep_or_stop(stop, idle_wait)
+
+    def lag(self) -> dict[int, int]:
+        """Committed entries not yet delivered, per partition."""
+        return {p: max(0, r.raftLastApplied - r.engine.position.index) for p, r in self.replicas.items()}
+
+    async def step(self) -> bool:
+        for replica in self.replicas.values():
+            if replica.pending_snapshot is not None:
+                await self._resync(replica)
+                return True
+        prepared, events = self._prepare()
+        if not prepared:
+            return False
+        positions = {p.replica.partition: p.last.index for p in prepared}
+        await self._deliver(events, positions)
+        for p in prepared:
+            p.replica.engine.write(p.view.mutations, p.last)
+            if len(p.replica._SyncObj__raftLog) > COMPACT_AFTER_ENTRIES:
+                p.replica.force_compaction()
+        return True
+
+    def _prepare(self) -> tuple[list[_Prepared], list[ChangeEvent]]:
+        prepared, events = [], []
+        now_ms = int(self.clock() * 1000)
+        for partition, replica in self.replicas.items():
+            position = replica.engine.position
+            entries = replica.committed_entries(position.index, self.max_entries)
+            if not entries:
+                continue
+            view = PendingView(replica.engine)
+            for index, term, commands in entries:
+                ctx = EntryContext(self.cluster, partition, index, term, now_ms)
+                captured = capture_entry(view, commands, ctx)
+                if index > self.delivered_before_start.get(partition, 0):
+                    events += captured
+            last_index, last_term, _ = entries[-1]
+            prepared.append(_Prepared(replica, view, Position(last_index, last_term)))
+        return prepared, events
+
+    async def _resync(self, replica: LearnerReplica) -> None:
+        meta = replica.pending_snapshot
+        index, term = meta.last_entry[1], meta.last_entry[2]
+        with tempfile.TemporaryDirectory(dir=replica.folder, prefix="resync-") as tmp:
+            checkpoint = await asyncio.to_thread(snapshot_file.extract_db, replica.snapshot_path(), Path(tmp))
+            theirs = RocksEngine(checkpoint.parent)  # opens <tmp>/db
+            try:
+                ctx = EntryContext(self.cluster, replica.partition, index, term, int(self.clock() * 1000))
+                events = capture_snapshot(replica.engine, theirs, ctx)
+            finally:
+                theirs.close()
+            await self._deliver(events, {replica.partition: index})
+            replica.engine.install(checkpoint)
+        replica.mark_snapshot_installed(meta)
+        log.info("partition %d re-synced from a snapshot at index %d (%d events)", replica.partition, index,
+                 len(events))
+
+    async def _deliver(self, events: list[ChangeEvent], positions: dict[int, int]) -> None:
+        batch = DeliveryBatch(events, positions)
+        await asyncio.to_thread(self.sink.deliver, batch)
+        await asyncio.to_thread(self.sink.flush)
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass

@@ -1,0 +1,65 @@
+"""The Sink protocol (a contract: docs/learners.md) and how sinks are found.
+
+A sink makes delivered events durable together with the Raft index each
+partition reached, and reports that position back on `recover`, so a learner
+resumes at index + 1 after any crash. Progress moves only after `flush`.
+
+Sinks register under the entry-point group `raftkv.sinks`:
+
+    [options.entry_points]
+    raftkv.sinks =
+        jsonl = my_package.jsonl_sink:JsonlSink
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Mapping, Protocol, Sequence
+
+from learners.change_event import ChangeEvent
+from raftkv.errors import ConfigError
+
+ENTRY_POINT_GROUP = "raftkv.sinks"
+
+
+@dataclass(frozen=True)
+class DeliveryBatch:
+    """Events in Raft order per partition, and the index each partition reaches with them.
+
+    `positions` may advance a partition with no events (entries without writes).
+    """
+
+    events: Sequence[ChangeEvent]
+    positions: Mapping[int, int] = field(default_factory=dict)
+
+
+class Sink(Protocol):
+    def open(self, config: Mapping[str, str]) -> None:
+        """Validate `config` (raise ConfigError naming the option) and connect."""
+
+    def recover(self) -> dict[int, int]:
+        """partition -> last index durably delivered (absent: nothing yet)."""
+
+    def deliver(self, batch: DeliveryBatch) -> None:
+        """Hand events over; they need not be durable until flush()."""
+
+    def flush(self) -> None:
+        """Make everything delivered durable, with its positions, atomically."""
+
+    def close(self) -> None: ...
+
+
+def available_sinks() -> list[str]:
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def load_sink(name: str) -> Sink:
+    """A new, unopened sink instance registered under `name`."""
+    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    if not matches:
+        raise ConfigError(
+            f"no sink named {name!r}; installed sinks: {', '.join(available_sinks()) or 'none'}",
+            source="--sink",
+        )
+    return matches[0].load()()

@@ -1,0 +1,66 @@
+"""change_capture against the voters' state machine: events replay to the same state."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from learners.change_capture import EntryContext, PendingView, capture_entry, capture_snapshot
+from raftkv.commands import Batch, Cas, Delete, DeleteRange, Put
+from raftkv.engine import KeyRange, MemoryEngine, Position
+from raftkv.state_machine import apply_proposal
+
+keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e"])
+values = st.sampled_from([b"1", b"2", b"3"])
+mutations = st.one_of(
+    st.builds(Put, keys, values),
+    st.builds(Delete, keys),
+    st.tuples(keys, keys).filter(lambda r: r[0] < r[1]).map(lambda r: DeleteRange(*r)),
+)
+commands = st.one_of(mutations, st.builds(Cas, keys, st.none() | values, st.none() | values),
+                     st.lists(mutations, min_size=1, max_size=3).map(lambda ops: Batch(tuple(ops))))
+entries = st.lists(st.lists(commands, max_size=4), min_size=1, max_size=6)
+
+
+def ctx(index: int) -> EntryContext:
+    return EntryContext("c", 0, index, 1, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(keys, values), entries)
+def test_events_replay_to_what_the_voters_apply(initial, batch):
+    copy, voter = MemoryEngine(), MemoryEngine()
+    for engine in (copy, voter):
+        engine.write([Put(k, v) for k, v in initial.items()], Position(1, 1))
+    view = PendingView(copy)
+    replayed = dict(initial)
+    for index, proposal in enumerate(batch, start=2):
+        events = capture_entry(view, proposal, ctx(index))
+        voter.write(apply_proposal(voter.get, proposal).mutations, Position(index, 1))
+        assert [e.seq for e in events] == list(range(len(events)))
+        for e in events:
+            assert e.before == replayed.get(e.key)  # the before-image is what the key held
+            assert e.op == ("d" if e.after is None else "c" if e.before is None else "u")
+            if e.after is None:
+                replayed.pop(e.key)
+            else:
+                replayed[e.key] = e.after
+    copy.write(view.mutations, Position(len(batch) + 1, 1))
+    assert replayed == dict(voter.scan(KeyRange())[1]) == dict(copy.scan(KeyRange())[1])
+
+
+@given(st.dictionaries(keys, values), st.dictionaries(keys, values))
+def test_snapshot_diff_turns_the_copy_into_the_snapshot(mine, theirs):
+    copy, snapshot = MemoryEngine(), MemoryEngine()
+    copy.write([Put(k, v) for k, v in mine.items()], Position(1, 1))
+    snapshot.write([Put(k, v) for k, v in theirs.items()], Position(9, 2))
+    events = capture_snapshot(copy, snapshot, ctx(9))
+    state = dict(mine)
+    for e in events:
+        assert e.snapshot and e.op in ("r", "d")
+        if e.op == "d":
+            del state[e.key]
+        else:
+            state[e.key] = e.after
+    assert state == theirs
+    assert len(events) == sum(mine.get(k) != v for k, v in theirs.items()) + len(mine.keys() - theirs.keys())
