@@ -19,6 +19,8 @@ from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import load_sink
 from raftkv import metrics
+from raftkv.client import Client, LearnerView
+from raftkv.errors import ConfigError, RaftKVError
 from raftkv.partitioning import replicas_for
 from raftkv.spec import ClusterSpec
 
@@ -33,6 +35,17 @@ def learner_folder(spec: ClusterSpec, name: str) -> Path:
     return base / "learners" / name
 
 
+def registration(spec: ClusterSpec, name: str) -> LearnerView:
+    """The learner's sink, options and partitions, as registered through the partitions' logs."""
+    with Client([n.api_address for n in spec.nodes], timeout=10.0) as client:
+        learners = client.learners()
+    if name not in learners:
+        known = ", ".join(learners) or "none"
+        raise ConfigError(f"learner {name!r} is not registered (registered: {known}); "
+                          f"add it with `raftkv learner add --name {name} --sink ...`", source="learner start")
+    return learners[name]
+
+
 async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapping[str, str],
                 partitions: list[int], folder: Path, metrics_port: int | None = None) -> None:
     """Run until SIGTERM or SIGINT."""
@@ -42,6 +55,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         loop.add_signal_handler(sig, stop.set)
     sink = load_sink(sink_name)
     sink.open({"learner": name, **sink_options})
+    client = Client([n.api_address for n in spec.nodes], timeout=5.0)
     replicas: dict[int, LearnerReplica] = {}
     try:
         for p in partitions:
@@ -52,12 +66,14 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
             metrics.serve("127.0.0.1", metrics_port)
         pump = FeedPump(spec.name, replicas, sink)
         loop.create_task(_publish(pump, stop))
+        loop.create_task(_report_progress(client, name, replicas, stop))
         print(f"raftkv learner {name} ready: partitions {partitions}, sink {sink_name}", flush=True)
         await pump.run(stop)
     finally:
         for replica in replicas.values():
             replica.close()
         sink.close()
+        client.close()
 
 
 async def _publish(pump: FeedPump, stop: asyncio.Event) -> None:
@@ -68,3 +84,19 @@ async def _publish(pump: FeedPump, stop: asyncio.Event) -> None:
         DELIVERY_FAILURES.inc(pump.failures - reported)
         reported = pump.failures
         await asyncio.sleep(1.0)
+
+
+async def _report_progress(client: Client, name: str, replicas: dict[int, LearnerReplica], stop: asyncio.Event,
+                           every: float = 1.0) -> None:
+    """Tell the voters how far the sink has durably got; they replicate it and retain the log for us."""
+    reported: dict[int, int] = {}
+    while not stop.is_set():
+        delivered = {p: r.engine.position.index for p, r in replicas.items()}
+        changed = {p: i for p, i in delivered.items() if i > reported.get(p, 0)}
+        if changed:
+            try:
+                await asyncio.to_thread(client.report_progress, name, changed)
+                reported.update(changed)
+            except RaftKVError as exc:
+                log.warning("could not report progress (%s); will retry", exc)
+        await asyncio.sleep(every)

@@ -8,14 +8,14 @@ So here:
   what is committed;
 - a snapshot from the leader is not installed but stashed: the pump turns
   the difference into `r` events first, then installs it;
-- the learner's own log compaction is off until the pump has caught up (the
-  pump forces it then), so undelivered entries are never dropped.
+- the learner's own log compaction happens only when the pump asks for it,
+  once it has caught up (voters decide through `maybe_compact`, which a
+  learner never runs), so undelivered entries are never dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from pathlib import Path
 
 import pysyncobj.pickle
@@ -35,14 +35,13 @@ class LearnerReplica(PartitionReplica):
     def __init__(self, *, partition: int, voter_addresses: list[str], folder: Path, tuning: Tuning,
                  loop: asyncio.AbstractEventLoop):
         self.pending_snapshot: snapshot_file.Meta | None = None
-        never = 10**12  # compaction only when the pump asks (force_compaction)
         super().__init__(
             partition=partition,
             self_address=None,
             peer_addresses=voter_addresses,
             folder=folder,
             fsync=False,  # a learner can always fetch again from the voters
-            tuning=replace(tuning, compaction_min_entries=never, compaction_min_seconds=never),
+            tuning=tuning,
             loop=loop,
         )
 

@@ -30,7 +30,22 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.batching import GroupCommit
 from raftkv.codec import consistency_from_name, error_from_result, op_from_command
-from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Limits, Mutation, Put, check_command, routing_keys
+from raftkv.commands import (
+    Batch,
+    Cas,
+    CasResult,
+    Command,
+    Delete,
+    DeleteRange,
+    LearnerProgress,
+    Limits,
+    Mutation,
+    Put,
+    RegisterLearner,
+    RemoveLearner,
+    check_command,
+    routing_keys,
+)
 from raftkv.engine import prefix_end
 from raftkv.errors import InvalidRequest, NotLeader, RaftKVError, Timeout, Unavailable, Undetermined
 from raftkv.partitioning import partition_for_key
@@ -50,6 +65,15 @@ def _b(value: Bytes) -> bytes:
 class Read:
     value: bytes | None
     applied_index: int
+
+
+@dataclass(frozen=True)
+class LearnerView:
+    name: str
+    sink: str
+    options: dict[str, str]
+    progress: dict[int, int]  # partition -> delivered index
+    commit_index: dict[int, int]  # partition -> the leader's commit index (lag = commit - progress)
 
 
 @dataclass(frozen=True)
@@ -351,14 +375,56 @@ class Client:
         """Delete [start, end) in every partition (atomic per partition, not across partitions)."""
         command = DeleteRange(_b(start), _b(end))
         check_command(command, Limits(max_key_bytes=1 << 30))
+        self._write_partitions(command, None)
+
+    def _write_partitions(self, command: Command, partitions: Iterable[int] | None) -> None:
+        """One command proposed in each of `partitions` (all when None), concurrently."""
 
         async def go():
-            partitions = await self._partitions()
+            chosen = range(await self._partitions()) if partitions is None else partitions
             await asyncio.gather(
-                *(self._core.execute(op_from_command(command, p), self._consistency, True) for p in range(partitions))
+                *(self._core.execute(op_from_command(command, p), self._consistency, True) for p in chosen)
             )
 
         self._run(go())
+
+    # -- learners ---------------------------------------------------------
+
+    def register_learner(self, name: str, sink: str, options: dict[str, str] | None = None,
+                         partitions: Iterable[int] | None = None) -> None:
+        """Register a learner through the log of each partition (all when None)."""
+        command = RegisterLearner(name, sink, tuple(sorted((options or {}).items())))
+        check_command(command, Limits())
+        self._write_partitions(command, partitions)
+
+    def remove_learner(self, name: str, partitions: Iterable[int] | None = None) -> None:
+        command = RemoveLearner(name)
+        check_command(command, Limits())
+        self._write_partitions(command, partitions)
+
+    def report_progress(self, name: str, delivered: dict[int, int]) -> None:
+        """A learner's durably delivered index per partition, replicated in each partition's log."""
+
+        async def go():
+            await asyncio.gather(*(
+                self._core.execute(op_from_command(LearnerProgress(name, index), p), self._consistency, True)
+                for p, index in delivered.items()
+            ))
+
+        self._run(go())
+
+    def learners(self) -> dict[str, LearnerView]:
+        """Registered learners as the partitions' leaders see them."""
+        found: dict[str, LearnerView] = {}
+        for status in self.status():
+            for ps in status.partitions:
+                if ps.role != "leader":
+                    continue
+                for ls in ps.learners:
+                    view = found.setdefault(ls.name, LearnerView(ls.name, ls.sink, dict(ls.options), {}, {}))
+                    view.progress[ps.partition] = ls.progress
+                    view.commit_index[ps.partition] = ps.commit_index
+        return found
 
     # -- reads ------------------------------------------------------------
 

@@ -3,7 +3,21 @@
 from __future__ import annotations
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Limits, Put, check_command, routing_keys
+from raftkv.commands import (
+    Batch,
+    Cas,
+    CasResult,
+    Command,
+    Delete,
+    DeleteRange,
+    LearnerProgress,
+    Limits,
+    Put,
+    RegisterLearner,
+    RemoveLearner,
+    check_command,
+    routing_keys,
+)
 from raftkv.errors import (
     InvalidRequest,
     NotLeader,
@@ -57,6 +71,13 @@ def command_from_op(op: pb.Op, partitions: int, limits: Limits) -> Command:
         command = Cas(c.key, c.expected if c.HasField("expected") else None, c.new if c.HasField("new") else None)
     elif kind == "batch":
         command = Batch(tuple(_mutation(m) for m in op.batch.ops))
+    elif kind == "register_learner":
+        r = op.register_learner
+        command = RegisterLearner(r.name, r.sink, tuple(sorted(r.options.items())))
+    elif kind == "remove_learner":
+        command = RemoveLearner(op.remove_learner.name)
+    elif kind == "learner_progress":
+        command = LearnerProgress(op.learner_progress.name, op.learner_progress.index)
     else:
         raise InvalidRequest(f"operation {kind or 'with nothing set'} is not a write")
     check_command(command, limits)
@@ -84,7 +105,15 @@ def op_from_command(command: Command, partition: int) -> pb.Op:
         return pb.Op(partition=partition, delete_range=pb.DeleteRange(start=command.start, end=command.end))
     if isinstance(command, Cas):
         return pb.Op(partition=partition, cas=pb.Cas(key=command.key, expected=command.expected, new=command.new))
-    return pb.Op(partition=partition, batch=pb.Batch(ops=[_mutation_message(m) for m in command.ops]))
+    if isinstance(command, Batch):
+        return pb.Op(partition=partition, batch=pb.Batch(ops=[_mutation_message(m) for m in command.ops]))
+    if isinstance(command, RegisterLearner):
+        learner = pb.RegisterLearner(name=command.name, sink=command.sink, options=dict(command.options))
+        return pb.Op(partition=partition, register_learner=learner)
+    if isinstance(command, RemoveLearner):
+        return pb.Op(partition=partition, remove_learner=pb.RemoveLearner(name=command.name))
+    progress = pb.LearnerProgress(name=command.name, index=command.index)
+    return pb.Op(partition=partition, learner_progress=progress)
 
 
 def _mutation_message(m: Put | Delete | DeleteRange) -> pb.Mutation:

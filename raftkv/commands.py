@@ -12,12 +12,17 @@ byte, then each command as a one-byte tag and length-prefixed byte strings.
                flags bit0: expected present (else "key must be absent")
                flags bit1: new present (else "delete on success")
     Batch   := 0x05 u32 count (Put | Delete | Range)*  (applied atomically)
+    RegisterLearner := 0x06 u32 nlen u32 slen u32 olen name sink options-json
+    RemoveLearner   := 0x07 u32 nlen name
+    LearnerProgress := 0x08 u32 nlen u64 index name
 
 An empty proposal (just the version byte) is a read barrier.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Union
@@ -27,6 +32,9 @@ from raftkv.errors import InvalidRequest
 VERSION = 1
 
 _TAG_PUT, _TAG_DELETE, _TAG_RANGE, _TAG_CAS, _TAG_BATCH = 1, 2, 3, 4, 5
+_TAG_REGISTER, _TAG_REMOVE, _TAG_PROGRESS = 6, 7, 8
+_U32x3 = struct.Struct("<III")
+_PROGRESS_HEAD = struct.Struct("<IQ")
 _U32 = struct.Struct("<I")
 _U32x2 = struct.Struct("<II")
 _CAS_HEAD = struct.Struct("<BIII")
@@ -73,7 +81,30 @@ class Batch:
     ops: tuple[Mutation, ...]
 
 
-Command = Union[Put, Delete, DeleteRange, Cas, Batch]
+@dataclass(frozen=True, slots=True)
+class RegisterLearner:
+    """Make `name` a learner of this partition, feeding `sink` configured by `options`."""
+
+    name: str
+    sink: str
+    options: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveLearner:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerProgress:
+    """Learner `name` has durably delivered this partition's entries up to `index`."""
+
+    name: str
+    index: int
+
+
+LearnerCommand = Union[RegisterLearner, RemoveLearner, LearnerProgress]
+Command = Union[Put, Delete, DeleteRange, Cas, Batch, RegisterLearner, RemoveLearner, LearnerProgress]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +122,7 @@ def routing_keys(command: Command) -> list[bytes]:
     """
     if isinstance(command, Batch):
         return [k for op in command.ops for k in routing_keys(op)]
-    if isinstance(command, DeleteRange):
+    if isinstance(command, (DeleteRange, RegisterLearner, RemoveLearner, LearnerProgress)):
         return []
     return [command.key]
 
@@ -106,7 +137,9 @@ def command_size(command: Command) -> int:
         return 9 + len(command.start) + len(command.end)
     if isinstance(command, Cas):
         return 14 + len(command.key) + len(command.expected or b"") + len(command.new or b"")
-    return 5 + sum(command_size(op) for op in command.ops)
+    if isinstance(command, Batch):
+        return 5 + sum(command_size(op) for op in command.ops)
+    return len(_encode_learner_command(command))
 
 
 def _encode_into(out: list[bytes], command: Command) -> None:
@@ -132,8 +165,21 @@ def _encode_into(out: list[bytes], command: Command) -> None:
             if isinstance(op, (Cas, Batch)):
                 raise ValueError("a batch holds only put, delete and delete_range")
             _encode_into(out, op)
+    elif isinstance(command, (RegisterLearner, RemoveLearner, LearnerProgress)):
+        out.append(_encode_learner_command(command))
     else:
         raise TypeError(f"not a command: {command!r}")
+
+
+def _encode_learner_command(command: LearnerCommand) -> bytes:
+    name = command.name.encode()
+    if isinstance(command, RegisterLearner):
+        sink = command.sink.encode()
+        options = json.dumps(dict(command.options), sort_keys=True).encode()
+        return b"\x06" + _U32x3.pack(len(name), len(sink), len(options)) + name + sink + options
+    if isinstance(command, RemoveLearner):
+        return b"\x07" + _U32.pack(len(name)) + name
+    return b"\x08" + _PROGRESS_HEAD.pack(len(name), command.index) + name
 
 
 def encode_proposal(commands: list[Command] | tuple[Command, ...]) -> bytes:
@@ -185,6 +231,22 @@ def _decode_one(buf: bytes, pos: int) -> tuple[Command, int]:
             op, pos = _decode_one(buf, pos)
             ops.append(op)
         return Batch(tuple(ops)), pos
+    if tag == _TAG_REGISTER:
+        nlen, slen, olen = _U32x3.unpack_from(buf, pos)
+        pos += _U32x3.size
+        name_end, sink_end = pos + nlen, pos + nlen + slen
+        options = json.loads(buf[sink_end : sink_end + olen])
+        command = RegisterLearner(buf[pos:name_end].decode(), buf[name_end:sink_end].decode(),
+                                  tuple(sorted(options.items())))
+        return command, sink_end + olen
+    if tag == _TAG_REMOVE:
+        (nlen,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        return RemoveLearner(buf[pos : pos + nlen].decode()), pos + nlen
+    if tag == _TAG_PROGRESS:
+        nlen, index = _PROGRESS_HEAD.unpack_from(buf, pos)
+        pos += _PROGRESS_HEAD.size
+        return LearnerProgress(buf[pos : pos + nlen].decode(), index), pos + nlen
     raise DecodeError(f"unknown command tag {tag}")
 
 
@@ -197,11 +259,16 @@ def decode_proposal(buf: bytes) -> list[Command]:
         while pos < end:
             command, pos = _decode_one(buf, pos)
             commands.append(command)
-    except (struct.error, IndexError) as exc:
-        raise DecodeError(f"truncated proposal at byte {pos}") from exc
+    except DecodeError:
+        raise
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:  # ValueError: bad options JSON
+        raise DecodeError(f"truncated or malformed proposal at byte {pos}") from exc
     if pos > end:  # a length field pointed past the end: slices do not raise
         raise DecodeError(f"truncated proposal: a field runs to byte {pos} of {end}")
     return commands
+
+
+LEARNER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +307,11 @@ def check_command(command: Command, limits: Limits) -> None:
         key(command.key)
         value(command.expected)
         value(command.new)
+    elif isinstance(command, (RegisterLearner, RemoveLearner, LearnerProgress)):
+        if not LEARNER_NAME.fullmatch(command.name):
+            raise InvalidRequest(f"learner name {command.name!r}: use 1-64 letters, digits, '-', '_' or '.'")
+        if isinstance(command, RegisterLearner) and not command.sink:
+            raise InvalidRequest("a learner needs a sink")
     elif isinstance(command, Batch):
         if not command.ops:
             raise InvalidRequest("a batch needs at least one operation")

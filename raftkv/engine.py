@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence
+from typing import Iterator, Mapping, Protocol, Sequence
 
 from raftkv.commands import Delete, DeleteRange, Mutation, Put
 
@@ -47,9 +47,16 @@ class Engine(Protocol):
 
     def get(self, key: bytes) -> bytes | None: ...
 
-    def write(self, mutations: Sequence[Mutation], position: Position) -> None:
-        """Apply all mutations and record `position`, atomically."""
+    def write(self, mutations: Sequence[Mutation], position: Position,
+              meta: Mapping[bytes, bytes | None] | None = None) -> None:
+        """Apply all mutations and metadata updates (None deletes) and record `position`, atomically."""
         ...
+
+    def meta_get(self, key: bytes) -> bytes | None:
+        """The state machine's metadata (learner registry), apart from user keys."""
+        ...
+
+    def meta_items(self) -> list[tuple[bytes, bytes]]: ...
 
     def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
         """Items in key order from one consistent view, and the position of that view."""
@@ -71,6 +78,7 @@ class MemoryEngine:
 
     def __init__(self) -> None:
         self._data: dict[bytes, bytes] = {}
+        self._meta: dict[bytes, bytes] = {}
         self._position = ZERO
         self._lock = threading.Lock()
 
@@ -81,8 +89,20 @@ class MemoryEngine:
     def get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
 
-    def write(self, mutations: Sequence[Mutation], position: Position) -> None:
+    def meta_get(self, key: bytes) -> bytes | None:
+        return self._meta.get(key)
+
+    def meta_items(self) -> list[tuple[bytes, bytes]]:
+        return sorted(self._meta.items())
+
+    def write(self, mutations: Sequence[Mutation], position: Position,
+              meta: Mapping[bytes, bytes | None] | None = None) -> None:
         with self._lock:
+            for key, value in (meta or {}).items():
+                if value is None:
+                    self._meta.pop(key, None)
+                else:
+                    self._meta[key] = value
             for m in mutations:
                 if isinstance(m, Put):
                     self._data[m.key] = m.value

@@ -127,6 +127,11 @@ class RaftJournal(Journal):
     # Durability
 
     @property
+    def size_bytes(self) -> int:
+        """Bytes of the log file (header included)."""
+        return self._end
+
+    @property
     def dirty(self) -> bool:
         """Whether entries were added or truncated since the last `sync()` (always False without fsync)."""
         return self._dirty

@@ -76,7 +76,7 @@ class Node:
             raise ConfigError(f"cannot serve metrics on port {self.me.metrics_port}: {exc.strerror}",
                               source=f"node {self.me.id} metrics_port") from None
         await self._server.start()
-        loop.create_task(self._publish_metrics())
+        loop.create_task(self._housekeeping())
         log.info("node %s serving %s; partitions %s", self.me.id, self.me.api_address, self.hosted)
 
     def _start_partition(self, p: int, loop: asyncio.AbstractEventLoop) -> PartitionFrontend:
@@ -124,10 +124,12 @@ class Node:
         )
         return frontend
 
-    async def _publish_metrics(self) -> None:
+    async def _housekeeping(self) -> None:
+        """Once a second: log compaction when due, and the gauges."""
         while True:
             for p, frontend in self.frontends.items():
                 r = frontend.replica
+                r.maybe_compact()
                 metrics.TERM.labels(p).set(r.raftCurrentTerm)
                 metrics.COMMIT_INDEX.labels(p).set(r.raftCommitIndex)
                 metrics.APPLIED_INDEX.labels(p).set(r.applied_index)

@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from rocksdict import Checkpoint, DbClosedError, Options, Rdict, WriteBatch
 
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 _META_CF = "raftkv"
 _POSITION_KEY = b"position"
+_META_PREFIX = b"m/"  # the state machine's metadata, beside the position key
 _POSITION = struct.Struct("<QQ")
 INSTALL_READY = "INSTALL_READY"
 
@@ -101,7 +102,16 @@ class RocksEngine:
                 if db is self._db:
                     raise
 
-    def write(self, mutations: Sequence[Mutation], position: Position) -> None:
+    def meta_get(self, key: bytes) -> bytes | None:
+        return self._db.get_column_family(_META_CF).get(_META_PREFIX + key)
+
+    def meta_items(self) -> list[tuple[bytes, bytes]]:
+        meta = self._db.get_column_family(_META_CF)
+        return [(k[len(_META_PREFIX):], v) for k, v in meta.items(from_key=_META_PREFIX)
+                if k.startswith(_META_PREFIX)]
+
+    def write(self, mutations: Sequence[Mutation], position: Position,
+              meta: Mapping[bytes, bytes | None] | None = None) -> None:
         wb = WriteBatch(raw_mode=True)
         for m in mutations:
             if isinstance(m, Put):
@@ -111,7 +121,13 @@ class RocksEngine:
             elif isinstance(m, DeleteRange) and m.start < m.end:  # RocksDB fails the whole DB on end < start
                 wb.delete_range(m.start, m.end)
         with self._lock:
-            wb.put(_POSITION_KEY, _POSITION.pack(position.index, position.term), self._db.get_column_family_handle(_META_CF))
+            meta_cf = self._db.get_column_family_handle(_META_CF)
+            for key, value in (meta or {}).items():
+                if value is None:
+                    wb.delete(_META_PREFIX + key, meta_cf)
+                else:
+                    wb.put(_META_PREFIX + key, value, meta_cf)
+            wb.put(_POSITION_KEY, _POSITION.pack(position.index, position.term), meta_cf)
             try:
                 self._db.write(wb)
             except Exception as exc:

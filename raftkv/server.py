@@ -18,6 +18,7 @@ from raftkv.commands import Limits
 from raftkv.engine import KeyRange
 from raftkv.errors import InvalidRequest, NotLeader, RaftKVError, Unavailable
 from raftkv.group_commit import PartitionFrontend
+from raftkv.learner_registry import learners_from
 from raftkv.spec import ClusterSpec
 from raftkv.syncobj_replica import Role
 
@@ -190,6 +191,10 @@ class KVService(kv_pb2_grpc.KVServicer):
                     last_log_index=r.last_log_index,
                     replicas=self._replicas_of(p),
                     has_quorum=r.hasQuorum,
+                    learners=[
+                        pb.LearnerStatus(name=i.name, sink=i.sink, options=i.options, progress=i.progress)
+                        for i in learners_from(r.engine.meta_items()).values()
+                    ],
                 )
             )
         return pb.StatusResponse(

@@ -49,6 +49,8 @@ class Tuning:
     connection_retry_seconds: float = 0.5
     compaction_min_entries: int = 5000
     compaction_min_seconds: float = 300.0
+    learner_retention_entries: int = 100_000  # keep entries a stopped learner needs, up to this
+    learner_retention_bytes: int = 256 * 1024 * 1024
     max_batch_ops: int = 4096
     max_batch_bytes: int = 2 * 1024 * 1024
     request_timeout: float = 10.0
@@ -59,7 +61,8 @@ class Tuning:
             problems.append("tuning: need 3 * heartbeat_period < election_timeout_min < election_timeout_max")
         if self.leader_fallback_timeout <= self.heartbeat_period:
             problems.append("tuning.leader_fallback_timeout: must exceed heartbeat_period")
-        for name in ("compaction_min_entries", "max_batch_ops", "max_batch_bytes"):
+        for name in ("compaction_min_entries", "max_batch_ops", "max_batch_bytes", "learner_retention_entries",
+                     "learner_retention_bytes"):
             if getattr(self, name) < 2:
                 problems.append(f"tuning.{name}: must be at least 2")
         for name in ("connection_retry_seconds", "compaction_min_seconds", "request_timeout"):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Mutation, Put
+from raftkv.learner_registry import MetaUpdates, is_learner_command, updates_for
 
 Result = CasResult | None
 
@@ -48,12 +49,25 @@ class _Overlay:
 class Applied:
     mutations: list[Mutation]
     results: list[Result]
+    meta: MetaUpdates = field(default_factory=dict)  # writes to the state machine's metadata
 
 
-def apply_proposal(read: Callable[[bytes], bytes | None], commands: Sequence[Command]) -> Applied:
+def _no_meta(key: bytes) -> bytes | None:
+    return None
+
+
+def apply_proposal(
+    read: Callable[[bytes], bytes | None],
+    commands: Sequence[Command],
+    read_meta: Callable[[bytes], bytes | None] = _no_meta,
+) -> Applied:
     overlay = _Overlay(read)
     mutations: list[Mutation] = []
     results: list[Result] = []
+    meta: MetaUpdates = {}
+
+    def current_meta(key: bytes) -> bytes | None:
+        return meta[key] if key in meta else read_meta(key)
 
     def write(m: Mutation) -> None:
         mutations.append(m)
@@ -71,10 +85,13 @@ def apply_proposal(read: Callable[[bytes], bytes | None], commands: Sequence[Com
             for op in command.ops:
                 _write_unless_empty_range(write, op)
             results.append(None)
+        elif is_learner_command(command):
+            meta.update(updates_for(command, current_meta))
+            results.append(None)
         else:
             _write_unless_empty_range(write, command)
             results.append(None)
-    return Applied(mutations, results)
+    return Applied(mutations, results, meta)
 
 
 def _write_unless_empty_range(write: Callable[[Mutation], None], m: Mutation) -> None:

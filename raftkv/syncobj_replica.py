@@ -40,6 +40,8 @@ from raftkv import metrics, snapshot_file
 from raftkv.commands import decode_proposal
 from raftkv.engine import Position
 from raftkv.journal import RaftJournal
+from raftkv.learner_registry import learners_from
+from raftkv.retention import compaction_due
 from raftkv.rocks_engine import RocksEngine
 from raftkv.spec import Tuning
 from raftkv.state_machine import apply_proposal
@@ -78,6 +80,7 @@ class SyncingTransport(TCPTransport):
 
 
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+NEVER = 10**12
 
 
 @cache
@@ -116,6 +119,8 @@ class PartitionReplica(PatchedSyncObj):
         self.folder.mkdir(parents=True, exist_ok=True)
         self.engine = RocksEngine(self.folder)
         self._snapshot_job: Future | None = None
+        self._tuning = tuning
+        self._last_compaction = monotonic()
         self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
         self._fsyncs = metrics.JOURNAL_FSYNCS.labels(partition)
         poller = LoopPoller(loop)
@@ -141,8 +146,9 @@ class PartitionReplica(PatchedSyncObj):
             leaderFallbackTimeout=tuning.leader_fallback_timeout,
             connectionTimeout=max(3.5, tuning.election_timeout_max),
             connectionRetryTime=tuning.connection_retry_seconds,
-            logCompactionMinEntries=tuning.compaction_min_entries,
-            logCompactionMinTime=tuning.compaction_min_seconds,
+            # we decide when to compact (retention.compaction_due, via maybe_compact)
+            logCompactionMinEntries=NEVER,
+            logCompactionMinTime=NEVER,
             commandsWaitLeader=False,
             onStateChanged=on_state_changed,
         )
@@ -166,10 +172,25 @@ class PartitionReplica(PatchedSyncObj):
         journal = self._SyncObj__raftLog
         started = time.perf_counter()
         term = journal[index - journal[0][1]][2]
-        applied = apply_proposal(self.engine.get, decode_proposal(payload))
-        self.engine.write(applied.mutations, Position(index, term))
+        applied = apply_proposal(self.engine.get, decode_proposal(payload), self.engine.meta_get)
+        self.engine.write(applied.mutations, Position(index, term), applied.meta)
         self._apply_seconds.observe(time.perf_counter() - started)
         return applied.results
+
+    def maybe_compact(self) -> None:
+        """Ask pysyncobj to compact when the retention policy allows (called about once a second)."""
+        journal = self._SyncObj__raftLog
+        now = monotonic()
+        if compaction_due(
+            entries=len(journal),
+            size_bytes=journal.size_bytes,
+            seconds_since_last=now - self._last_compaction,
+            applied=self.raftLastApplied,
+            learner_progress=[i.progress for i in learners_from(self.engine.meta_items()).values()],
+            tuning=self._tuning,
+        ):
+            self.forceLogCompaction()
+            self._last_compaction = now
 
     def sync_journal(self) -> None:
         """fsync mode: make every journal write so far durable (one fdatasync for all of them)."""

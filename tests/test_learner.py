@@ -31,11 +31,16 @@ class Learner:
         self.cluster, self.name, self.feed = cluster, name, feed
         self.proc: subprocess.Popen | None = None
 
+    def add(self) -> None:
+        subprocess.run([sys.executable, "-m", "raftkv", "learner", "add", "--name", self.name, "--sink", "jsonl",
+                        "--sink-option", f"path={self.feed}", "--config", str(self.cluster.spec_path)],
+                       check=True, capture_output=True, timeout=60)
+
     def start(self) -> None:
         log = open(self.feed.parent / f"{self.name}.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "raftkv", "learner", "start", "--name", self.name, "--config",
-             str(self.cluster.spec_path), "--sink", "jsonl", "--sink-option", f"path={self.feed}"],
+             str(self.cluster.spec_path)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def kill(self) -> None:
@@ -60,6 +65,7 @@ def learner_factory(tmp_path):
     def make(cluster, name="l1") -> Learner:
         learner = Learner(cluster, name, tmp_path / f"{name}.jsonl")
         learners.append(learner)
+        learner.add()
         learner.start()
         return learner
 
@@ -160,3 +166,65 @@ def test_learner_added_after_compaction_emits_snapshot_reads_then_live_changes(m
     assert [(e.op, e.key, e.before, e.after) for e in live] == [
         ("u", b"old-000", b"0", b"changed"), ("c", b"new", None, b"1")]
     assert replay(events) == final
+
+
+def registered_progress(cluster, name: str) -> dict[int, int]:
+    with Client(cluster.endpoints, timeout=5) as kv:
+        view = kv.learners().get(name)
+    return dict(view.progress) if view else {}
+
+
+def test_voters_retain_the_log_for_a_stopped_learner_within_the_bound(make_cluster, learner_factory):
+    cluster = make_cluster(nodes=3, partitions=2, compaction_min_entries=20, learner_retention_entries=5000)
+    learner = learner_factory(cluster)
+    with Client(cluster.endpoints) as kv:
+        kv.put(b"first", b"1")
+        wait_until(lambda: all(i > 0 for i in registered_progress(cluster, "l1").values()), 30,
+                   "the learner to report progress")
+        learner.kill()
+        for i in range(200):  # far past compaction_min_entries: only retention keeps these
+            kv.put(b"k%03d" % i, b"%d" % i)
+        final = dict(kv.scan())
+    learner.start()
+    wait_until(lambda: replay(learner.events()) == final, 60, "the restarted learner to catch up")
+    assert not [e for e in learner.events() if e.snapshot], "no re-sync was needed"
+
+
+def test_a_learner_stopped_past_the_bound_resyncs_through_a_snapshot(make_cluster, learner_factory):
+    cluster = make_cluster(nodes=3, partitions=2, compaction_min_entries=20, learner_retention_entries=60)
+    learner = learner_factory(cluster)
+    with Client(cluster.endpoints) as kv:
+        for i in range(50):
+            kv.put(b"k%03d" % i, b"before")
+        wait_until(lambda: all(i > 0 for i in registered_progress(cluster, "l1").values()), 30,
+                   "the learner to report progress")
+        learner.kill()
+        for i in range(400):
+            kv.put(b"k%03d" % (i % 120), b"after-%d" % i)
+        kv.delete(b"k000")
+        final = dict(kv.scan())
+    learner.start()
+    wait_until(lambda: replay(learner.events()) == final, 60, "the restarted learner to re-sync")
+    resync = [e for e in learner.events() if e.snapshot]
+    assert resync and {e.op for e in resync} <= {"r", "d"}
+
+
+def test_learner_progress_survives_a_leader_change(make_cluster, learner_factory):
+    cluster = make_cluster(nodes=3, partitions=1)
+    learner_factory(cluster)
+    with Client(cluster.endpoints) as kv:
+        for i in range(20):
+            kv.put(b"k%d" % i, b"v")
+        reached = wait_until(lambda: registered_progress(cluster, "l1").get(0, 0) >= 21, 30,
+                             "progress to be reported")
+        leader = next(s.node_id for s in kv.status() for ps in s.partitions if ps.role == "leader")
+    cluster.kill(leader)
+    survivors = [n.api_address for n in cluster.spec.nodes if n.id != leader]
+
+    def progress_on_new_leader():
+        with Client(survivors, timeout=5) as kv:
+            view = kv.learners().get("l1")
+        return view and view.progress.get(0, 0) >= 21
+
+    wait_until(progress_on_new_leader, 30, "the new leader to know the learner's progress")
+    assert reached

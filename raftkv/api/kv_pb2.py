@@ -24,17 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13raftkv/api/kv.proto\x12\traftkv.v1\"!\n\x03Put\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x15\n\x06\x44\x65lete\x12\x0b\n\x03key\x18\x01 \x01(\x0c\")\n\x0b\x44\x65leteRange\x12\r\n\x05start\x18\x01 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x0c\"P\n\x03\x43\x61s\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x15\n\x08\x65xpected\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x12\x10\n\x03new\x18\x03 \x01(\x0cH\x01\x88\x01\x01\x42\x0b\n\t_expectedB\x06\n\x04_new\"\x84\x01\n\x08Mutation\x12\x1d\n\x03put\x18\x01 \x01(\x0b\x32\x0e.raftkv.v1.PutH\x00\x12#\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x11.raftkv.v1.DeleteH\x00\x12.\n\x0c\x64\x65lete_range\x18\x03 \x01(\x0b\x32\x16.raftkv.v1.DeleteRangeH\x00\x42\x04\n\x02op\")\n\x05\x42\x61tch\x12 \n\x03ops\x18\x01 \x03(\x0b\x32\x13.raftkv.v1.Mutation\"\x12\n\x03Get\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\xf2\x01\n\x02Op\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x1d\n\x03put\x18\x02 \x01(\x0b\x32\x0e.raftkv.v1.PutH\x00\x12#\n\x06\x64\x65lete\x18\x03 \x01(\x0b\x32\x11.raftkv.v1.DeleteH\x00\x12.\n\x0c\x64\x65lete_range\x18\x04 \x01(\x0b\x32\x16.raftkv.v1.DeleteRangeH\x00\x12\x1d\n\x03\x63\x61s\x18\x05 \x01(\x0b\x32\x0e.raftkv.v1.CasH\x00\x12!\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x10.raftkv.v1.BatchH\x00\x12\x1d\n\x03get\x18\x07 \x01(\x0b\x32\x0e.raftkv.v1.GetH\x00\x42\x04\n\x02op\"l\n\x0e\x45xecuteRequest\x12\x1a\n\x03ops\x18\x01 \x03(\x0b\x32\r.raftkv.v1.Op\x12+\n\x0b\x63onsistency\x18\x02 \x01(\x0e\x32\x16.raftkv.v1.Consistency\x12\x11\n\tforwarded\x18\x03 \x01(\x08\"\x99\x01\n\x06Result\x12\x1d\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x0f.raftkv.v1.Code\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bleader_hint\x18\x03 \x01(\t\x12\r\n\x05\x66ound\x18\x04 \x01(\x08\x12\r\n\x05value\x18\x05 \x01(\x0c\x12\x15\n\rcas_succeeded\x18\x06 \x01(\x08\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\"5\n\x0f\x45xecuteResponse\x12\"\n\x07results\x18\x01 \x03(\x0b\x32\x11.raftkv.v1.Result\"\x85\x01\n\x0bScanRequest\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05start\x18\x02 \x01(\x0c\x12\x10\n\x03\x65nd\x18\x03 \x01(\x0cH\x00\x88\x01\x01\x12\r\n\x05limit\x18\x04 \x01(\r\x12+\n\x0b\x63onsistency\x18\x05 \x01(\x0e\x32\x16.raftkv.v1.ConsistencyB\x06\n\x04_end\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\"F\n\tScanChunk\x12\"\n\x05items\x18\x01 \x03(\x0b\x32\x13.raftkv.v1.KeyValue\x12\x15\n\rapplied_index\x18\x02 \x01(\x04\"\x0f\n\rStatusRequest\"+\n\x08NodeInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x02 \x01(\t\"\xbb\x01\n\x0fPartitionStatus\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x05 \x01(\x04\x12\x15\n\rapplied_index\x18\x06 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x07 \x01(\x04\x12\x10\n\x08replicas\x18\x08 \x03(\t\x12\x12\n\nhas_quorum\x18\t \x01(\x08\"\x96\x01\n\x0eStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\r\x12\"\n\x05nodes\x18\x04 \x03(\x0b\x32\x13.raftkv.v1.NodeInfo\x12*\n\x06hosted\x18\x05 \x03(\x0b\x32\x1a.raftkv.v1.PartitionStatus*9\n\x0b\x43onsistency\x12\x10\n\x0cLINEARIZABLE\x10\x00\x12\n\n\x06LEADER\x10\x01\x12\x0c\n\x08\x46OLLOWER\x10\x02*m\n\x04\x43ode\x12\x06\n\x02OK\x10\x00\x12\x0e\n\nNOT_LEADER\x10\x01\x12\x0b\n\x07INVALID\x10\x02\x12\x0f\n\x0bUNAVAILABLE\x10\x03\x12\x10\n\x0cUNDETERMINED\x10\x04\x12\x0b\n\x07TIMEOUT\x10\x05\x12\x10\n\x0cSTORAGE_FULL\x10\x06\x32\xbd\x01\n\x02KV\x12@\n\x07\x45xecute\x12\x19.raftkv.v1.ExecuteRequest\x1a\x1a.raftkv.v1.ExecuteResponse\x12\x36\n\x04Scan\x12\x16.raftkv.v1.ScanRequest\x1a\x14.raftkv.v1.ScanChunk0\x01\x12=\n\x06Status\x12\x18.raftkv.v1.StatusRequest\x1a\x19.raftkv.v1.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13raftkv/api/kv.proto\x12\traftkv.v1\"!\n\x03Put\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\"\x15\n\x06\x44\x65lete\x12\x0b\n\x03key\x18\x01 \x01(\x0c\")\n\x0b\x44\x65leteRange\x12\r\n\x05start\x18\x01 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x0c\"P\n\x03\x43\x61s\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\x15\n\x08\x65xpected\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x12\x10\n\x03new\x18\x03 \x01(\x0cH\x01\x88\x01\x01\x42\x0b\n\t_expectedB\x06\n\x04_new\"\x84\x01\n\x08Mutation\x12\x1d\n\x03put\x18\x01 \x01(\x0b\x32\x0e.raftkv.v1.PutH\x00\x12#\n\x06\x64\x65lete\x18\x02 \x01(\x0b\x32\x11.raftkv.v1.DeleteH\x00\x12.\n\x0c\x64\x65lete_range\x18\x03 \x01(\x0b\x32\x16.raftkv.v1.DeleteRangeH\x00\x42\x04\n\x02op\")\n\x05\x42\x61tch\x12 \n\x03ops\x18\x01 \x03(\x0b\x32\x13.raftkv.v1.Mutation\"\x12\n\x03Get\x12\x0b\n\x03key\x18\x01 \x01(\x0c\"\x97\x01\n\x0fRegisterLearner\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04sink\x18\x02 \x01(\t\x12\x38\n\x07options\x18\x03 \x03(\x0b\x32\'.raftkv.v1.RegisterLearner.OptionsEntry\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1d\n\rRemoveLearner\x12\x0c\n\x04name\x18\x01 \x01(\t\".\n\x0fLearnerProgress\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x04\"\x96\x03\n\x02Op\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x1d\n\x03put\x18\x02 \x01(\x0b\x32\x0e.raftkv.v1.PutH\x00\x12#\n\x06\x64\x65lete\x18\x03 \x01(\x0b\x32\x11.raftkv.v1.DeleteH\x00\x12.\n\x0c\x64\x65lete_range\x18\x04 \x01(\x0b\x32\x16.raftkv.v1.DeleteRangeH\x00\x12\x1d\n\x03\x63\x61s\x18\x05 \x01(\x0b\x32\x0e.raftkv.v1.CasH\x00\x12!\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x10.raftkv.v1.BatchH\x00\x12\x1d\n\x03get\x18\x07 \x01(\x0b\x32\x0e.raftkv.v1.GetH\x00\x12\x36\n\x10register_learner\x18\x08 \x01(\x0b\x32\x1a.raftkv.v1.RegisterLearnerH\x00\x12\x32\n\x0eremove_learner\x18\t \x01(\x0b\x32\x18.raftkv.v1.RemoveLearnerH\x00\x12\x36\n\x10learner_progress\x18\n \x01(\x0b\x32\x1a.raftkv.v1.LearnerProgressH\x00\x42\x04\n\x02op\"l\n\x0e\x45xecuteRequest\x12\x1a\n\x03ops\x18\x01 \x03(\x0b\x32\r.raftkv.v1.Op\x12+\n\x0b\x63onsistency\x18\x02 \x01(\x0e\x32\x16.raftkv.v1.Consistency\x12\x11\n\tforwarded\x18\x03 \x01(\x08\"\x99\x01\n\x06Result\x12\x1d\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x0f.raftkv.v1.Code\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bleader_hint\x18\x03 \x01(\t\x12\r\n\x05\x66ound\x18\x04 \x01(\x08\x12\r\n\x05value\x18\x05 \x01(\x0c\x12\x15\n\rcas_succeeded\x18\x06 \x01(\x08\x12\x15\n\rapplied_index\x18\x07 \x01(\x04\"5\n\x0f\x45xecuteResponse\x12\"\n\x07results\x18\x01 \x03(\x0b\x32\x11.raftkv.v1.Result\"\x85\x01\n\x0bScanRequest\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\r\n\x05start\x18\x02 \x01(\x0c\x12\x10\n\x03\x65nd\x18\x03 \x01(\x0cH\x00\x88\x01\x01\x12\r\n\x05limit\x18\x04 \x01(\r\x12+\n\x0b\x63onsistency\x18\x05 \x01(\x0e\x32\x16.raftkv.v1.ConsistencyB\x06\n\x04_end\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\x0c\x12\r\n\x05value\x18\x02 \x01(\x0c\"F\n\tScanChunk\x12\"\n\x05items\x18\x01 \x03(\x0b\x32\x13.raftkv.v1.KeyValue\x12\x15\n\rapplied_index\x18\x02 \x01(\x04\"\x0f\n\rStatusRequest\"+\n\x08NodeInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pi_address\x18\x02 \x01(\t\"\xe7\x01\n\x0fPartitionStatus\x12\x11\n\tpartition\x18\x01 \x01(\r\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x14\n\x0c\x63ommit_index\x18\x05 \x01(\x04\x12\x15\n\rapplied_index\x18\x06 \x01(\x04\x12\x16\n\x0elast_log_index\x18\x07 \x01(\x04\x12\x10\n\x08replicas\x18\x08 \x03(\t\x12\x12\n\nhas_quorum\x18\t \x01(\x08\x12*\n\x08learners\x18\n \x03(\x0b\x32\x18.raftkv.v1.LearnerStatus\"\xa5\x01\n\rLearnerStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04sink\x18\x02 \x01(\t\x12\x36\n\x07options\x18\x03 \x03(\x0b\x32%.raftkv.v1.LearnerStatus.OptionsEntry\x12\x10\n\x08progress\x18\x04 \x01(\x04\x1a.\n\x0cOptionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x96\x01\n\x0eStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63luster\x18\x02 \x01(\t\x12\x12\n\npartitions\x18\x03 \x01(\r\x12\"\n\x05nodes\x18\x04 \x03(\x0b\x32\x13.raftkv.v1.NodeInfo\x12*\n\x06hosted\x18\x05 \x03(\x0b\x32\x1a.raftkv.v1.PartitionStatus*9\n\x0b\x43onsistency\x12\x10\n\x0cLINEARIZABLE\x10\x00\x12\n\n\x06LEADER\x10\x01\x12\x0c\n\x08\x46OLLOWER\x10\x02*m\n\x04\x43ode\x12\x06\n\x02OK\x10\x00\x12\x0e\n\nNOT_LEADER\x10\x01\x12\x0b\n\x07INVALID\x10\x02\x12\x0f\n\x0bUNAVAILABLE\x10\x03\x12\x10\n\x0cUNDETERMINED\x10\x04\x12\x0b\n\x07TIMEOUT\x10\x05\x12\x10\n\x0cSTORAGE_FULL\x10\x06\x32\xbd\x01\n\x02KV\x12@\n\x07\x45xecute\x12\x19.raftkv.v1.ExecuteRequest\x1a\x1a.raftkv.v1.ExecuteResponse\x12\x36\n\x04Scan\x12\x16.raftkv.v1.ScanRequest\x1a\x14.raftkv.v1.ScanChunk0\x01\x12=\n\x06Status\x12\x18.raftkv.v1.StatusRequest\x1a\x19.raftkv.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'raftkv.api.kv_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CONSISTENCY']._serialized_start=1634
-  _globals['_CONSISTENCY']._serialized_end=1691
-  _globals['_CODE']._serialized_start=1693
-  _globals['_CODE']._serialized_end=1802
+  _globals['_REGISTERLEARNER_OPTIONSENTRY']._loaded_options = None
+  _globals['_REGISTERLEARNER_OPTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_LEARNERSTATUS_OPTIONSENTRY']._loaded_options = None
+  _globals['_LEARNERSTATUS_OPTIONSENTRY']._serialized_options = b'8\001'
+  _globals['_CONSISTENCY']._serialized_start=2243
+  _globals['_CONSISTENCY']._serialized_end=2300
+  _globals['_CODE']._serialized_start=2302
+  _globals['_CODE']._serialized_end=2411
   _globals['_PUT']._serialized_start=34
   _globals['_PUT']._serialized_end=67
   _globals['_DELETE']._serialized_start=69
@@ -49,28 +53,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BATCH']._serialized_end=393
   _globals['_GET']._serialized_start=395
   _globals['_GET']._serialized_end=413
-  _globals['_OP']._serialized_start=416
-  _globals['_OP']._serialized_end=658
-  _globals['_EXECUTEREQUEST']._serialized_start=660
-  _globals['_EXECUTEREQUEST']._serialized_end=768
-  _globals['_RESULT']._serialized_start=771
-  _globals['_RESULT']._serialized_end=924
-  _globals['_EXECUTERESPONSE']._serialized_start=926
-  _globals['_EXECUTERESPONSE']._serialized_end=979
-  _globals['_SCANREQUEST']._serialized_start=982
-  _globals['_SCANREQUEST']._serialized_end=1115
-  _globals['_KEYVALUE']._serialized_start=1117
-  _globals['_KEYVALUE']._serialized_end=1155
-  _globals['_SCANCHUNK']._serialized_start=1157
-  _globals['_SCANCHUNK']._serialized_end=1227
-  _globals['_STATUSREQUEST']._serialized_start=1229
-  _globals['_STATUSREQUEST']._serialized_end=1244
-  _globals['_NODEINFO']._serialized_start=1246
-  _globals['_NODEINFO']._serialized_end=1289
-  _globals['_PARTITIONSTATUS']._serialized_start=1292
-  _globals['_PARTITIONSTATUS']._serialized_end=1479
-  _globals['_STATUSRESPONSE']._serialized_start=1482
-  _globals['_STATUSRESPONSE']._serialized_end=1632
-  _globals['_KV']._serialized_start=1805
-  _globals['_KV']._serialized_end=1994
+  _globals['_REGISTERLEARNER']._serialized_start=416
+  _globals['_REGISTERLEARNER']._serialized_end=567
+  _globals['_REGISTERLEARNER_OPTIONSENTRY']._serialized_start=521
+  _globals['_REGISTERLEARNER_OPTIONSENTRY']._serialized_end=567
+  _globals['_REMOVELEARNER']._serialized_start=569
+  _globals['_REMOVELEARNER']._serialized_end=598
+  _globals['_LEARNERPROGRESS']._serialized_start=600
+  _globals['_LEARNERPROGRESS']._serialized_end=646
+  _globals['_OP']._serialized_start=649
+  _globals['_OP']._serialized_end=1055
+  _globals['_EXECUTEREQUEST']._serialized_start=1057
+  _globals['_EXECUTEREQUEST']._serialized_end=1165
+  _globals['_RESULT']._serialized_start=1168
+  _globals['_RESULT']._serialized_end=1321
+  _globals['_EXECUTERESPONSE']._serialized_start=1323
+  _globals['_EXECUTERESPONSE']._serialized_end=1376
+  _globals['_SCANREQUEST']._serialized_start=1379
+  _globals['_SCANREQUEST']._serialized_end=1512
+  _globals['_KEYVALUE']._serialized_start=1514
+  _globals['_KEYVALUE']._serialized_end=1552
+  _globals['_SCANCHUNK']._serialized_start=1554
+  _globals['_SCANCHUNK']._serialized_end=1624
+  _globals['_STATUSREQUEST']._serialized_start=1626
+  _globals['_STATUSREQUEST']._serialized_end=1641
+  _globals['_NODEINFO']._serialized_start=1643
+  _globals['_NODEINFO']._serialized_end=1686
+  _globals['_PARTITIONSTATUS']._serialized_start=1689
+  _globals['_PARTITIONSTATUS']._serialized_end=1920
+  _globals['_LEARNERSTATUS']._serialized_start=1923
+  _globals['_LEARNERSTATUS']._serialized_end=2088
+  _globals['_LEARNERSTATUS_OPTIONSENTRY']._serialized_start=521
+  _globals['_LEARNERSTATUS_OPTIONSENTRY']._serialized_end=567
+  _globals['_STATUSRESPONSE']._serialized_start=2091
+  _globals['_STATUSRESPONSE']._serialized_end=2241
+  _globals['_KV']._serialized_start=2414
+  _globals['_KV']._serialized_end=2603
 # @@protoc_insertion_point(module_scope)

@@ -87,8 +87,39 @@ class Get(_message.Message):
     key: bytes
     def __init__(self, key: _Optional[bytes] = ...) -> None: ...
 
+class RegisterLearner(_message.Message):
+    __slots__ = ("name", "sink", "options")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SINK_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sink: str
+    options: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., sink: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class RemoveLearner(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class LearnerProgress(_message.Message):
+    __slots__ = ("name", "index")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    index: int
+    def __init__(self, name: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
+
 class Op(_message.Message):
-    __slots__ = ("partition", "put", "delete", "delete_range", "cas", "batch", "get")
+    __slots__ = ("partition", "put", "delete", "delete_range", "cas", "batch", "get", "register_learner", "remove_learner", "learner_progress")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     PUT_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +127,9 @@ class Op(_message.Message):
     CAS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     GET_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_LEARNER_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_LEARNER_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     partition: int
     put: Put
     delete: Delete
@@ -103,7 +137,10 @@ class Op(_message.Message):
     cas: Cas
     batch: Batch
     get: Get
-    def __init__(self, partition: _Optional[int] = ..., put: _Optional[_Union[Put, _Mapping]] = ..., delete: _Optional[_Union[Delete, _Mapping]] = ..., delete_range: _Optional[_Union[DeleteRange, _Mapping]] = ..., cas: _Optional[_Union[Cas, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ...) -> None: ...
+    register_learner: RegisterLearner
+    remove_learner: RemoveLearner
+    learner_progress: LearnerProgress
+    def __init__(self, partition: _Optional[int] = ..., put: _Optional[_Union[Put, _Mapping]] = ..., delete: _Optional[_Union[Delete, _Mapping]] = ..., delete_range: _Optional[_Union[DeleteRange, _Mapping]] = ..., cas: _Optional[_Union[Cas, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ..., register_learner: _Optional[_Union[RegisterLearner, _Mapping]] = ..., remove_learner: _Optional[_Union[RemoveLearner, _Mapping]] = ..., learner_progress: _Optional[_Union[LearnerProgress, _Mapping]] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
     __slots__ = ("ops", "consistency", "forwarded")
@@ -182,7 +219,7 @@ class NodeInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., api_address: _Optional[str] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("partition", "role", "leader", "term", "commit_index", "applied_index", "last_log_index", "replicas", "has_quorum")
+    __slots__ = ("partition", "role", "leader", "term", "commit_index", "applied_index", "last_log_index", "replicas", "has_quorum", "learners")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +229,7 @@ class PartitionStatus(_message.Message):
     LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     HAS_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
     partition: int
     role: str
     leader: str
@@ -201,7 +239,27 @@ class PartitionStatus(_message.Message):
     last_log_index: int
     replicas: _containers.RepeatedScalarFieldContainer[str]
     has_quorum: bool
-    def __init__(self, partition: _Optional[int] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., has_quorum: _Optional[bool] = ...) -> None: ...
+    learners: _containers.RepeatedCompositeFieldContainer[LearnerStatus]
+    def __init__(self, partition: _Optional[int] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., has_quorum: _Optional[bool] = ..., learners: _Optional[_Iterable[_Union[LearnerStatus, _Mapping]]] = ...) -> None: ...
+
+class LearnerStatus(_message.Message):
+    __slots__ = ("name", "sink", "options", "progress")
+    class OptionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SINK_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sink: str
+    options: _containers.ScalarMap[str, str]
+    progress: int
+    def __init__(self, name: _Optional[str] = ..., sink: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., progress: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("node_id", "cluster", "partitions", "nodes", "hosted")

@@ -1,15 +1,19 @@
-"""raftkv learner start."""
+"""raftkv learner add | list | start | remove."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 
 import click
+from rich.table import Table
 
 from learners import learner_process
-from raftkv.cli.options import config_option
+from raftkv.cli.options import config_option, endpoints_option, json_option, resolve_endpoints
+from raftkv.cli.output import console
+from raftkv.client import Client
 from raftkv.errors import ConfigError
 from raftkv.spec import load_spec
 
@@ -45,19 +49,75 @@ def parse_partitions(text: str, count: int) -> list[int]:
     return chosen
 
 
+sink_option = click.option("--sink-option", "sink_options", multiple=True, metavar="KEY=VALUE",
+                           help="Passed to the sink (repeatable).")
+
+
 @learner.command()
-@click.option("--name", required=True, help="The learner's name (its data folder and sink identity).")
-@config_option
+@click.option("--name", required=True, help="The learner's name.")
 @click.option("--sink", "sink_name", required=True, help="A sink registered under raftkv.sinks (kafka, backup, ...).")
-@click.option("--sink-option", "sink_options", multiple=True, metavar="KEY=VALUE", help="Passed to the sink.")
+@sink_option
 @click.option("--partitions", default="all", show_default=True, help="'all' or e.g. 0,3,5.")
+@config_option
+@endpoints_option
+def add(name, sink_name, sink_options, partitions, config, endpoints) -> None:
+    """Register a learner through the Raft log of each chosen partition."""
+    with Client(resolve_endpoints(config, endpoints)) as kv:
+        chosen = parse_partitions(partitions, kv.partitions)
+        kv.register_learner(name, sink_name, parse_sink_options(sink_options), chosen)
+    console.print(f"registered learner {name} ({sink_name}) on partitions {chosen}; "
+                  f"run it with: raftkv learner start --name {name} --config {config}")
+
+
+@learner.command(name="list")
+@config_option
+@endpoints_option
+@json_option
+def list_(config, endpoints, as_json) -> None:
+    """Registered learners, their sinks and how far each partition's feed has got."""
+    with Client(resolve_endpoints(config, endpoints)) as kv:
+        learners = kv.learners()
+    if as_json:
+        console.print_json(json.dumps({
+            name: {"sink": v.sink, "options": v.options,
+                   "partitions": {p: {"delivered": v.progress[p], "lag": v.commit_index[p] - v.progress[p]}
+                                  for p in sorted(v.progress)}}
+            for name, v in learners.items()}))
+        return
+    table = Table(title="raftkv learners")
+    for column in ("learner", "sink", "partition", "delivered", "lag (entries)"):
+        table.add_column(column)
+    for name, v in learners.items():
+        for p in sorted(v.progress):
+            table.add_row(name, v.sink, str(p), str(v.progress[p]), str(max(0, v.commit_index[p] - v.progress[p])))
+    console.print(table)
+
+
+@learner.command()
+@click.option("--name", required=True)
+@click.option("--partitions", default="all", show_default=True)
+@config_option
+@endpoints_option
+def remove(name, partitions, config, endpoints) -> None:
+    """Unregister a learner; voters stop retaining the log for it."""
+    with Client(resolve_endpoints(config, endpoints)) as kv:
+        kv.remove_learner(name, parse_partitions(partitions, kv.partitions))
+    console.print(f"removed learner {name}")
+
+
+@learner.command()
+@click.option("--name", required=True, help="A learner registered with `raftkv learner add`.")
+@config_option
+@sink_option
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Default: learners/<name> next to the cluster spec.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, help="Serve Prometheus metrics here.")
-def start(name, config, sink_name, sink_options, partitions, data_dir, metrics_port) -> None:
-    """Run a learner until SIGTERM or Ctrl-C."""
+def start(name, config, sink_options, data_dir, metrics_port) -> None:
+    """Run a registered learner until SIGTERM or Ctrl-C (--sink-option overrides registered options)."""
     spec = load_spec(config)
+    registered = learner_process.registration(spec, name)
     folder = Path(data_dir) if data_dir else learner_process.learner_folder(spec, name)
+    options = {**registered.options, **parse_sink_options(sink_options)}
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(learner_process.serve(spec, name, sink_name, parse_sink_options(sink_options),
-                                      parse_partitions(partitions, spec.partitions), folder, metrics_port))
+    asyncio.run(learner_process.serve(spec, name, registered.sink, options, sorted(registered.progress), folder,
+                                      metrics_port))

@@ -1,0 +1,65 @@
+"""The learners a partition knows, as stored in its state machine's metadata. Pure.
+
+Registrations and progress travel through the partition's Raft log
+(RegisterLearner, RemoveLearner, LearnerProgress), so every voter holds the
+same registry and progress survives leader changes. Stored under:
+
+    learner/<name>   JSON {"sink": ..., "options": {...}}
+    progress/<name>  u64: the highest index the learner reported as delivered
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
+
+from raftkv.commands import LearnerCommand, LearnerProgress, RegisterLearner, RemoveLearner
+
+_LEARNER = b"learner/"
+_PROGRESS = b"progress/"
+_U64 = struct.Struct("<Q")
+
+MetaUpdates = dict[bytes, bytes | None]
+
+
+@dataclass(frozen=True)
+class LearnerInfo:
+    name: str
+    sink: str
+    options: Mapping[str, str] = field(default_factory=dict)
+    progress: int = 0
+
+
+def updates_for(command: LearnerCommand, read_meta: Callable[[bytes], bytes | None]) -> MetaUpdates:
+    """The metadata writes a learner command makes."""
+    learner_key, progress_key = _LEARNER + command.name.encode(), _PROGRESS + command.name.encode()
+    if isinstance(command, RegisterLearner):
+        doc = {"sink": command.sink, "options": dict(command.options)}
+        return {learner_key: json.dumps(doc, sort_keys=True).encode()}
+    if isinstance(command, RemoveLearner):
+        return {learner_key: None, progress_key: None}
+    if read_meta(learner_key) is None:
+        return {}  # progress of a learner removed meanwhile
+    current = read_meta(progress_key)
+    if current is not None and _U64.unpack(current)[0] >= command.index:
+        return {}
+    return {progress_key: _U64.pack(command.index)}
+
+
+def learners_from(meta: Iterable[tuple[bytes, bytes]]) -> dict[str, LearnerInfo]:
+    docs, progress = {}, {}
+    for key, value in meta:
+        if key.startswith(_LEARNER):
+            docs[key[len(_LEARNER):].decode()] = json.loads(value)
+        elif key.startswith(_PROGRESS):
+            progress[key[len(_PROGRESS):].decode()] = _U64.unpack(value)[0]
+    return {
+        name: LearnerInfo(name, doc["sink"], doc["options"], progress.get(name, 0))
+        for name, doc in sorted(docs.items())
+    }
+
+
+def is_learner_command(command: object) -> bool:
+    return isinstance(command, (RegisterLearner, RemoveLearner, LearnerProgress))
