@@ -57,6 +57,8 @@ class FeedPump:
         self.clock = clock
         self.delivered_before_start: dict[int, int] = {}
         self.failures = 0
+        self.resyncs = 0
+        self._caught_up_at = {p: clock() for p in replicas}
 
     async def run(self, stop: asyncio.Event, idle_wait: float = 0.005) -> None:
         self.delivered_before_start = await asyncio.to_thread(self.sink.recover)
@@ -77,6 +79,14 @@ class FeedPump:
     def lag(self) -> dict[int, int]:
         """Committed entries not yet delivered, per partition."""
         return {p: max(0, r.raftLastApplied - r.engine.position.index) for p, r in self.replicas.items()}
+
+    def lag_seconds(self) -> dict[int, float]:
+        """Per partition: how long since the feed last had every committed entry (0 while it has)."""
+        now = self.clock()
+        for p, entries in self.lag().items():
+            if entries == 0:
+                self._caught_up_at[p] = now
+        return {p: now - t for p, t in self._caught_up_at.items()}
 
     async def step(self) -> bool:
         for replica in self.replicas.values():
@@ -126,6 +136,7 @@ class FeedPump:
             await self._deliver(events, {replica.partition: index})
             replica.engine.install(checkpoint)
         replica.mark_snapshot_installed(meta)
+        self.resyncs += 1
         log.info("partition %d re-synced from a snapshot at index %d (%d events)", replica.partition, index,
                  len(events))
 

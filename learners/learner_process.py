@@ -27,7 +27,10 @@ from raftkv.spec import ClusterSpec
 log = logging.getLogger(__name__)
 
 LAG_ENTRIES = Gauge("raftkv_learner_lag_entries", "Committed entries not yet delivered by the sink", ["partition"])
+LAG_SECONDS = Gauge("raftkv_learner_lag_seconds", "Seconds since the feed last had every committed entry",
+                    ["partition"])
 DELIVERY_FAILURES = Counter("raftkv_learner_delivery_failures_total", "Failed sink deliveries (each retried)")
+RESYNCS = Counter("raftkv_learner_resyncs_total", "Re-syncs through a snapshot (emitted as op=r events)")
 
 
 def learner_folder(spec: ClusterSpec, name: str) -> Path:
@@ -77,12 +80,15 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
 
 
 async def _publish(pump: FeedPump, stop: asyncio.Event) -> None:
-    reported = 0
+    failures = resyncs = 0
     while not stop.is_set():
         for p, lag in pump.lag().items():
             LAG_ENTRIES.labels(p).set(lag)
-        DELIVERY_FAILURES.inc(pump.failures - reported)
-        reported = pump.failures
+        for p, seconds in pump.lag_seconds().items():
+            LAG_SECONDS.labels(p).set(seconds)
+        DELIVERY_FAILURES.inc(pump.failures - failures)
+        RESYNCS.inc(pump.resyncs - resyncs)
+        failures, resyncs = pump.failures, pump.resyncs
         await asyncio.sleep(1.0)
 
 

@@ -228,3 +228,40 @@ def test_learner_progress_survives_a_leader_change(make_cluster, learner_factory
 
     wait_until(progress_on_new_leader, 30, "the new leader to know the learner's progress")
     assert reached
+
+
+def test_a_leader_change_during_streaming_loses_and_duplicates_nothing(make_cluster, learner_factory):
+    cluster = make_cluster(nodes=3, partitions=2)
+    learner = learner_factory(cluster)
+    stop = threading.Event()
+    acked: dict[bytes, bytes] = {}
+
+    def writer() -> None:
+        with Client(cluster.endpoints) as kv:
+            i = 0
+            while not stop.is_set():
+                key, value = b"w%05d" % i, b"%d" % i
+                try:
+                    kv.put(key, value)
+                    acked[key] = value
+                except (Unavailable, Undetermined):
+                    pass
+                i += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    wait_until(lambda: len(learner.events()) > 200, 30, "streaming to start")
+    with Client(cluster.endpoints) as kv:
+        leader = next(s.node_id for s in kv.status() for ps in s.partitions if ps.role == "leader")
+    cluster.kill(leader)
+    wait_until(lambda: len(acked) > 600, 60, "writes to continue after the leader change")
+    stop.set()
+    thread.join(30)
+    survivors = [n.api_address for n in cluster.spec.nodes if n.id != leader]
+    with Client(survivors) as kv:
+        final = dict(kv.scan())
+    wait_until(lambda: replay(learner.events()) == final, 60, "the feed to reach the final state")
+    events = learner.events()
+    assert len({e.event_id for e in events}) == len(events), "an event was delivered twice"
+    assert all(final.get(k) == v for k, v in acked.items())
+    assert_in_index_order(events)
