@@ -1,0 +1,159 @@
+"""The feed consumer against a real tansu broker: dedup, materialize, group resume, tail."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections import Counter
+
+import pytest
+
+from learners.change_event import ChangeEvent
+from learners.consumer import FeedConsumer, tail
+from learners.sinks.base import DeliveryBatch
+from learners.sinks.kafka_sink import KafkaSink
+from raftkv.errors import Unavailable
+from tests.kafka_broker import FAST_CONSUMER, VALIDATOR, History, new_topic, read_raw, sink_options, tansu_fixture
+
+broker = tansu_fixture()
+
+
+def open_sink(bootstrap: str, topic: str) -> KafkaSink:
+    sink = KafkaSink()
+    sink.open(sink_options(bootstrap, topic))
+    return sink
+
+
+@pytest.fixture(scope="module")
+def duplicated_feed(broker):
+    """A feed holding every kind of duplicate the sink can leave, and the history it should mean."""
+    topic = new_topic()
+    history = History()
+    sink = open_sink(broker.bootstrap, topic)
+    try:
+        a = history.entries(0, 4) + history.entries(1, 4)
+        sink.deliver(DeliveryBatch(a, {0: 4, 1: 4}))
+        sink.flush()
+        # a commit whose outcome the sink did not learn: the learner delivers the same batch again
+        b = history.entries(1, 3) + history.entries(0, 2)
+        for _ in range(2):
+            sink.deliver(DeliveryBatch(b, {0: 6, 1: 7}))
+            sink.flush()
+        # an aborted batch (tansu shows it), then the retry: the same entries and more
+        c = history.entries(0, 3)
+        sink.deliver(DeliveryBatch(c, {0: 9}))
+        deadline = time.monotonic() + 10       # they reach the broker before close() aborts them
+        produced = len(a) + 2 * len(b) + len(c)
+        while len([r for r in read_raw(broker.bootstrap, topic, "read_uncommitted") if r.value]) < produced:
+            assert time.monotonic() < deadline, "the batch to abort never reached the broker"
+    finally:
+        sink.close()
+    sink = open_sink(broker.bootstrap, topic)
+    try:
+        d = history.entries(0, 2) + history.entries(1, 2)
+        sink.deliver(DeliveryBatch(c + d, {0: 11, 1: 9}))
+        sink.flush()
+    finally:
+        sink.close()
+    unique = a + b + c + d
+    raw = [r for r in read_raw(broker.bootstrap, topic) if r.value is not None]
+    assert len(raw) == len(unique) + len(b) + len(c), "tansu no longer shows aborted records?"
+    return topic, history, unique, len(b) + len(c)
+
+
+def test_events_yields_each_event_once_in_per_key_order(broker, duplicated_feed):
+    topic, _, unique, duplicates = duplicated_feed
+    with FeedConsumer(broker.bootstrap, topic, config=FAST_CONSUMER) as feed:
+        events = list(feed.events(timeout=1.0))
+        assert feed.duplicates == duplicates
+        assert feed.tombstones > 0
+    counts = Counter(e.event_id for e in events)
+    assert max(counts.values()) == 1
+    assert set(counts) == {e.event_id for e in unique}
+    # a raftkv partition's events come from several Kafka partitions: only per-key order holds
+    for key in {e.key for e in unique}:
+        assert [e.event_id for e in events if e.key == key] == [e.event_id for e in unique if e.key == key]
+    by_id = {e.event_id: e for e in unique}
+    assert all(by_id[e.event_id] == e for e in events)
+
+
+def test_materialize_applies_the_history_once(broker, duplicated_feed):
+    topic, history, _, _ = duplicated_feed
+    with FeedConsumer(broker.bootstrap, topic, config=FAST_CONSUMER) as feed:
+        table = feed.materialize(until_idle=1.0)
+    assert table == history.table()
+    assert table and all(isinstance(k, bytes) and isinstance(v, bytes) for k, v in table.items())
+
+
+def test_materialize_continues_into_an_existing_table(broker):
+    topic = new_topic()
+    history = History()
+    sink = open_sink(broker.bootstrap, topic)
+    try:
+        sink.deliver(DeliveryBatch(history.entries(0, 4), {0: 4}))
+        sink.flush()
+        with FeedConsumer(broker.bootstrap, topic, config=FAST_CONSUMER) as feed:
+            table = {b"untouched": b"1"}
+            assert feed.materialize(into=table, until_idle=0.5) is table
+            assert table == {b"untouched": b"1", **history.table()}
+            batch = history.entries(0, 4)
+            for _ in range(2):                    # redelivered: the second copy is dropped
+                sink.deliver(DeliveryBatch(batch, {0: 8}))
+                sink.flush()
+            feed.materialize(into=table, until_idle=0.5)
+            assert table == {b"untouched": b"1", **history.table()}
+            assert feed.duplicates == len(batch)
+    finally:
+        sink.close()
+
+
+def take(feed: FeedConsumer, count: int, timeout: float = 15.0) -> list[ChangeEvent]:
+    events = []
+    for event in feed.events(timeout=timeout):
+        events.append(event)
+        if len(events) == count:
+            break
+    return events
+
+
+def test_a_group_consumer_resumes_after_its_committed_offsets(broker):
+    topic = new_topic()
+    history = History()
+    sink = open_sink(broker.bootstrap, topic)
+    group = {"session.timeout.ms": 2000, "heartbeat.interval.ms": 500, **FAST_CONSUMER}
+    try:
+        first = history.entries(0, 3)
+        sink.deliver(DeliveryBatch(first, {0: 3}))
+        sink.flush()
+        with FeedConsumer(broker.bootstrap, topic, group_id=f"g-{topic}", config=group) as feed:
+            seen = take(feed, len(first))   # a tansu group join takes ~session.timeout.ms/2
+            feed.commit()
+        assert sorted(e.event_id for e in seen) == sorted(e.event_id for e in first)
+        second = history.entries(0, 2)
+        sink.deliver(DeliveryBatch(second, {0: 5}))
+        sink.flush()
+        with FeedConsumer(broker.bootstrap, topic, group_id=f"g-{topic}", config=group) as feed:
+            seen = take(feed, len(second))  # from the beginning it would start with `first`'s events
+        assert sorted(e.event_id for e in seen) == sorted(e.event_id for e in second)
+    finally:
+        sink.close()
+
+
+def test_tail_prints_valid_json_lines(broker, duplicated_feed):
+    topic, _, unique, _ = duplicated_feed
+    out = io.StringIO()
+    count = tail(broker.bootstrap, topic, from_beginning=True, out=out, timeout=1.0, config=FAST_CONSUMER)
+    lines = out.getvalue().splitlines()
+    assert count == len(lines) == len(unique)
+    for line in lines:
+        VALIDATOR.validate(json.loads(line))
+    assert {ChangeEvent.from_json(line).event_id for line in lines} == {e.event_id for e in unique}
+    out = io.StringIO()
+    assert tail(broker.bootstrap, topic, from_beginning=True, out=out, max_events=3, config=FAST_CONSUMER) == 3
+    assert len(out.getvalue().splitlines()) == 3
+
+
+def test_a_missing_topic_is_unavailable(broker):
+    with pytest.raises(Unavailable, match="not found"):
+        FeedConsumer(broker.bootstrap, new_topic("absent"), timeout=5)
