@@ -13,12 +13,17 @@ import signal
 from pathlib import Path
 from typing import Mapping
 
+import grpc
 from prometheus_client import Counter, Gauge
 
 from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import load_sink
 from raftkv import metrics
+from raftkv.api import kv_pb2_grpc
+from raftkv.group_commit import PartitionFrontend
+from raftkv.node import GRPC_OPTIONS
+from raftkv.server import KVService
 from raftkv.client import Client, LearnerView
 from raftkv.errors import ConfigError, RaftKVError
 from raftkv.partitioning import replicas_for
@@ -49,8 +54,26 @@ def registration(spec: ClusterSpec, name: str) -> LearnerView:
     return learners[name]
 
 
+async def _serve_reads(spec: ClusterSpec, name: str, replicas: dict[int, LearnerReplica], api_port: int,
+                       loop: asyncio.AbstractEventLoop) -> grpc.aio.Server:
+    """The node API over the learner's copies: follower reads and scans here, the rest forwarded to leaders."""
+    frontends = {}
+    for p, replica in replicas.items():
+        by_address = {n.raft_address(p): n.id for n in spec.nodes}
+        frontends[p] = PartitionFrontend(replica, loop, max_batch_ops=1, max_batch_bytes=1, request_timeout=1.0,
+                                         leader_id_of=by_address.get)
+    service = KVService(spec, f"learner/{name}", frontends,
+                        lambda p: replicas_for(p, spec.node_ids, spec.replication))
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    kv_pb2_grpc.add_KVServicer_to_server(service, server)
+    server.add_insecure_port(f"127.0.0.1:{api_port}")
+    await server.start()
+    return server
+
+
 async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapping[str, str],
-                partitions: list[int], folder: Path, metrics_port: int | None = None) -> None:
+                partitions: list[int], folder: Path, metrics_port: int | None = None,
+                api_port: int | None = None) -> None:
     """Run until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -60,6 +83,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     sink.open({"learner": name, **sink_options})
     client = Client([n.api_address for n in spec.nodes], timeout=5.0)
     replicas: dict[int, LearnerReplica] = {}
+    server: grpc.aio.Server | None = None
     try:
         for p in partitions:
             voters = [spec.node(n).raft_address(p) for n in replicas_for(p, spec.node_ids, spec.replication)]
@@ -67,12 +91,16 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
                                          tuning=spec.tuning, loop=loop)
         if metrics_port:
             metrics.serve("127.0.0.1", metrics_port)
+        if api_port:
+            server = await _serve_reads(spec, name, replicas, api_port, loop)
         pump = FeedPump(spec.name, replicas, sink)
         loop.create_task(_publish(pump, stop))
         loop.create_task(_report_progress(client, name, replicas, stop))
         print(f"raftkv learner {name} ready: partitions {partitions}, sink {sink_name}", flush=True)
         await pump.run(stop)
     finally:
+        if server is not None:
+            await server.stop(grace=1.0)
         for replica in replicas.values():
             replica.close()
         sink.close()

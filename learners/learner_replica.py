@@ -49,6 +49,11 @@ class LearnerReplica(PartitionReplica):
     def _apply(self, payload: bytes):
         return None
 
+    @property
+    def applied_index(self) -> int:
+        """What reads from this learner reflect: the copy, which waits for the sink."""
+        return self.engine.position.index
+
     def committed_entries(self, after: int, limit: int) -> list[tuple[int, int, list[Command]]]:
         """(index, term, commands) of committed entries after `after`, at most `limit` of them.
 

@@ -201,8 +201,14 @@ class _Core:
             )
         return result
 
-    def target(self, partition: int, attempt: int) -> str:
-        """The address to send a partition's operations to."""
+    def target(self, partition: int, attempt: int, consistency: int = pb.LINEARIZABLE) -> str:
+        """The address to send a partition's operations to.
+
+        Follower reads go to the first endpoint the client was given (a nearby
+        replica or a learner; it forwards what it cannot serve), the rest to leaders.
+        """
+        if consistency == pb.FOLLOWER and attempt == 1:
+            return self.endpoints[0]
         leader = self.leaders.get(partition)
         if leader in self.addresses:
             return self.addresses[leader]
@@ -222,7 +228,7 @@ class _Core:
         attempt = 0
         while True:
             attempt += 1
-            address = self.target(op.partition, attempt)
+            address = self.target(op.partition, attempt, consistency)
             try:
                 # No per-op timer: the request carrying the op has the gRPC deadline `timeout`.
                 result = await self.link(address, consistency).submit(op)
@@ -269,7 +275,7 @@ class _Core:
         attempt = 0
         while True:
             attempt += 1
-            address = self.target(partition, attempt)
+            address = self.target(partition, attempt, request.consistency)
             call = self.stub(address).Scan(request, timeout=None)
             try:
                 first = True

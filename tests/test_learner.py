@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 
 from learners.change_event import SCHEMA_PATH, ChangeEvent
-from raftkv import Client, Unavailable, Undetermined
-from tests.conftest import wait_until
+from raftkv import Client, Timeout, Unavailable, Undetermined
+from tests.conftest import free_port_block, wait_until
 
 EXAMPLE_PLUGIN = Path(__file__).parent.parent / "examples" / "jsonl_sink"
 
@@ -36,11 +36,11 @@ class Learner:
                         "--sink-option", f"path={self.feed}", "--config", str(self.cluster.spec_path)],
                        check=True, capture_output=True, timeout=60)
 
-    def start(self) -> None:
+    def start(self, *extra: str) -> None:
         log = open(self.feed.parent / f"{self.name}.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "raftkv", "learner", "start", "--name", self.name, "--config",
-             str(self.cluster.spec_path)],
+             str(self.cluster.spec_path), *extra],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def kill(self) -> None:
@@ -265,3 +265,23 @@ def test_a_leader_change_during_streaming_loses_and_duplicates_nothing(make_clus
     assert len({e.event_id for e in events}) == len(events), "an event was delivered twice"
     assert all(final.get(k) == v for k, v in acked.items())
     assert_in_index_order(events)
+
+
+def test_a_learner_serves_follower_reads_from_its_copy_even_with_every_voter_down(make_cluster, learner_factory):
+    cluster = make_cluster(nodes=3, partitions=2)
+    learner = learner_factory(cluster)
+    learner.kill()
+    api = f"127.0.0.1:{free_port_block(1)}"
+    learner.start("--api-port", api.rsplit(":", 1)[1])
+    with Client(cluster.endpoints) as kv:
+        for i in range(30):
+            kv.put(b"k%02d" % i, b"v%d" % i)
+    wait_until(lambda: len(learner.events()) >= 30, 30, "the learner to have every write")
+    for node_id in cluster.spec.node_ids:
+        cluster.kill(node_id)
+    with Client([api], timeout=3) as kv:
+        read = wait_until(lambda: kv.read(b"k07", consistency="follower"), 30, "the learner's API")
+        assert read.value == b"v7" and read.applied_index > 0
+        assert list(kv.scan(prefix=b"k", consistency="stale")) == [(b"k%02d" % i, b"v%d" % i) for i in range(30)]
+        with pytest.raises((Unavailable, Timeout)):
+            kv.get(b"k07")  # linearizable needs a leader

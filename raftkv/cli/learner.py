@@ -112,7 +112,9 @@ def remove(name, partitions, config, endpoints) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Default: learners/<name> next to the cluster spec.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, help="Serve Prometheus metrics here.")
-def start(name, config, sink_options, data_dir, metrics_port) -> None:
+@click.option("--api-port", type=click.IntRange(1, 65535), default=None,
+              help="Serve follower/stale reads and scans from the learner's copy on 127.0.0.1:PORT.")
+def start(name, config, sink_options, data_dir, metrics_port, api_port) -> None:
     """Run a registered learner until SIGTERM or Ctrl-C (--sink-option overrides registered options)."""
     spec = load_spec(config)
     registered = learner_process.registration(spec, name)
@@ -120,4 +122,4 @@ def start(name, config, sink_options, data_dir, metrics_port) -> None:
     options = {**registered.options, **parse_sink_options(sink_options)}
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(learner_process.serve(spec, name, registered.sink, options, sorted(registered.progress), folder,
-                                      metrics_port))
+                                      metrics_port, api_port))
