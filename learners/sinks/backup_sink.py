@@ -1,0 +1,254 @@
+"""The backup sink: a RocksDB copy per partition, exported as consistent backups.
+
+Delivered events are materialized into `<work_dir>/p<NNNN>/db` (a
+RocksEngine), written in one atomic batch per partition together with the
+Raft position they reach, so the copy's position IS the sink's durable
+position (`recover`). Every `interval_seconds`, and on `export_now()`, each
+partition is checkpointed (exactly the state at its recorded position) and
+the checkpoints are exported to `url` with `learners.backup_store`, which
+writes the manifest last and applies retention (`keep`).
+
+Options (all text, as a learner passes them):
+
+    url               where backups go: file:///path, s3://bucket/prefix, any fsspec URL (required)
+    work_dir          the local copy; default ./raftkv-backup-work/<learner>
+    learner           the learner's name, for the default work_dir (default: backup)
+    interval_seconds  seconds between exports; 0: only export_now() (default 300)
+    keep              complete backups kept (default 7)
+    storage.<key>     fsspec storage options, e.g. storage.endpoint_url=http://127.0.0.1:9000
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Mapping
+
+from learners.backup_store import BackupInfo, BackupStore, parse_storage_options, partition_dir
+from learners.change_event import ChangeEvent
+from learners.sinks.base import DeliveryBatch
+from raftkv.commands import Delete, Mutation, Put
+from raftkv.engine import ZERO, Position
+from raftkv.errors import ConfigError, InvalidRequest, RaftKVError
+from raftkv.rocks_engine import RocksEngine
+
+log = logging.getLogger(__name__)
+
+_OPTIONS = ("url", "work_dir", "learner", "interval_seconds", "keep")
+_STORAGE_PREFIX = "storage."
+_CLUSTER_FILE = "cluster"
+_EXPORT_PREFIX = "export-"
+
+
+@dataclass(frozen=True)
+class BackupSettings:
+    url: str
+    work_dir: Path
+    interval_seconds: float
+    keep: int
+    storage_options: dict
+
+    @classmethod
+    def parse(cls, config: Mapping[str, str]) -> BackupSettings:
+        """Validate every option; one ConfigError names each problem by option."""
+        problems = []
+        unknown = sorted(k for k in config if k not in _OPTIONS and not k.startswith(_STORAGE_PREFIX))
+        if unknown:
+            problems.append(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(_OPTIONS)}, storage.<key>")
+        url = config.get("url", "").strip()
+        if not url:
+            problems.append("url: required (file:///path or s3://bucket/prefix)")
+        interval = _number(config, "interval_seconds", "300", float, 0, problems)
+        keep = _number(config, "keep", "7", int, 1, problems)
+        if problems:
+            raise ConfigError(problems, source="backup sink")
+        work_dir = config.get("work_dir") or f"./raftkv-backup-work/{config.get('learner') or 'backup'}"
+        storage = parse_storage_options(
+            (k[len(_STORAGE_PREFIX):], v) for k, v in config.items() if k.startswith(_STORAGE_PREFIX)
+        )
+        return cls(url, Path(work_dir), interval, keep, storage)
+
+
+def _number(config: Mapping[str, str], name: str, default: str, kind: type, minimum: float, problems: list[str]):
+    text = config.get(name, default)
+    try:
+        value = kind(text)
+    except ValueError:
+        problems.append(f"{name}: expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        return None
+    if value < minimum:
+        problems.append(f"{name}: must be at least {minimum}, got {text!r}")
+    return value
+
+
+@dataclass
+class _Pending:
+    """What one partition's next flush writes: mutations in Raft order and the position they reach."""
+
+    position: Position
+    mutations: list[Mutation] = field(default_factory=list)
+
+
+class BackupSink:
+    def __init__(self) -> None:
+        self._engines: dict[int, RocksEngine] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._cluster = ""
+        self._lock = threading.Lock()  # engines and their writes vs. an export's checkpoints
+        self._export_lock = threading.Lock()  # one export at a time
+        self._last_exported: dict[int, Position] = {}
+        self._stopping = threading.Event()
+        self._exporter: threading.Thread | None = None
+
+    # -- Sink protocol ------------------------------------------------------
+
+    def open(self, config: Mapping[str, str]) -> None:
+        self.settings = BackupSettings.parse(config)
+        self._store = BackupStore(self.settings.url, self.settings.storage_options, source="backup sink url")
+        self._work = self.settings.work_dir
+        self._work.mkdir(parents=True, exist_ok=True)
+        for leftover in self._work.glob(_EXPORT_PREFIX + "*"):  # checkpoints of an export a crash interrupted
+            shutil.rmtree(leftover)
+        cluster_file = self._work / _CLUSTER_FILE
+        self._cluster = cluster_file.read_text() if cluster_file.exists() else ""
+        for folder in sorted(self._work.glob("p[0-9][0-9][0-9][0-9]")):
+            self._engines[int(folder.name[1:])] = RocksEngine(folder)
+        if self.settings.interval_seconds > 0:
+            self._exporter = threading.Thread(target=self._export_periodically, name="backup-export", daemon=True)
+            self._exporter.start()
+
+    def recover(self) -> dict[int, int]:
+        return {p: engine.position.index for p, engine in self._engines.items()}
+
+    def deliver(self, batch: DeliveryBatch) -> None:
+        for event in batch.events:
+            self._check_cluster(event.cluster)
+            pending = self._pending_for(event.partition)
+            if event.index <= self._durable(event.partition).index:
+                continue  # redelivered after a crash between our flush and the learner's copy
+            pending.mutations.append(_mutation(event))
+            pending.position = Position(event.index, event.term)
+        for p, index in batch.positions.items():
+            pending = self._pending_for(p)
+            if index > pending.position.index:
+                # An entry without events (a no-op, a read barrier) carries no term here:
+                # keep the last known one, a lower bound of the entry's term.
+                pending.position = Position(index, pending.position.term)
+
+    def flush(self) -> None:
+        """Write each partition's events with its position in one atomic batch, then sync."""
+        with self._lock:
+            self._save_cluster()
+            for p, pending in sorted(self._pending.items()):
+                if pending.position == self._durable(p) and not pending.mutations:
+                    continue
+                engine = self._engine(p)
+                engine.write(pending.mutations, pending.position)
+                engine.flush()
+            self._pending.clear()
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._exporter is not None:
+            self._exporter.join()
+        with self._lock:
+            for engine in self._engines.values():
+                engine.close()
+            self._engines.clear()
+
+    # -- exports --------------------------------------------------------------
+
+    def export_now(self) -> BackupInfo:
+        """Checkpoint every partition, upload, apply retention; Unavailable if the storage fails.
+
+        The copy is never touched: a failed export leaves nothing to undo here.
+        """
+        with self._export_lock:
+            if not self._engines:
+                raise InvalidRequest("nothing to back up yet: no partition has been delivered")
+            work = Path(tempfile.mkdtemp(prefix=_EXPORT_PREFIX, dir=self._work))
+            try:
+                checkpoints = self._checkpoint_all(work)
+                now = datetime.now(timezone.utc)
+                info = self._store.export(self._cluster, checkpoints, now)
+                self._store.prune(self.settings.keep, now)
+            finally:
+                shutil.rmtree(work)
+            self._last_exported = info.positions
+            return info
+
+    def _export_periodically(self) -> None:
+        """Export every interval, unless nothing was flushed since the last export."""
+        while not self._stopping.wait(self.settings.interval_seconds):
+            positions = self._positions()
+            if not positions or positions == self._last_exported:
+                continue
+            try:
+                info = self.export_now()
+            except RaftKVError as exc:
+                log.warning("backup export failed, retrying in %ss: %s", self.settings.interval_seconds, exc)
+                continue
+            log.info("exported backup %s (%d bytes) to %s", info.id, info.total_bytes, self.settings.url)
+
+    def _checkpoint_all(self, work: Path) -> dict[int, tuple[Path, Position]]:
+        """A checkpoint per partition, each exactly the state at its position (hard links: milliseconds)."""
+        with self._lock:
+            checkpoints = {}
+            for p, engine in sorted(self._engines.items()):
+                engine.flush()
+                folder = work / partition_dir(p)
+                checkpoints[p] = (folder, engine.checkpoint(folder))
+            return checkpoints
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _positions(self) -> dict[int, Position]:
+        with self._lock:
+            return {p: engine.position for p, engine in self._engines.items()}
+
+    def _durable(self, partition: int) -> Position:
+        engine = self._engines.get(partition)
+        return engine.position if engine is not None else ZERO
+
+    def _pending_for(self, partition: int) -> _Pending:
+        if partition not in self._pending:
+            self._pending[partition] = _Pending(self._durable(partition))
+        return self._pending[partition]
+
+    def _engine(self, partition: int) -> RocksEngine:
+        if partition not in self._engines:
+            self._engines[partition] = RocksEngine(self._work / partition_dir(partition))
+        return self._engines[partition]
+
+    def _check_cluster(self, cluster: str) -> None:
+        """One work dir holds one cluster's copy: mixing two would corrupt both."""
+        if not self._cluster:
+            self._cluster = cluster
+        elif cluster != self._cluster:
+            raise ConfigError(
+                f"{self._work} holds a copy of cluster {self._cluster!r} but events come from {cluster!r}; "
+                "give each cluster its own work_dir",
+                source="backup sink work_dir",
+            )
+
+    def _save_cluster(self) -> None:
+        """Remember the cluster's name for the manifests of exports made before any new event."""
+        path = self._work / _CLUSTER_FILE
+        if self._cluster and not path.exists():
+            staged = path.with_suffix(".tmp")
+            staged.write_text(self._cluster)
+            staged.replace(path)
+
+
+def _mutation(event: ChangeEvent) -> Mutation:
+    """c, u and r (snapshot or not) put the after-image; d deletes."""
+    if event.op == "d":
+        return Delete(event.key)
+    if event.after is None:
+        raise ValueError(f"event {event.event_id} op {event.op!r} has no after-image")
+    return Put(event.key, event.after)
