@@ -61,10 +61,13 @@ class FeedPump:
         self._caught_up_at = {p: clock() for p in replicas}
 
     async def run(self, stop: asyncio.Event, idle_wait: float = 0.005) -> None:
-        self.delivered_before_start = await asyncio.to_thread(self.sink.recover)
+        recovered = False
         backoff = 0.1
         while not stop.is_set():
             try:
+                if not recovered:
+                    self.delivered_before_start = await asyncio.to_thread(self.sink.recover)
+                    recovered = True
                 progressed = await self.step()
                 backoff = 0.1
             except Exception as exc:  # the sink is down or refused: retry, the journal holds the entries

@@ -18,14 +18,14 @@ from prometheus_client import Counter, Gauge
 
 from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
-from learners.sinks.base import load_sink
+from learners.sinks.base import Sink, load_sink
 from raftkv import metrics
 from raftkv.api import kv_pb2_grpc
 from raftkv.group_commit import PartitionFrontend
 from raftkv.node import GRPC_OPTIONS
 from raftkv.server import KVService
 from raftkv.client import Client, LearnerView
-from raftkv.errors import ConfigError, RaftKVError
+from raftkv.errors import ConfigError, RaftKVError, Unavailable
 from raftkv.partitioning import replicas_for
 from raftkv.spec import ClusterSpec
 
@@ -80,7 +80,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sink = load_sink(sink_name)
-    sink.open({"learner": name, **sink_options})
+    await _open_sink(sink, {"learner": name, **sink_options}, stop)
     client = Client([n.api_address for n in spec.nodes], timeout=5.0)
     replicas: dict[int, LearnerReplica] = {}
     server: grpc.aio.Server | None = None
@@ -105,6 +105,22 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
             replica.close()
         sink.close()
         client.close()
+
+
+async def _open_sink(sink: Sink, options: dict[str, str], stop: asyncio.Event) -> None:
+    """Open the sink, waiting out an unreachable backend; a wrong option (ConfigError) fails at once."""
+    backoff = 0.5
+    while True:
+        try:
+            await asyncio.to_thread(sink.open, options)
+            return
+        except Unavailable as exc:
+            log.warning("sink unavailable (%s); retrying in %.1fs", exc, backoff)
+            try:
+                await asyncio.wait_for(stop.wait(), backoff)
+                raise Unavailable("stopped before the sink became available")
+            except asyncio.TimeoutError:
+                backoff = min(backoff * 2, 10.0)
 
 
 async def _publish(pump: FeedPump, stop: asyncio.Event) -> None:
