@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -138,11 +139,15 @@ def test_dev_up_starts_serves_and_stops_cleanly(tmp_path):
         assert run("put", "dev", "works", "--config", str(tmp_path / "devdata" / "cluster.toml")).returncode == 0
         got = run("get", "dev", "--config", str(tmp_path / "devdata" / "cluster.toml"))
         assert got.stdout.strip() == "works"
+        tail_command = next(line for line in output if "raftkv feed tail" in line).split("watch the feed:")[1].split()
+        tail = run(*tail_command[1:], "--max-events", "1", "--timeout", "30", timeout=90)
+        event = json.loads(tail.stdout.splitlines()[0])
+        assert event["op"] == "c" and base64.b64decode(event["key"]) == b"dev", tail.stdout + tail.stderr
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
     assert proc.returncode == 0
-    wait_until(lambda: all(_port_free(base + i) for i in range(12)), 10, "every node port to be released")
+    wait_until(lambda: all(_port_free(base + i) for i in range(13)), 10, "every node and broker port to be released")
 
 
 def test_a_node_whose_peers_are_unreachable_keeps_running_and_writes_fail_clearly(make_cluster):
