@@ -144,15 +144,24 @@ def test_feed_survives_learner_kills_and_replays_to_the_final_state(make_cluster
 
 
 def test_learner_added_after_compaction_emits_snapshot_reads_then_live_changes(make_cluster, learner_factory):
-    cluster = make_cluster(nodes=3, partitions=2, compaction_min_entries=20)
-    old_keys = {b"old-%03d" % i for i in range(300)}
+    cluster = make_cluster(nodes=3, partitions=2, compaction_min_entries=200)
+    old_keys = {b"old-%05d" % i for i in range(10_000)}
+
+    def write(part: int) -> None:
+        with Client(cluster.endpoints) as kv:
+            for i in range(part, 10_000, 8):
+                kv.put(b"old-%05d" % i, b"%d" % i)
+
+    writers = [threading.Thread(target=write, args=(part,)) for part in range(8)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(300)
     with Client(cluster.endpoints) as kv:
-        for i in range(300):
-            kv.put(b"old-%03d" % i, b"%d" % i)
         learner = learner_factory(cluster)
         # keys the leader compacted into its snapshot come as r; the retained log tail as c
         wait_until(lambda: {e.key for e in learner.events()} >= old_keys, 60, "every existing key in the feed")
-        kv.put(b"old-000", b"changed")
+        kv.put(b"old-00000", b"changed")
         kv.put(b"new", b"1")
         final = dict(kv.scan())
     wait_until(lambda: any(e.key == b"new" for e in learner.events()), 30, "live changes after the catch-up")
@@ -164,7 +173,7 @@ def test_learner_added_after_compaction_emits_snapshot_reads_then_live_changes(m
     assert {e.op for e in catch_up if not e.snapshot} <= {"c"}
     live = events[events.index(next(e for e in events if e.after == b"changed")):]
     assert [(e.op, e.key, e.before, e.after) for e in live] == [
-        ("u", b"old-000", b"0", b"changed"), ("c", b"new", None, b"1")]
+        ("u", b"old-00000", b"0", b"changed"), ("c", b"new", None, b"1")]
     assert replay(events) == final
 
 
