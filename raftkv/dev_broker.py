@@ -44,12 +44,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
+
+from raftkv.local_cluster import free_port_block
 
 _log = logging.getLogger(__name__)
 
@@ -67,18 +68,12 @@ def tansu_binary() -> str:
     return str(path)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class TansuBroker:
     """One tansu process at a time, always on the same loopback port."""
 
     def __init__(self, port: int | None = None, log_path: str | os.PathLike | None = None,
                  ready_timeout: float = 20.0):
-        self.port = port or free_port()
+        self.port = port or free_port_block(1)
         self.log_path = Path(log_path) if log_path else None
         self.ready_timeout = ready_timeout
         self.proc: subprocess.Popen | None = None

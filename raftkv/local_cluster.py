@@ -7,7 +7,9 @@ Each node is a real `python -m raftkv node start` process with its output in
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -115,3 +117,34 @@ def _leaderless(client: Client, partitions: int) -> str:
             known[ps.partition].add(ps.leader)
     missing = [p for p in range(partitions) if len(leaders[p]) != 1 or known[p] != leaders[p]]
     return f"partitions without a leader known to all their replicas: {missing}" if missing else ""
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports: a listener there can lose its port."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port_block(size: int) -> int:
+    """A base port with `size` consecutive free loopback ports, below the ephemeral range, so that
+    no outgoing connection takes one of them between this check and the listener's bind."""
+    ephemeral_low, _ = _ephemeral_ports()
+    top = min(ephemeral_low, 65535) - size
+    for _ in range(500):
+        base = random.randrange(10000, top)
+        if all(port_free(base + i) for i in range(size)):
+            return base
+    raise RuntimeError(f"no block of {size} free ports below {ephemeral_low}")

@@ -3,35 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import random
-import socket
 import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
-from raftkv.local_cluster import LocalCluster
+from raftkv.local_cluster import LocalCluster, free_port_block
 from raftkv.spec import ClusterSpec, Tuning, build_spec, save_spec
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def free_port_block(size: int) -> int:
-    """A base port with `size` consecutive free loopback ports."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000 - size)
-        if all(_port_free(base + i) for i in range(size)):
-            return base
-    raise RuntimeError(f"no block of {size} free ports found")
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05):

@@ -19,7 +19,8 @@ from typing import Iterator
 
 import boto3
 
-from tests.conftest import free_port_block, wait_until
+from raftkv.local_cluster import free_port_block
+from tests.conftest import wait_until
 
 
 def _answers(endpoint: str) -> bool:

@@ -20,7 +20,8 @@ from raftkv import Client, ConfigError, CorruptData, Unavailable
 from raftkv.engine import ZERO, KeyRange, Position
 from raftkv.rocks_engine import RocksEngine
 from raftkv.spec import build_spec
-from tests.conftest import free_port_block, wait_until
+from raftkv.local_cluster import free_port_block
+from tests.conftest import wait_until
 from tests.s3_server import s3_server
 from tests.test_cli import assert_one_line_error, run
 

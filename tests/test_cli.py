@@ -18,7 +18,8 @@ from raftkv import Client, InvalidRequest
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.partitioning import partition_for_key
-from tests.conftest import _port_free, free_port_block, wait_until
+from raftkv.local_cluster import free_port_block, port_free
+from tests.conftest import wait_until
 
 RAFTKV = [sys.executable, "-m", "raftkv"]
 
@@ -147,14 +148,14 @@ def test_dev_up_starts_serves_and_stops_cleanly(tmp_path):
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
     assert proc.returncode == 0
-    wait_until(lambda: all(_port_free(base + i) for i in range(13)), 10, "every node and broker port to be released")
+    wait_until(lambda: all(port_free(base + i) for i in range(13)), 10, "every node and broker port to be released")
 
 
 def test_a_node_whose_peers_are_unreachable_keeps_running_and_writes_fail_clearly(make_cluster):
     cluster = make_cluster(nodes=3, partitions=2, start=False)
     cluster.start("n1")  # its peers never come up
     n1 = cluster.spec.node("n1")
-    wait_until(lambda: not _port_free(n1.api_port), 30, "n1 to listen")
+    wait_until(lambda: not port_free(n1.api_port), 30, "n1 to listen")
     failed = run("put", "k", "v", "--endpoints", n1.api_address, "--timeout", "2")
     assert_one_line_error(failed, "no leader")
     assert cluster.procs["n1"].poll() is None, "n1 exited"

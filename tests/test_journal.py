@@ -6,7 +6,6 @@ import errno
 import logging
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import MemoryJournal
 
 from raftkv.errors import CorruptData, StorageFull
+from raftkv.local_cluster import free_port_block
 from raftkv.journal import LOG_NAME, META_NAME, RaftJournal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -483,9 +483,7 @@ def test_journal_behaves_like_a_list(tmp_path_factory: pytest.TempPathFactory) -
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port_block(1)
 
 
 class Counter(SyncObj):

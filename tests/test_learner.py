@@ -14,7 +14,8 @@ import pytest
 
 from learners.change_event import SCHEMA_PATH, ChangeEvent
 from raftkv import Client, Timeout, Unavailable, Undetermined
-from tests.conftest import free_port_block, wait_until
+from raftkv.local_cluster import free_port_block
+from tests.conftest import wait_until
 
 EXAMPLE_PLUGIN = Path(__file__).parent.parent / "examples" / "jsonl_sink"
 

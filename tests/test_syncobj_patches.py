@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import re
 import runpy
-import socket
 import threading
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
@@ -29,6 +28,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
 
+from raftkv.local_cluster import free_port_block
 from raftkv.syncobj_patches import PatchedSyncObj
 
 UPSTREAM_TRUNCATION_LOG = 'truncating already-applied log entries'
@@ -41,16 +41,8 @@ Entry = Tuple[bytes, int, int]
 # --------------------------------------------------------------------------- helpers
 
 def free_ports(count: int) -> List[int]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(('127.0.0.1', 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    base = free_port_block(count)
+    return list(range(base, base + count))
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
