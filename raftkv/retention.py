@@ -2,12 +2,18 @@
 
 pysyncobj always compacts up to its last applied entry, and a learner needs
 every entry after its delivered index. A learner that is connected and keeps
-up receives entries as they are appended, so compacting behind it is
-harmless, but its reported progress always lags a little: it reports once a
-second. So compaction waits only for learners that fell more than
-`compaction_min_entries` behind (stopped, or slow), and only until the
-journal passes the retention bound. Past that the learner re-syncs through a
-snapshot, which it reports as op="r" events: never a silent gap.
+up has already received those entries into its own journal, so compacting
+behind it is harmless, even though its reported progress always lags a
+little (it reports once a second). Reported progress cannot tell such a
+learner from one that just died, but the leader can: it sees which readonly
+replicas are connected and how far each has received (`learners_streaming`
+counts those that hold everything up to the last applied entry).
+
+So compaction waits while more learners are behind than are streaming, and
+only until the journal passes the retention bound. Past that a stopped
+learner re-syncs through a snapshot, which it reports as op="r" events:
+never a silent gap. Followers see no readonly replicas (only the leader
+sends to them), so they hold the log for any learner that is behind.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ def compaction_due(
     seconds_since_last: float,
     applied: int,
     learner_progress: Iterable[int],
+    learners_streaming: int,
     tuning: Tuning,
 ) -> bool:
     wanted = entries > tuning.compaction_min_entries or (
@@ -31,7 +38,7 @@ def compaction_due(
     )
     if not wanted:
         return False
-    lagging = [p for p in learner_progress if p < applied - tuning.compaction_min_entries]
-    if not lagging:
+    behind = sum(1 for p in learner_progress if p < applied - 1)
+    if behind <= learners_streaming:
         return True
     return entries > tuning.learner_retention_entries or size_bytes > tuning.learner_retention_bytes

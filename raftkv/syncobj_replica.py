@@ -187,10 +187,18 @@ class PartitionReplica(PatchedSyncObj):
             seconds_since_last=now - self._last_compaction,
             applied=self.raftLastApplied,
             learner_progress=[i.progress for i in learners_from(self.engine.meta_items()).values()],
+            learners_streaming=self._readonly_caught_up(),
             tuning=self._tuning,
         ):
             self.forceLogCompaction()
             self._last_compaction = now
+
+    def _readonly_caught_up(self) -> int:
+        """On the leader: connected readonly replicas (learners) that have every applied entry."""
+        if self.role != Role.LEADER:
+            return 0
+        match = self._SyncObj__raftMatchIndex
+        return sum(1 for node in self.readonlyNodes if match.get(node, 0) >= self.raftLastApplied - 1)
 
     def sync_journal(self) -> None:
         """fsync mode: make every journal write so far durable (one fdatasync for all of them)."""
