@@ -49,7 +49,7 @@ class Tuning:
     connection_retry_seconds: float = 0.5
     compaction_min_entries: int = 5000
     compaction_min_seconds: float = 300.0
-    learner_retention_entries: int = 100_000  # keep entries a stopped learner needs, up to this
+    learner_retention_entries: int = 50_000  # keep entries a stopped learner needs, up to this
     learner_retention_bytes: int = 256 * 1024 * 1024
     max_batch_ops: int = 4096
     max_batch_bytes: int = 2 * 1024 * 1024
