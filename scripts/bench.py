@@ -1,0 +1,312 @@
+"""Benchmark raftkv against a 3-member etcd 3.4 cluster on this machine.
+
+    .venv/bin/python scripts/bench.py                 # full run, about 3.5 minutes on 2 cores
+    .venv/bin/python scripts/bench.py --quick         # about 1 minute
+    .venv/bin/python scripts/bench.py --json-out bench.json --processes 4 --in-flight 64
+
+What is measured, each for raftkv and etcd in the same run:
+
+1. sequential put: 1 process, 1 request in flight, each put waits for its ack (p50/p99);
+2. concurrent put: P processes x M requests in flight (ops/s, p99);
+3. linearizable get, and raftkv `leader`/`follower` gets beside etcd serializable gets;
+4. batches of N puts: one raftkv `Client.batch` within one partition vs one etcd txn;
+5. fsync durability: a second raftkv cluster with `durability = "fsync"` vs etcd
+   (which fsyncs every commit);
+6. the disk's ceiling with no Raft: rocksdict put / WriteBatch / sync put rates and
+   `os.fdatasync` latency in the benchmark's data dir.
+
+How: 3 etcd members and 3 raftkv nodes on loopback, data under one temp dir, so
+clients and servers share this machine's cores. etcd runs throughout; the raftkv
+cluster in default durability runs beside it, then one in fsync mode. Each
+scenario runs for etcd and then for raftkv back to back, so that load from other
+processes on the machine hits both alike (each figure reports that load; the
+idle cluster of the other system costs a few percent of a core). Before the
+scenarios every key of the key space is written once. The load generator
+(bench_load.py) drives both systems the same way: worker processes x asyncio
+streams, 16-byte keys, 100-byte values, a warm-up then a measured window. raftkv
+is driven through the asyncio core of `raftkv.Client`, etcd through etcd3aio (async
+gRPC). Figures are printed as one table (with the raftkv/etcd ratio and the issue's
+targets) and optionally written as JSON; docs/benchmarks.md has a measured run.
+Benchmarks report; they never assert timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench_clusters import Running, ensure_etcd, ensure_etcd3aio, etcd_cluster, etcd_version, raftkv_cluster
+from bench_host import disk_ceiling, machine, versions
+from bench_load import Figures, Load, fill, run_load
+
+
+@dataclass(frozen=True)
+class Config:
+    processes: int = 4
+    in_flight: int = 64
+    duration: float = 10.0  # measured seconds per scenario
+    warmup: float = 2.0
+    batch: int = 10
+    keys: int = 10_000
+    partitions: int = 8
+    ceiling_seconds: float = 3.0
+
+
+QUICK = Config(duration=2.0, warmup=0.5, ceiling_seconds=1.0)
+NOISY_CORES = 0.25  # other load above this during a measurement marks its figure
+
+
+@dataclass(frozen=True)
+class Scenario:
+    op: str  # "put", "get" or "batch"
+    consistency: str = "linearizable"  # of reads; writes are always linearizable
+    concurrent: bool = True  # Config.processes x Config.in_flight, else 1 x 1
+    systems: tuple[str, ...] = ("etcd", "raftkv")
+
+
+SCENARIOS = {  # in the order they run
+    "seq_put": Scenario("put", concurrent=False),
+    "put": Scenario("put"),
+    "get_linearizable": Scenario("get"),
+    "get_serializable": Scenario("get", "serializable", systems=("etcd",)),
+    "get_leader": Scenario("get", "leader", systems=("raftkv",)),
+    "get_follower": Scenario("get", "follower", systems=("raftkv",)),
+    "batch": Scenario("batch"),
+}
+PHASES = {  # raftkv durability -> the scenarios run with that raftkv cluster beside etcd
+    "default": tuple(SCENARIOS),
+    "fsync": ("seq_put", "put"),
+}
+ETCD_CLIENT = "etcd3aio (async gRPC, grpc.aio)"
+NOT_BUILT = "n/a (not built yet)"
+LATER_ROWS = {  # rows of later issues -> their target
+    "learner catch-up": "",
+    "change feed lag": "",
+    "Spark read rows/s": "≥ 1,000,000",
+    "Spark write rows/s": "≥ 300,000",
+}
+
+
+def run_scenario(name: str, system: str, cluster: Running, config: Config) -> Figures:
+    """Run one named scenario against a running cluster and return its figures."""
+    scenario = SCENARIOS[name]
+    load = Load(
+        system=system, endpoints=cluster.endpoints, op=scenario.op, consistency=scenario.consistency,
+        processes=config.processes if scenario.concurrent else 1,
+        in_flight=config.in_flight if scenario.concurrent else 1,
+        duration=config.duration, warmup=config.warmup, batch=config.batch, keys=config.keys,
+    )
+    return run_load(load, cluster.pids)
+
+
+def measure_all(config: Config, data_dir: Path, etcd_binary: str, console: Console) -> dict:
+    """results[phase][system][scenario]: per phase, etcd and one raftkv cluster are up together."""
+    results = {}
+    with etcd_cluster(etcd_binary, data_dir / "etcd") as etcd:
+        fill("etcd", etcd.endpoints, config.keys)
+        for durability, names in PHASES.items():
+            with raftkv_cluster(data_dir / f"raftkv-{durability}", config.partitions, durability) as raftkv:
+                fill("raftkv", raftkv.endpoints, config.keys)
+                results[durability] = measure({"etcd": etcd, "raftkv": raftkv}, names, config, console, durability)
+    return results
+
+
+def measure(clusters: dict[str, Running], names: tuple[str, ...], config: Config, console: Console, phase: str):
+    """Each scenario for etcd then raftkv back to back, so that load from elsewhere hits both alike."""
+    results: dict[str, dict[str, Figures]] = {system: {} for system in clusters}
+    for name in names:
+        for system in SCENARIOS[name].systems:
+            f = results[system][name] = run_scenario(name, system, clusters[system], config)
+            console.print(
+                f"[dim]{phase:>7} {system:>6} {name:<16} {f.ops_per_s:>8,.0f} ops/s  p50 {f.p50_ms:6.2f}  "
+                f"p99 {f.p99_ms:7.2f} ms  cores: servers {f.server_cpu:.2f}, clients {f.client_cpu:.2f}, "
+                f"other {f.other_cpu:.2f}  errors {f.errors}[/dim]"
+            )
+    return results
+
+
+# -- the table ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    metric: str  # a Figures field, or "keys_per_s" (puts per second in batches)
+    raftkv: tuple[str, str]  # (phase, scenario)
+    etcd: tuple[str, str]
+    target: float | None = None  # ratio to reach: at most for latencies, at least for rates
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.metric.endswith("_ms")
+
+
+def rows(config: Config) -> list[Row]:
+    def same(label: str, metric: str, scenario: str, target: float | None = None, phase: str = "default") -> Row:
+        return Row(label, metric, (phase, scenario), (phase, scenario), target)
+
+    return [
+        same("sequential put p50 (ms)", "p50_ms", "seq_put", 1.0),
+        same("sequential put p99 (ms)", "p99_ms", "seq_put"),
+        same("concurrent put ops/s", "ops_per_s", "put", 3.0),
+        same("concurrent put p99 (ms)", "p99_ms", "put"),
+        same("linearizable get ops/s", "ops_per_s", "get_linearizable", 1.5),
+        same("linearizable get p99 (ms)", "p99_ms", "get_linearizable"),
+        Row("raftkv leader get vs etcd serializable ops/s", "ops_per_s", ("default", "get_leader"),
+            ("default", "get_serializable")),
+        Row("raftkv follower get vs etcd serializable ops/s", "ops_per_s", ("default", "get_follower"),
+            ("default", "get_serializable")),
+        same(f"batch of {config.batch} puts: puts/s", "keys_per_s", "batch"),
+        same(f"batch of {config.batch} puts: p99 (ms)", "p99_ms", "batch"),
+        same("fsync mode: sequential put p50 (ms)", "p50_ms", "seq_put", phase="fsync"),
+        same("fsync mode: concurrent put ops/s", "ops_per_s", "put", 1.0, phase="fsync"),
+        same("fsync mode: concurrent put p99 (ms)", "p99_ms", "put", phase="fsync"),
+    ]
+
+
+def metric(figures: Figures, name: str, config: Config) -> float:
+    return figures.ops_per_s * config.batch if name == "keys_per_s" else getattr(figures, name)
+
+
+def fmt(value: float, latency: bool) -> str:
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:,.2f}" if latency else f"{value:,.0f}"
+
+
+def evaluate(row: Row, results: dict, config: Config) -> dict:
+    """The row's two values, their ratio, and whether the target is met."""
+    (raftkv_phase, raftkv_name), (etcd_phase, etcd_name) = row.raftkv, row.etcd
+    raftkv, etcd = results[raftkv_phase]["raftkv"][raftkv_name], results[etcd_phase]["etcd"][etcd_name]
+    a, b = metric(raftkv, row.metric, config), metric(etcd, row.metric, config)
+    ratio = a / b if b else math.nan
+    met = None
+    if row.target is not None:
+        met = ratio <= row.target if row.lower_is_better else ratio >= row.target
+    return {"label": row.label, "raftkv": a, "etcd": b, "ratio": ratio, "latency": row.lower_is_better,
+            "target": row.target, "met": met, "errors": {"raftkv": raftkv.errors, "etcd": etcd.errors},
+            "noisy": {"raftkv": raftkv.other_cpu > NOISY_CORES, "etcd": etcd.other_cpu > NOISY_CORES}}
+
+
+def target_text(entry: dict) -> str:
+    if entry["target"] is None:
+        return ""
+    sign = "≤" if entry["latency"] else "≥"
+    verdict = "[green]met[/green]" if entry["met"] else "[red]not met[/red]"
+    return f"{sign} {entry['target']:.1f}× {verdict}"
+
+
+def table(evaluated: list[dict], ceiling: dict, config: Config) -> Table:
+    t = Table(
+        title=f"raftkv vs etcd 3.4, 3 members each on loopback; concurrent = {config.processes} processes x "
+        f"{config.in_flight} in flight; {config.duration:g} s windows",
+        caption=f"etcd client: {ETCD_CLIENT}. * = other processes on the machine (the idle cluster of the other "
+        f"system included) used more than {NOISY_CORES} cores during that measurement.",
+        title_justify="left", caption_justify="left",
+    )
+    for name, justify in (("scenario", "left"), ("raftkv", "right"), ("etcd", "right"),
+                          ("raftkv/etcd", "right"), ("target", "left")):
+        t.add_column(name, justify=justify)
+    for entry in evaluated:
+        t.add_row(entry["label"], _cell(entry, "raftkv"), _cell(entry, "etcd"), f"{entry['ratio']:.2f}×",
+                  target_text(entry))
+    t.add_section()
+    for label, key in (("disk ceiling: rocksdict put/s", "rocksdict_put_per_s"),
+                       ("disk ceiling: rocksdict WriteBatch puts/s", "rocksdict_write_batch_puts_per_s"),
+                       ("disk ceiling: rocksdict sync put/s", "rocksdict_sync_put_per_s"),
+                       ("disk ceiling: fdatasync p50 (ms)", "fdatasync_p50_ms"),
+                       ("disk ceiling: fdatasync p99 (ms)", "fdatasync_p99_ms")):
+        t.add_row(label, fmt(ceiling[key], key.endswith("_ms")), "", "", "")
+    t.add_section()
+    for label, target in LATER_ROWS.items():
+        t.add_row(label, NOT_BUILT, NOT_BUILT, "", target)
+    return t
+
+
+def _cell(entry: dict, system: str) -> str:
+    text = fmt(entry[system], entry["latency"])
+    if entry["errors"][system]:
+        text += f" [red]({entry['errors'][system]} errors)[/red]"
+    return text + (" *" if entry["noisy"][system] else "  ")
+
+
+# -- main ---------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="short windows: about 1 minute in all")
+    for field in fields(Config):
+        p.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=None,
+                       help=f"default {field.default}, --quick {getattr(QUICK, field.name)}")
+    p.add_argument("--json-out", type=Path, help="also write every figure to this JSON file")
+    p.add_argument("--data-dir", type=Path, help="where the clusters keep their data, kept at the end "
+                   "(default: a new temp dir, deleted at the end)")
+    p.add_argument("--keep-data", action="store_true", help="do not delete the temp dir at the end")
+    return p.parse_args(argv)
+
+
+def header(console: Console, host: dict, vers: dict, config: Config, data_dir: Path) -> None:
+    console.print(f"[bold]machine[/bold]  {host['nproc']} cores, {host['cpu']}, {host['memory']}, "
+                  f"kernel {host['kernel']}, load average before the run {host['load_average']}")
+    console.print(f"[bold]disk[/bold]     {data_dir}: {host['disk']}")
+    console.print("[bold]versions[/bold] " + ", ".join(f"{k} {v}" for k, v in vers.items()))
+    console.print("[bold]config[/bold]   " + ", ".join(f"{k}={v}" for k, v in asdict(config).items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    base = QUICK if args.quick else Config()
+    config = replace(base, **{f.name: v for f in fields(Config) if (v := getattr(args, f.name)) is not None})
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwind like Ctrl-C: every started process is stopped
+    console = Console() if sys.stdout.isatty() else Console(width=150)
+    started = time.monotonic()
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="raftkv-bench-"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        etcd_binary = ensure_etcd()
+        ensure_etcd3aio()
+        host, vers = machine(data_dir), versions(etcd_version(etcd_binary), ETCD_CLIENT)
+        header(console, host, vers, config, data_dir)
+        results = measure_all(config, data_dir, etcd_binary, console)
+        ceiling = disk_ceiling(data_dir / "ceiling", config.ceiling_seconds)
+    except KeyboardInterrupt:
+        console.print("[red]interrupted; every started process has been stopped[/red]")
+        return 130
+    finally:
+        if args.data_dir is None and not args.keep_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    evaluated = [evaluate(row, results, config) for row in rows(config)]
+    console.print(table(evaluated, ceiling, config))
+    elapsed = time.monotonic() - started
+    console.print(f"Total time {elapsed:.0f} s.")
+    if args.json_out:
+        report = {"machine": host, "versions": vers, "config": asdict(config), "elapsed_s": elapsed,
+                  "results": _as_dicts(results), "ceiling": ceiling, "rows": evaluated,
+                  "not_built": list(LATER_ROWS)}
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _as_dicts(results: dict) -> dict:
+    return {
+        phase: {system: {name: asdict(f) for name, f in figures.items()} for system, figures in by_system.items()}
+        for phase, by_system in results.items()
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The clusters under test: 3 raftkv nodes or 3 etcd members on loopback, stopped on exit.
+
+Both are context managers that yield a `Running` (client endpoints and server
+PIDs) and stop every process they started, whatever ends the block.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from raftkv.local_cluster import LocalCluster
+from raftkv.local_cluster import free_port_block
+from raftkv.spec import build_spec, save_spec
+
+MEMBERS = 3
+ETCD3AIO = "etcd3aio==0.3.0"  # checked against protobuf 7 / grpcio 1.85 (its generated code is 6.31 gencode)
+
+
+@dataclass(frozen=True)
+class Running:
+    endpoints: tuple[str, ...]
+    pids: tuple[int, ...]
+
+
+# -- raftkv -------------------------------------------------------------------------
+
+
+@contextmanager
+def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "default") -> Iterator[Running]:
+    spec = build_spec(
+        nodes=MEMBERS, partitions=partitions, replication=MEMBERS, durability=durability,
+        base_port=free_port_block(MEMBERS * (partitions + 2)), data_dir=data_dir,
+    )
+    cluster = LocalCluster(spec, save_spec(spec, data_dir / "cluster.toml"))
+    try:
+        cluster.start_all()
+        cluster.wait_ready(timeout=60)
+        yield Running(tuple(cluster.endpoints), tuple(p.pid for p in cluster.procs.values()))
+    finally:
+        cluster.stop_all()
+
+
+# -- etcd ---------------------------------------------------------------------------
+
+
+def ensure_etcd() -> str:
+    """The etcd binary; installs Debian's etcd-server (etcd 3.4) when it is missing."""
+    if not shutil.which("etcd"):
+        install = ["apt-get", "install", "-y", "-q", "etcd-server"]
+        if subprocess.run(install, stdout=subprocess.DEVNULL).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], stdout=subprocess.DEVNULL, check=True)
+            subprocess.run(install, stdout=subprocess.DEVNULL, check=True)
+    return shutil.which("etcd") or sys.exit("etcd is not on PATH after installing etcd-server")
+
+
+def ensure_etcd3aio() -> None:
+    """etcd3aio, the async gRPC etcd client, installed into this interpreter's environment if missing."""
+    if importlib.util.find_spec("etcd3aio") is None:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", ETCD3AIO], check=True)
+
+
+def etcd_version(binary: str) -> str:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    return out.splitlines()[0].removeprefix("etcd Version: ") if out else "unknown"
+
+
+def _member_command(binary: str, name: str, data_dir: Path, client_url: str, peer_url: str, cluster: str) -> list[str]:
+    return [
+        binary, "--name", name, "--data-dir", str(data_dir),
+        "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+        "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+        "--initial-cluster", cluster, "--initial-cluster-state", "new", "--initial-cluster-token", "raftkv-bench",
+    ]
+
+
+@contextmanager
+def etcd_cluster(binary: str, data_dir: Path) -> Iterator[Running]:
+    """Three etcd members on 127.0.0.1, each with its own data dir, client port and peer port."""
+    base = free_port_block(2 * MEMBERS)
+    names = [f"e{i + 1}" for i in range(MEMBERS)]
+    clients = [f"http://127.0.0.1:{base + 2 * i}" for i in range(MEMBERS)]
+    peers = [f"http://127.0.0.1:{base + 2 * i + 1}" for i in range(MEMBERS)]
+    initial = ",".join(f"{n}={p}" for n, p in zip(names, peers))
+    procs: list[subprocess.Popen] = []
+    try:
+        for name, client_url, peer_url in zip(names, clients, peers):
+            member_dir = data_dir / name
+            member_dir.mkdir(parents=True, exist_ok=True)
+            with open(member_dir / "etcd.log", "ab") as log:
+                command = _member_command(binary, name, member_dir / "data", client_url, peer_url, initial)
+                procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        _wait_etcd_ready(clients, procs, data_dir)
+        yield Running(tuple(u.removeprefix("http://") for u in clients), tuple(p.pid for p in procs))
+    finally:
+        _stop(procs)
+
+
+def _wait_etcd_ready(clients: list[str], procs: list[subprocess.Popen], data_dir: Path, timeout: float = 60):
+    """Until every member's /health says it has a leader and serves requests."""
+    deadline = time.monotonic() + timeout
+    while not all(_healthy(url) for url in clients):
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"an etcd member exited during start-up; see {data_dir}/e*/etcd.log")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"etcd not healthy after {timeout:.0f}s; see {data_dir}/e*/etcd.log")
+        time.sleep(0.2)
+
+
+def _healthy(client_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(client_url + "/health", timeout=2) as response:
+            return json.load(response).get("health") == "true"
+    except (OSError, ValueError):
+        return False
+
+
+def _stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
+    """SIGTERM each process we started, then SIGKILL whatever is still running after `timeout`."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
