@@ -1,5 +1,6 @@
 """raftkv: a Raft-replicated, partitioned key-value store over RocksDB."""
 
+from raftkv.async_client import AsyncClient
 from raftkv.client import Client, NodeStatus, Read
 from raftkv.commands import CasResult, Delete, DeleteRange, Put
 from raftkv.errors import (
@@ -15,6 +16,6 @@ from raftkv.errors import (
 )
 
 __all__ = [
-    "CasResult", "Client", "ConfigError", "CorruptData", "Delete", "DeleteRange", "InvalidRequest", "NodeStatus",
+    "AsyncClient", "CasResult", "Client", "ConfigError", "CorruptData", "Delete", "DeleteRange", "InvalidRequest", "NodeStatus",
     "NotLeader", "Put", "RaftKVError", "Read", "StorageFull", "Timeout", "Unavailable", "Undetermined",
 ]

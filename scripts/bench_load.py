@@ -27,10 +27,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterator, Sequence
 
 import raftkv
-from raftkv.api import kv_pb2 as pb
-from raftkv.codec import consistency_from_name, op_from_command
-from raftkv.commands import Batch, Command, Put
-from raftkv.partitioning import partition_for_key
+from raftkv.commands import Put
 
 VALUE_BYTES = 100
 START_TIMEOUT = 60.0
@@ -87,42 +84,44 @@ class Figures:
 
 
 class RaftkvDriver:
-    """raftkv through the asyncio core of `raftkv.Client`: `Client._core.execute` on the client's own loop.
+    """raftkv through `raftkv.AsyncClient` on the worker's own event loop (like EtcdDriver's etcd3aio).
 
-    The streams run on the client's event loop, so each request is one
-    coroutine call into the client's coalescing layer with no thread hop.
+    Each request in flight is one coroutine; concurrent ones bound for the
+    same node are coalesced by the client into one Execute call.
     """
 
     def __init__(self, endpoints: Sequence[str], consistency: str, keys: int):
-        self._client = raftkv.Client(list(endpoints), timeout=REQUEST_TIMEOUT)
-        self._partitions = self._client.partitions
-        self._read_level = consistency_from_name(consistency)
-        self._write_level = consistency_from_name("linearizable")
-        by_partition: dict[int, list[bytes]] = defaultdict(list)
-        for i in range(keys):
-            by_partition[partition_for_key(key(i), self._partitions)].append(key(i))
-        self._groups = list(by_partition.values())  # the key space, one list per partition
+        self._endpoints = list(endpoints)
+        self._consistency = consistency
+        self._keys = keys
+        self._kv: raftkv.AsyncClient | None = None
+        self._groups: list[list[bytes]] = []
 
     def run(self, main: Callable[[RaftkvDriver], Awaitable]):
-        return asyncio.run_coroutine_threadsafe(main(self), self._client._loop).result()
+        return asyncio.run(self._session(main))
+
+    async def _session(self, main):
+        async with raftkv.AsyncClient(self._endpoints, consistency=self._consistency,
+                                      timeout=REQUEST_TIMEOUT) as kv:
+            self._kv = kv
+            by_partition: dict[int, list[bytes]] = defaultdict(list)
+            for i in range(self._keys):
+                by_partition[await kv.partition_of(key(i))].append(key(i))
+            self._groups = list(by_partition.values())  # the key space, one list per partition
+            return await main(self)
 
     def close(self) -> None:
-        self._client.close()
-
-    async def _write(self, command: Command, partition: int) -> None:
-        await self._client._core.execute(op_from_command(command, partition), self._write_level, is_write=True)
+        pass
 
     async def put(self, k: bytes, value: bytes) -> None:
-        await self._write(Put(k, value), partition_for_key(k, self._partitions))
+        await self._kv.put(k, value)
 
     async def get(self, k: bytes) -> None:
-        op = pb.Op(partition=partition_for_key(k, self._partitions), get=pb.Get(key=k))
-        await self._client._core.execute(op, self._read_level, is_write=False)
+        await self._kv.get(k)
 
     async def batch(self, pairs: list[tuple[bytes, bytes]]) -> None:
         """One atomic batch; every key must be in one partition (see `batch_keys`)."""
-        command = Batch(tuple(Put(k, v) for k, v in pairs))
-        await self._write(command, partition_for_key(pairs[0][0], self._partitions))
+        await self._kv.batch(Put(k, v) for k, v in pairs)
 
     def batch_keys(self, rng: random.Random, count: int) -> list[bytes]:
         return rng.sample(rng.choice(self._groups), count)

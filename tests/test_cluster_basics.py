@@ -109,3 +109,27 @@ def test_every_node_serves_prometheus_metrics(make_cluster):
     assert leaders == 2  # one leader per partition across the cluster
     assert sum(float(v) for node in cluster.spec.nodes
                for v in re.findall(r"^raftkv_api_ops_total (\S+)", scrape(node), re.M)) >= 20
+
+
+def test_async_client_on_the_callers_own_loop(make_cluster):
+    import asyncio
+
+    from raftkv import AsyncClient
+
+    cluster = make_cluster(nodes=3, partitions=4)
+
+    async def scenario():
+        async with AsyncClient(cluster.endpoints) as kv:
+            await asyncio.gather(*(kv.put(b"a%03d" % i, b"%d" % i) for i in range(200)))  # coalesced
+            assert await kv.get(b"a007") == b"7"
+            assert (await kv.cas(b"a007", b"7", b"seven")).succeeded
+            partition = await kv.partition_of(b"a001")
+            same = [k for k in (b"a%03d" % i for i in range(200)) if await kv.partition_of(k) == partition][:3]
+            await kv.batch(Delete(k) for k in same)
+            items = [kv_ async for kv_ in kv.scan(prefix=b"a")]
+            assert [k for k, _ in items] == sorted(b"a%03d" % i for i in range(200) if b"a%03d" % i not in same)
+            assert dict(items)[b"a007"] == b"seven"
+            assert len([x async for x in kv.scan(prefix=b"a", limit=5)]) == 5
+            assert (await kv.read(b"a010", consistency="follower")).applied_index > 0
+
+    asyncio.run(scenario())

@@ -1,0 +1,256 @@
+"""The asyncio client: the same operations as `raftkv.Client`, awaited on your own event loop.
+
+    async with raftkv.AsyncClient("127.0.0.1:7000") as kv:
+        await kv.put(b"k", b"v")
+        await kv.get(b"k")
+        async for key, value in kv.scan(prefix=b"k"):
+            ...
+
+Concurrent operations bound for the same node are coalesced into one Execute
+request, so thousands of operations in flight cost a few gRPC calls
+(`client_core`). `raftkv.Client` runs one of these on a private loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterable, Sequence
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.client_core import ClientCore, NodeStatus
+from raftkv.codec import consistency_from_name, op_from_command
+from raftkv.commands import (
+    Batch,
+    Cas,
+    CasResult,
+    Command,
+    Delete,
+    DeleteRange,
+    LearnerProgress,
+    Limits,
+    Mutation,
+    Put,
+    RegisterLearner,
+    RemoveLearner,
+    check_command,
+    routing_keys,
+)
+from raftkv.engine import prefix_end
+from raftkv.errors import InvalidRequest
+from raftkv.partitioning import partition_for_key
+
+Bytes = bytes | str
+
+
+def _b(value: Bytes) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise InvalidRequest(f"keys and values are bytes or str, not {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class Read:
+    value: bytes | None
+    applied_index: int
+
+
+@dataclass(frozen=True)
+class LearnerView:
+    name: str
+    sink: str
+    options: dict[str, str]
+    progress: dict[int, int]  # partition -> delivered index
+    commit_index: dict[int, int]  # partition -> the leader's commit index (lag = commit - progress)
+
+
+def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
+    if isinstance(endpoints, str):
+        endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
+    if not endpoints:
+        raise InvalidRequest("give at least one endpoint (host:port of a node's API)")
+    return list(endpoints)
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        consistency: str = "linearizable",
+        timeout: float = 10.0,
+        max_batch_ops: int = 1024,
+        max_in_flight: int = 4,
+    ):
+        self._consistency = consistency_from_name(consistency)
+        self._core = ClientCore(parse_endpoints(endpoints), timeout, max_batch_ops, max_in_flight)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._core.close()
+
+    async def partitions(self) -> int:
+        if not self._core.partitions:
+            await self._core.refresh()
+        return self._core.partitions
+
+    async def partition_of(self, key: Bytes) -> int:
+        """The partition a key lives in (a batch must stay within one)."""
+        return partition_for_key(_b(key), await self.partitions())
+
+    def _level(self, consistency: str | None) -> int:
+        return consistency_from_name(consistency) if consistency else self._consistency
+
+    async def _write(self, command: Command) -> pb.Result:
+        keys = routing_keys(command)
+        if not keys:
+            raise InvalidRequest("a batch of only delete_ranges has no partition; use delete_range()")
+        op = op_from_command(command, partition_for_key(keys[0], await self.partitions()))
+        return await self._core.execute(op, self._consistency, is_write=True)
+
+    async def _write_partitions(self, command: Command, partitions: Iterable[int] | None) -> None:
+        """One command proposed in each of `partitions` (all when None), concurrently."""
+        chosen = range(await self.partitions()) if partitions is None else partitions
+        await asyncio.gather(
+            *(self._core.execute(op_from_command(command, p), self._consistency, True) for p in chosen)
+        )
+
+    # -- writes -----------------------------------------------------------
+
+    async def put(self, key: Bytes, value: Bytes) -> None:
+        await self._write(Put(_b(key), _b(value)))
+
+    async def delete(self, key: Bytes) -> None:
+        await self._write(Delete(_b(key)))
+
+    async def cas(self, key: Bytes, expected: Bytes | None, new: Bytes | None) -> CasResult:
+        """Set key to `new` (delete if None) when its value is `expected` (absent if None)."""
+        result = await self._write(
+            Cas(_b(key), None if expected is None else _b(expected), None if new is None else _b(new))
+        )
+        return CasResult(result.cas_succeeded, result.value if result.found else None)
+
+    async def batch(self, ops: Iterable[Mutation]) -> None:
+        """Apply puts, deletes and delete_ranges atomically; all keys must be in one partition."""
+        ops = tuple(ops)
+        if not ops:
+            raise InvalidRequest("a batch needs at least one operation")
+        await self._write(Batch(ops))
+
+    async def delete_range(self, start: Bytes, end: Bytes) -> None:
+        """Delete [start, end) in every partition (atomic per partition, not across partitions)."""
+        command = DeleteRange(_b(start), _b(end))
+        check_command(command, Limits(max_key_bytes=1 << 30))
+        await self._write_partitions(command, None)
+
+    # -- reads ------------------------------------------------------------
+
+    async def read(self, key: Bytes, consistency: str | None = None) -> Read:
+        key = _b(key)
+        op = pb.Op(partition=partition_for_key(key, await self.partitions()), get=pb.Get(key=key))
+        result = await self._core.execute(op, self._level(consistency), is_write=False)
+        return Read(result.value if result.found else None, result.applied_index)
+
+    async def get(self, key: Bytes, consistency: str | None = None) -> bytes | None:
+        return (await self.read(key, consistency)).value
+
+    async def scan_partition(self, partition: int, start: bytes = b"", end: bytes | None = None, *, limit: int = 0,
+                             consistency: str | None = None) -> AsyncIterator[pb.ScanChunk]:
+        """One partition's scan as chunks, all from one view (each chunk carries its applied index)."""
+        request = pb.ScanRequest(partition=partition, start=start, end=end, limit=limit,
+                                 consistency=self._level(consistency))
+        async for chunk in self._core.scan_partition(partition, request):
+            yield chunk
+
+    async def scan(self, start: Bytes = b"", end: Bytes | None = None, *, prefix: Bytes | None = None,
+                   limit: int = 0, consistency: str | None = None) -> AsyncIterator[tuple[bytes, bytes]]:
+        """Keys in [start, end) (or with `prefix`) in key order, merged across partitions.
+
+        Each partition is read from one consistent view; different partitions
+        may be read at different moments.
+        """
+        start_b, end_b = scan_bounds(start, end, prefix)
+        streams = [_items(self.scan_partition(p, start_b, end_b, limit=limit, consistency=consistency))
+                   for p in range(await self.partitions())]
+        count = 0
+        async for item in _merge(streams):
+            yield item
+            count += 1
+            if limit and count >= limit:
+                return
+
+    # -- learners and cluster ---------------------------------------------
+
+    async def register_learner(self, name: str, sink: str, options: dict[str, str] | None = None,
+                               partitions: Iterable[int] | None = None) -> None:
+        """Register a learner through the log of each partition (all when None)."""
+        command = RegisterLearner(name, sink, tuple(sorted((options or {}).items())))
+        check_command(command, Limits())
+        await self._write_partitions(command, partitions)
+
+    async def remove_learner(self, name: str, partitions: Iterable[int] | None = None) -> None:
+        command = RemoveLearner(name)
+        check_command(command, Limits())
+        await self._write_partitions(command, partitions)
+
+    async def report_progress(self, name: str, delivered: dict[int, int]) -> None:
+        """A learner's durably delivered index per partition, replicated in each partition's log."""
+        await asyncio.gather(*(
+            self._core.execute(op_from_command(LearnerProgress(name, index), p), self._consistency, True)
+            for p, index in delivered.items()
+        ))
+
+    async def status(self) -> list[NodeStatus]:
+        await self._core.refresh()
+        return await self._core.statuses(timeout=2.0)
+
+    async def learners(self) -> dict[str, LearnerView]:
+        """Registered learners as the partitions' leaders see them."""
+        found: dict[str, LearnerView] = {}
+        for status in await self.status():
+            for ps in status.partitions:
+                if ps.role != "leader":
+                    continue
+                for ls in ps.learners:
+                    view = found.setdefault(ls.name, LearnerView(ls.name, ls.sink, dict(ls.options), {}, {}))
+                    view.progress[ps.partition] = ls.progress
+                    view.commit_index[ps.partition] = ps.commit_index
+        return found
+
+
+def scan_bounds(start: Bytes, end: Bytes | None, prefix: Bytes | None) -> tuple[bytes, bytes | None]:
+    if prefix is not None:
+        return _b(prefix), prefix_end(_b(prefix))
+    return _b(start), None if end is None else _b(end)
+
+
+async def _items(chunks: AsyncIterator[pb.ScanChunk]) -> AsyncIterator[tuple[bytes, bytes]]:
+    async for chunk in chunks:
+        for kv in chunk.items:
+            yield kv.key, kv.value
+
+
+async def _merge(streams: list[AsyncIterator[tuple[bytes, bytes]]]) -> AsyncIterator[tuple[bytes, bytes]]:
+    """Sorted streams merged by key (the async twin of heapq.merge)."""
+    heap = []
+    for i, stream in enumerate(streams):
+        first = await anext(stream, None)
+        if first is not None:
+            heap.append((first[0], i, first[1]))
+    heapq.heapify(heap)
+    while heap:
+        key, i, value = heap[0]
+        yield key, value
+        following = await anext(streams[i], None)
+        if following is None:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (following[0], i, following[1]))
