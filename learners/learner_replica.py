@@ -70,12 +70,12 @@ class LearnerReplica(PartitionReplica):
             out.append((index, term, _commands_of(command)))
         return out
 
-    def _write_snapshot(self, tmp_filename: str, data) -> None:
+    def _start_snapshot(self, tmp_filename: str, data):
         last_index = data[0][1]
         if self.engine.position.index < last_index:
             # pysyncobj would drop journal entries the pump has not delivered yet
-            raise RuntimeError(f"partition {self.partition}: the feed is behind index {last_index}")
-        super()._write_snapshot(tmp_filename, data)
+            raise RuntimeError(f"the feed is behind index {last_index}; compaction waits")
+        return super()._start_snapshot(tmp_filename, data)
 
     def _read_snapshot(self, filename: str):
         meta = snapshot_file.read_meta(filename)

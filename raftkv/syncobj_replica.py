@@ -119,6 +119,7 @@ class PartitionReplica(PatchedSyncObj):
         self.folder.mkdir(parents=True, exist_ok=True)
         self.engine = RocksEngine(self.folder)
         self._snapshot_job: Future | None = None
+        self._next_snapshot = self.folder / "raft.snapshot.next"
         self._tuning = tuning
         self._last_compaction = monotonic()
         self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
@@ -238,7 +239,22 @@ class PartitionReplica(PatchedSyncObj):
     # -- snapshots --------------------------------------------------------
 
     def _write_snapshot(self, tmp_filename: str, data) -> None:
-        """pysyncobj's serializer: checkpoint now (hard links, milliseconds); write the file on a thread.
+        """pysyncobj's serializer. A failure is recorded as a failed job as well as raised.
+
+        pysyncobj swallows the exception and marks itself busy until the checker answers
+        SUCCESS or FAILED; answering NOT_SERIALIZING instead would wedge it for good: no more
+        compaction, and no snapshot ever sent to a replica that needs one.
+        """
+        try:
+            self._snapshot_job = self._start_snapshot(tmp_filename, data)
+        except Exception as exc:
+            failed: Future = Future()
+            failed.set_exception(exc)
+            self._snapshot_job = failed
+            raise
+
+    def _start_snapshot(self, tmp_filename: str, data) -> Future:
+        """Checkpoint now (hard links, milliseconds); write the file on a thread.
 
         The replica shares the node's event loop, so writing a large tar here would stall every
         partition's heartbeats. pysyncobj renames `tmp_filename` over the snapshot file as soon as
@@ -270,13 +286,12 @@ class PartitionReplica(PatchedSyncObj):
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
-        self._snapshot_job = _snapshot_writer().submit(self._finish_snapshot, work, meta, fsync)
+        return _snapshot_writer().submit(self._finish_snapshot, work, meta, fsync)
 
     def _finish_snapshot(self, work: Path, meta: snapshot_file.Meta, fsync: bool) -> None:
+        """On the worker thread: write the tar beside the snapshot (renamed in `_snapshot_state`)."""
         try:
-            next_file = self.folder / "raft.snapshot.next"
-            snapshot_file.write(next_file, work / "db", meta, fsync=fsync)
-            os.replace(next_file, self.conf.fullDumpFile)
+            snapshot_file.write(self._next_snapshot, work / "db", meta, fsync=fsync)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -288,8 +303,13 @@ class PartitionReplica(PatchedSyncObj):
             return SERIALIZER_STATE.SERIALIZING
         self._snapshot_job = None
         if job.exception() is not None:
-            log.error("partition %d: writing a snapshot failed: %s", self.partition, job.exception())
+            log.warning("partition %d: no snapshot this time: %s", self.partition, job.exception())
             return SERIALIZER_STATE.FAILED
+        # Here, not on the worker: pysyncobj renames its placeholder over the snapshot file right
+        # after the serializer returns, and a fast worker finishing first would see its new file
+        # replaced by the old one while the journal is compacted past it. A replica needing a
+        # snapshot would then get the old one again and again, and never catch up.
+        os.replace(self._next_snapshot, self.conf.fullDumpFile)
         return SERIALIZER_STATE.SUCCESS
 
     def _read_snapshot(self, filename: str):
