@@ -9,6 +9,8 @@ from typing import Callable
 
 import pytest
 
+from raftkv import snapshot_file
+from raftkv.errors import CorruptData
 from raftkv.local_cluster import LocalCluster, free_port_block
 from raftkv.spec import ClusterSpec, Tuning, build_spec, save_spec
 
@@ -26,6 +28,25 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
             last_exc = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+def wait_for_compaction(cluster, partitions, past_index: int, except_node: str | None = None,
+                        timeout: float = 30) -> None:
+    """Until every voter (but `except_node`) has a snapshot beyond `past_index` for each partition.
+
+    Voters decide to compact on a once-a-second check, so a test that needs the log compacted
+    waits for it rather than assuming it happened.
+    """
+
+    def compacted(node, partition: int) -> bool:
+        try:
+            meta = snapshot_file.read_meta(node.data_dir / f"p{partition:04d}" / "raft.snapshot")
+        except CorruptData:  # not written yet
+            return False
+        return meta.last_entry[1] > past_index
+
+    wait_until(lambda: all(compacted(n, p) for n in cluster.spec.nodes if n.id != except_node for p in partitions),
+               timeout, f"the voters to compact past index {past_index}")
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from raftkv import Client, Timeout, Unavailable, Undetermined
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.partitioning import partition_for_key
-from tests.conftest import wait_until
+from tests.conftest import wait_for_compaction, wait_until
 
 
 def leaders(client: Client) -> dict[int, str]:
@@ -112,6 +112,8 @@ def test_follower_catches_up_through_a_snapshot(make_cluster):
         for i in range(400):
             kv.put(b"key-%04d" % i, b"%d" % i)
         kv.delete_range(b"key-0100", b"key-0200")
+
+    wait_for_compaction(cluster, range(2), past_index=10, except_node=follower)  # it stopped at ~2
     cluster.start(follower)
 
     def caught_up():

@@ -15,7 +15,7 @@ import pytest
 from learners.change_event import SCHEMA_PATH, ChangeEvent
 from raftkv import Client, Timeout, Unavailable, Undetermined
 from raftkv.local_cluster import free_port_block
-from tests.conftest import wait_until
+from tests.conftest import wait_for_compaction, wait_until
 
 EXAMPLE_PLUGIN = Path(__file__).parent.parent / "examples" / "jsonl_sink"
 
@@ -208,11 +208,13 @@ def test_a_learner_stopped_past_the_bound_resyncs_through_a_snapshot(make_cluste
             kv.put(b"k%03d" % i, b"before")
         wait_until(lambda: all(i > 0 for i in registered_progress(cluster, "l1").values()), 30,
                    "the learner to report progress")
+        delivered = max(registered_progress(cluster, "l1").values())
         learner.kill()
         for i in range(400):
             kv.put(b"k%03d" % (i % 120), b"after-%d" % i)
         kv.delete(b"k000")
         final = dict(kv.scan())
+    wait_for_compaction(cluster, range(2), past_index=delivered)  # past the bound, so past the learner
     learner.start()
     wait_until(lambda: replay(learner.events()) == final, 60, "the restarted learner to re-sync")
     resync = [e for e in learner.events() if e.snapshot]
