@@ -103,8 +103,7 @@ class FeedPump:
         await self._deliver(events, positions)
         for p in prepared:
             p.replica.engine.write(p.view.mutations, p.last)
-            if len(p.replica._SyncObj__raftLog) > COMPACT_AFTER_ENTRIES:
-                p.replica.force_compaction()
+            p.replica.compact_when_longer_than(COMPACT_AFTER_ENTRIES)
         return True
 
     def _prepare(self) -> tuple[list[_Prepared], list[ChangeEvent]]:

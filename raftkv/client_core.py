@@ -37,7 +37,8 @@ class _TransportError(Exception):
         super().__init__(detail)
 
 
-def _never_sent(exc: grpc.aio.AioRpcError) -> bool:
+def never_sent(exc: grpc.aio.AioRpcError) -> bool:
+    """The call failed before the server could have received it (no connection was made)."""
     return exc.code() == grpc.StatusCode.UNAVAILABLE and "connect" in (exc.details() or "").lower()
 
 
@@ -64,7 +65,7 @@ class _Link:
                 if not future.done():
                     future.set_result(result)
         except grpc.aio.AioRpcError as exc:
-            error = _TransportError(_never_sent(exc), f"{exc.code().name}: {exc.details()}")
+            error = _TransportError(never_sent(exc), f"{exc.code().name}: {exc.details()}")
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)

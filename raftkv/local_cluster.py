@@ -83,14 +83,13 @@ class LocalCluster:
     def exited(self) -> dict[str, int]:
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
 
-    def wait_ready(self, timeout: float = 60.0, nodes: list[str] | None = None) -> None:
+    def wait_ready(self, timeout: float = 60.0) -> None:
         """Until every partition has a leader that all running replicas agree on."""
         deadline = time.monotonic() + timeout
         last = "no status yet"
         with Client(self.endpoints, timeout=2.0) as client:
             while time.monotonic() < deadline:
-                dead = {n: rc for n, rc in self.exited().items() if nodes is None or n in nodes}
-                if dead:
+                if dead := self.exited():
                     raise Unavailable(
                         f"node(s) exited during start-up: {dead}; see {self.log_path(next(iter(dead)))}"
                     )

@@ -13,6 +13,7 @@ import grpc
 from raftkv import metrics
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.client_core import never_sent
 from raftkv.codec import command_from_op, result_from_error, result_from_write
 from raftkv.commands import Limits
 from raftkv.engine import KeyRange
@@ -143,8 +144,7 @@ class KVService(kv_pb2_grpc.KVServicer):
             response = await self._peers.stub(node_id).Execute(forwarded, timeout=self._timeout)
             return list(response.results)
         except grpc.aio.AioRpcError as exc:
-            never_sent = exc.code() == grpc.StatusCode.UNAVAILABLE and "connect" in (exc.details() or "")
-            code = pb.UNAVAILABLE if never_sent else pb.UNDETERMINED
+            code = pb.UNAVAILABLE if never_sent(exc) else pb.UNDETERMINED
             message = f"forwarding to {node_id} failed: {exc.code().name} {exc.details()}"
             reads_only = all(request.ops[i].WhichOneof("op") == "get" for i in indexes)
             return [pb.Result(code=pb.UNAVAILABLE if reads_only else code, message=message)] * len(indexes)

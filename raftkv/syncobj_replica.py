@@ -229,13 +229,6 @@ class PartitionReplica(PatchedSyncObj):
     def last_log_index(self) -> int:
         return self._SyncObj__raftLog[-1][1]
 
-    def quorum_recently_heard(self, within: float) -> bool:
-        """On a leader: has a majority answered within `within` seconds? (a lease for `leader` reads)"""
-        responses = self._SyncObj__lastResponseTime
-        voters = self.otherNodes
-        fresh = sum(1 for node in voters if responses.get(node, 0) > monotonic() - within)
-        return fresh + 1 > (len(voters) + 1) / 2
-
     # -- snapshots --------------------------------------------------------
 
     def _write_snapshot(self, tmp_filename: str, data) -> None:
