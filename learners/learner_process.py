@@ -16,6 +16,7 @@ from typing import Mapping
 import grpc
 from prometheus_client import Counter, Gauge
 
+from learners.changelog_service import ChangeLogService, ChangeSource
 from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import Sink, load_sink
@@ -55,8 +56,11 @@ def registration(spec: ClusterSpec, name: str) -> LearnerView:
 
 
 async def _serve_reads(spec: ClusterSpec, name: str, replicas: dict[int, LearnerReplica], api_port: int,
-                       loop: asyncio.AbstractEventLoop) -> grpc.aio.Server:
-    """The node API over the learner's copies: follower reads and scans here, the rest forwarded to leaders."""
+                       loop: asyncio.AbstractEventLoop, sink: Sink) -> grpc.aio.Server:
+    """The node API over the learner's copies: follower reads and scans here, the rest forwarded to leaders.
+
+    A sink that keeps the changes it received (the `changelog` sink) is served as the ChangeLog service.
+    """
     frontends = {}
     for p, replica in replicas.items():
         by_address = {n.raft_address(p): n.id for n in spec.nodes}
@@ -66,6 +70,8 @@ async def _serve_reads(spec: ClusterSpec, name: str, replicas: dict[int, Learner
                         lambda p: replicas_for(p, spec.node_ids, spec.replication))
     server = grpc.aio.server(options=GRPC_OPTIONS)
     kv_pb2_grpc.add_KVServicer_to_server(service, server)
+    if isinstance(sink, ChangeSource):
+        kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink), server)
     server.add_insecure_port(f"127.0.0.1:{api_port}")
     await server.start()
     return server
@@ -92,7 +98,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         if metrics_port:
             metrics.serve("127.0.0.1", metrics_port)
         if api_port:
-            server = await _serve_reads(spec, name, replicas, api_port, loop)
+            server = await _serve_reads(spec, name, replicas, api_port, loop, sink)
         pump = FeedPump(spec.name, replicas, sink)
         loop.create_task(_publish(pump, stop))
         loop.create_task(_report_progress(client, name, replicas, stop))

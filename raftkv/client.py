@@ -23,6 +23,7 @@ import heapq
 import threading
 from typing import Iterable, Iterator, Sequence
 
+from raftkv.api import kv_pb2 as pb
 from raftkv.async_client import AsyncClient, Bytes, LearnerView, Read, scan_bounds
 from raftkv.client_core import NodeStatus
 from raftkv.commands import CasResult, Mutation
@@ -111,15 +112,20 @@ class Client:
             if limit and count >= limit:
                 return
 
-    def scan_partition(self, partition: int, start: bytes = b"", end: bytes | None = None, *, limit: int = 0,
-                       consistency: str | None = None, on_index=None) -> Iterator[tuple[bytes, bytes]]:
-        """One partition's keys in order from one view; `on_index(i)` receives that view's applied index."""
+    def scan_chunks(self, partition: int, start: bytes = b"", end: bytes | None = None, *, limit: int = 0,
+                    consistency: str | None = None) -> Iterator[pb.ScanChunk]:
+        """One partition's scan as chunks from one view; each chunk carries that view's applied index."""
         chunks = self._async.scan_partition(partition, start, end, limit=limit, consistency=consistency)
         while True:
             try:
-                chunk = self._run(anext(chunks))
+                yield self._run(anext(chunks))
             except StopAsyncIteration:
                 return
+
+    def scan_partition(self, partition: int, start: bytes = b"", end: bytes | None = None, *, limit: int = 0,
+                       consistency: str | None = None, on_index=None) -> Iterator[tuple[bytes, bytes]]:
+        """One partition's keys in order from one view; `on_index(i)` receives that view's applied index."""
+        for chunk in self.scan_chunks(partition, start, end, limit=limit, consistency=consistency):
             if on_index is not None:
                 on_index(chunk.applied_index)
                 on_index = None

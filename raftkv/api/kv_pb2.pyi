@@ -274,3 +274,74 @@ class StatusResponse(_message.Message):
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     hosted: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
     def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., partitions: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., hosted: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
+
+class OffsetsRequest(_message.Message):
+    __slots__ = ("after", "max_rows")
+    class AfterEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    after: _containers.ScalarMap[int, int]
+    max_rows: int
+    def __init__(self, after: _Optional[_Mapping[int, int]] = ..., max_rows: _Optional[int] = ...) -> None: ...
+
+class PartitionOffsets(_message.Message):
+    __slots__ = ("partition", "earliest", "latest", "end")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    EARLIEST_FIELD_NUMBER: _ClassVar[int]
+    LATEST_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    earliest: int
+    latest: int
+    end: int
+    def __init__(self, partition: _Optional[int] = ..., earliest: _Optional[int] = ..., latest: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+
+class OffsetsResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionOffsets]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[PartitionOffsets, _Mapping]]] = ...) -> None: ...
+
+class ChangesRequest(_message.Message):
+    __slots__ = ("partition", "after", "until")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    after: int
+    until: int
+    def __init__(self, partition: _Optional[int] = ..., after: _Optional[int] = ..., until: _Optional[int] = ...) -> None: ...
+
+class Change(_message.Message):
+    __slots__ = ("index", "seq", "op", "key", "before", "after", "term", "snapshot", "ts_ms")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    TS_MS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    seq: int
+    op: str
+    key: bytes
+    before: bytes
+    after: bytes
+    term: int
+    snapshot: bool
+    ts_ms: int
+    def __init__(self, index: _Optional[int] = ..., seq: _Optional[int] = ..., op: _Optional[str] = ..., key: _Optional[bytes] = ..., before: _Optional[bytes] = ..., after: _Optional[bytes] = ..., term: _Optional[int] = ..., snapshot: _Optional[bool] = ..., ts_ms: _Optional[int] = ...) -> None: ...
+
+class ChangesChunk(_message.Message):
+    __slots__ = ("changes",)
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[Change]
+    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ...) -> None: ...

@@ -184,3 +184,126 @@ class KV:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ChangeLogStub:
+    """The change log a learner keeps with the `changelog` sink (served on its --api-port):
+    what Spark's streaming source reads. Offsets are Raft indices per partition.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Offsets = channel.unary_unary(
+                '/raftkv.v1.ChangeLog/Offsets',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.OffsetsRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.OffsetsResponse.FromString,
+                _registered_method=True)
+        self.Read = channel.unary_stream(
+                '/raftkv.v1.ChangeLog/Read',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.ChangesRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.ChangesChunk.FromString,
+                _registered_method=True)
+
+
+class ChangeLogServicer:
+    """The change log a learner keeps with the `changelog` sink (served on its --api-port):
+    what Spark's streaming source reads. Offsets are Raft indices per partition.
+    """
+
+    def Offsets(self, request, context):
+        """Per partition: the retained range and, from `after`, an end that keeps within `max_rows`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Read(self, request, context):
+        """One partition's events with after < index <= until, in (index, seq) order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ChangeLogServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Offsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.Offsets,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.OffsetsRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.OffsetsResponse.SerializeToString,
+            ),
+            'Read': grpc.unary_stream_rpc_method_handler(
+                    servicer.Read,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.ChangesRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.ChangesChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'raftkv.v1.ChangeLog', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('raftkv.v1.ChangeLog', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ChangeLog:
+    """The change log a learner keeps with the `changelog` sink (served on its --api-port):
+    what Spark's streaming source reads. Offsets are Raft indices per partition.
+    """
+
+    @staticmethod
+    def Offsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.ChangeLog/Offsets',
+            raftkv_dot_api_dot_kv__pb2.OffsetsRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.OffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Read(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/raftkv.v1.ChangeLog/Read',
+            raftkv_dot_api_dot_kv__pb2.ChangesRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.ChangesChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

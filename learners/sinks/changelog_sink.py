@@ -1,0 +1,175 @@
+"""The `changelog` sink: events kept in a local RocksDB, for readers that want the feed without Kafka.
+
+Spark's streaming source reads it through the learner's `--api-port`
+(learners/changelog_service.py); offsets are Raft indices per partition.
+
+    raftkv learner add changes --sink changelog --sink-option path=/data/changes \
+        --sink-option retain_entries=1000000
+
+Layout (raw keys, big-endian so RocksDB's order is (partition, index, seq)):
+
+    e | partition u32 | index u64 | seq u32  ->  a serialized `Change`
+    p | partition u32                        ->  delivered up to index (u64)
+    t | partition u32                        ->  trimmed through index (u64): the earliest offset
+
+Events and positions go in one synced WriteBatch per flush, so a crash loses
+nothing delivered and a restart never writes an event twice. Retention keeps
+the last `retain_entries` Raft indices of each partition; a reader asking for
+trimmed history gets an error, never a silent gap.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from learners.change_event import ChangeEvent
+from learners.sinks.base import DeliveryBatch
+from raftkv.api import kv_pb2 as pb
+from raftkv.errors import ConfigError, InvalidRequest
+
+_EVENT = struct.Struct(">cIQI")
+_PARTITION = struct.Struct(">cI")
+_INDEX = struct.Struct(">Q")
+DEFAULT_RETAIN_ENTRIES = 1_000_000
+
+
+def _event_key(partition: int, index: int, seq: int = 0) -> bytes:
+    return _EVENT.pack(b"e", partition, index, seq)
+
+
+def change_of(event: ChangeEvent) -> pb.Change:
+    return pb.Change(index=event.index, seq=event.seq, op=event.op, key=event.key, before=event.before,
+                     after=event.after, term=event.term, snapshot=event.snapshot, ts_ms=event.ts_ms)
+
+
+def plan_ends(pending: Mapping[int, list[tuple[int, int]]], max_rows: int) -> dict[int, int]:
+    """The end offset per partition that keeps the total within `max_rows`. Pure.
+
+    `pending` gives each partition's (index, events) pairs after its start,
+    in index order. Partitions take whole entries in turns, so one busy
+    partition cannot starve the others; every partition with news moves by
+    at least one entry, so an entry larger than the budget cannot stall a stream.
+    """
+    ends = {p: entries[0][0] for p, entries in pending.items() if entries}
+    budget = max_rows - sum(pending[p][0][1] for p in ends)
+    taken = dict.fromkeys(ends, 1)
+    while taken:
+        for p in list(taken):
+            entries = pending[p]
+            if taken[p] == len(entries) or entries[taken[p]][1] > budget:
+                del taken[p]  # its next entry does not fit: it waits for the next trigger
+                continue
+            index, events = entries[taken[p]]
+            ends[p] = index
+            budget -= events
+            taken[p] += 1
+    return ends
+
+
+class ChangelogSink:
+    def open(self, config: Mapping[str, str]) -> None:
+        if not config.get("path"):
+            raise ConfigError("the changelog sink needs path=DIR", source="--sink-option")
+        try:
+            self.retain_entries = int(config.get("retain_entries", DEFAULT_RETAIN_ENTRIES))
+        except ValueError:
+            raise ConfigError(f"retain_entries must be a whole number, not {config['retain_entries']!r}",
+                              source="--sink-option") from None
+        if self.retain_entries < 1:
+            raise ConfigError("retain_entries must be at least 1", source="--sink-option")
+        path = Path(config["path"])
+        path.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._db = Rdict(str(path), options)
+        self._synced = WriteOptions()
+        self._synced.sync = True
+        self._batch = WriteBatch(raw_mode=True)
+        self._positions: dict[int, int] = {}
+
+    # -- the Sink protocol ------------------------------------------------
+
+    def recover(self) -> dict[int, int]:
+        self._batch = WriteBatch(raw_mode=True)
+        self._positions = self._stored(b"p")
+        return dict(self._positions)
+
+    def deliver(self, batch: DeliveryBatch) -> None:
+        for event in batch.events:
+            self._batch.put(_event_key(event.partition, event.index, event.seq), change_of(event).SerializeToString())
+        self._positions.update(batch.positions)
+
+    def flush(self) -> None:
+        trimmed = self._stored(b"t")
+        for partition, index in self._positions.items():
+            self._batch.put(_PARTITION.pack(b"p", partition), _INDEX.pack(index))
+            trim_through = index - self.retain_entries
+            if trim_through > trimmed.get(partition, 0):
+                self._batch.delete_range(_event_key(partition, 0), _event_key(partition, trim_through + 1))
+                self._batch.put(_PARTITION.pack(b"t", partition), _INDEX.pack(trim_through))
+        self._db.write(self._batch, self._synced)
+        self._batch = WriteBatch(raw_mode=True)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- reading (from the learner's API threads) ---------------------------
+
+    def offsets(self, after: Mapping[int, int], max_rows: int) -> list[pb.PartitionOffsets]:
+        delivered, trimmed = self._stored(b"p"), self._stored(b"t")
+        starts = {p: after.get(p, trimmed.get(p, 0)) for p in delivered}
+        ends = dict(delivered)
+        if max_rows:
+            pending = {p: self._entry_sizes(p, starts[p], delivered[p], max_rows) for p in delivered}
+            ends = {p: plan_ends(pending, max_rows).get(p, starts[p]) for p in delivered}
+        return [pb.PartitionOffsets(partition=p, earliest=trimmed.get(p, 0), latest=delivered[p],
+                                    end=max(ends[p], starts[p])) for p in sorted(delivered)]
+
+    def changes(self, partition: int, after: int, until: int) -> Iterator[pb.Change]:
+        trimmed = self._stored(b"t").get(partition, 0)
+        if after < trimmed:
+            raise InvalidRequest(
+                f"partition {partition}: changes after index {after} are no longer retained (the changelog "
+                f"keeps index > {trimmed}); restart the stream from a newer offset or raise retain_entries"
+            )
+        delivered = self._stored(b"p").get(partition, 0)
+        if until > delivered:
+            raise InvalidRequest(f"partition {partition}: offset {until} is beyond the delivered index {delivered}")
+        for index, raw in self._events(partition, after, until):
+            yield pb.Change.FromString(raw)
+
+    def _entry_sizes(self, partition: int, after: int, until: int, cap: int) -> list[tuple[int, int]]:
+        """(index, events) of each entry with events in (after, until], then (until, 0).
+
+        Counting stops past `cap` events: no plan takes more.
+        """
+        sizes: list[tuple[int, int]] = []
+        for n, (index, _) in enumerate(self._events(partition, after, until)):
+            if n > cap:
+                return sizes
+            if sizes and sizes[-1][0] == index:
+                sizes[-1] = (index, sizes[-1][1] + 1)
+            else:
+                sizes.append((index, 1))
+        if not sizes or sizes[-1][0] < until:
+            sizes.append((until, 0))  # entries without events still move the offset
+        return sizes
+
+    def _events(self, partition: int, after: int, until: int) -> Iterator[tuple[int, bytes]]:
+        for key, raw in self._db.items(from_key=_event_key(partition, after + 1)):
+            tag, p, index, _ = _EVENT.unpack(key) if len(key) == _EVENT.size else (b"", 0, 0, 0)
+            if tag != b"e" or p != partition or index > until:
+                return
+            yield index, raw
+
+    def _stored(self, tag: bytes) -> dict[int, int]:
+        found: dict[int, int] = {}
+        for key, value in self._db.items(from_key=tag):
+            if not key.startswith(tag):
+                break
+            found[_PARTITION.unpack(key)[1]] = _INDEX.unpack(value)[0]
+        return found

@@ -1,0 +1,124 @@
+"""Batch writes: rows grouped by partition, sent as atomic batches to the leaders, many in flight.
+
+Each batch is an upsert of whole keys (a null value deletes the key), so
+re-sending one after a lost reply or a leader change is safe: the writer
+retries `Undetermined` and `Unavailable` until its deadline. A failed or
+aborted job leaves the batches that were acknowledged before it stopped;
+there is no rollback (docs/spark.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
+
+from raftkv.async_client import AsyncClient
+from raftkv.commands import Delete, Mutation, Put
+from raftkv.errors import InvalidRequest, RaftKVError, Undetermined, Unavailable
+from raftkv.partitioning import partition_for_key
+from spark_connector.columns import from_arrow
+from spark_connector.options import ConnectorOptions
+
+BATCH_BYTES = 1 << 20
+IN_FLIGHT = 16
+# Past every key the cluster accepts (cluster.max_key_bytes is at most 4096): the end of "everything".
+_ALL_KEYS_END = b"\xff" * 4097
+
+
+@dataclass
+class WriteCommit(WriterCommitMessage):
+    rows: int
+
+
+class KVWriter(DataSourceArrowWriter):
+    def __init__(self, options: ConnectorOptions, overwrite: bool):
+        self.options = options
+        if overwrite:
+            # Runs once, on the driver, before any task writes: overwrite replaces the option's key range.
+            with_client(options, lambda client: client.delete_range(options.start, options.end or _ALL_KEYS_END))
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
+        return WriteCommit(with_client(self.options, lambda client: _write_all(client, iterator, self.options)))
+
+    def commit(self, messages) -> None:
+        pass
+
+    def abort(self, messages) -> None:
+        pass  # acknowledged batches stay: puts are idempotent upserts, so the job can simply be re-run
+
+
+def with_client(options: ConnectorOptions, work):
+    async def run():
+        async with AsyncClient(list(options.endpoints), timeout=options.timeout) as client:
+            return await work(client)
+    return asyncio.run(run())
+
+
+async def _write_all(client: AsyncClient, batches: Iterator[pa.RecordBatch], options: ConnectorOptions) -> int:
+    partitions = await client.partitions()
+    slots = asyncio.Semaphore(IN_FLIGHT)
+    sending: set[asyncio.Task] = set()
+    errors: list[RaftKVError] = []
+    rows = 0
+
+    async def send(ops: list[Mutation]) -> None:
+        try:
+            await _send_with_retries(client, ops, options.timeout)
+        except RaftKVError as exc:
+            errors.append(exc)
+        finally:
+            slots.release()
+
+    for record_batch in batches:
+        rows += record_batch.num_rows
+        for ops in _group(record_batch, partitions, options.write_batch_rows):
+            await slots.acquire()
+            if errors:
+                raise errors[0]  # stop early: the task fails and Spark reports why
+            task = asyncio.create_task(send(ops))
+            sending.add(task)
+            task.add_done_callback(sending.discard)
+    await asyncio.gather(*sending)
+    if errors:
+        raise errors[0]
+    return rows
+
+
+def _group(batch: pa.RecordBatch, partitions: int, max_rows: int) -> Iterator[list[Mutation]]:
+    """The batch's rows as lists of mutations, each within one partition and under the size bounds."""
+    names = batch.schema.names
+    if "key" not in names or "value" not in names:
+        raise InvalidRequest(f"writing to raftkv needs columns key and value; the DataFrame has {', '.join(names)}")
+    keys = from_arrow(batch.column("key"), "key")
+    values = from_arrow(batch.column("value"), "value")
+    pending: dict[int, tuple[list[Mutation], int]] = {}
+    for key, value in zip(keys, values):
+        if key is None:
+            raise InvalidRequest("a row has a null key; filter those rows out before writing")
+        p = partition_for_key(key, partitions)
+        ops, size = pending.get(p, ([], 0))
+        ops.append(Put(key, value) if value is not None else Delete(key))
+        size += len(key) + len(value or b"")
+        if len(ops) >= max_rows or size >= BATCH_BYTES:
+            yield ops
+            ops, size = [], 0
+        pending[p] = (ops, size)
+    for ops, _ in pending.values():
+        if ops:
+            yield ops
+
+
+async def _send_with_retries(client: AsyncClient, ops: list[Mutation], timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            return await client.batch(ops)
+        except (Undetermined, Unavailable):
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(0.2)

@@ -1,0 +1,139 @@
+"""The connector's options, parsed and checked once. Pure.
+
+Spark hands options over as a case-insensitive mapping; every lookup here goes
+through it, so `keyFormat`, `key_format` and `KEY_FORMAT` are different names
+but `key_format` and `Key_Format` are the same option.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping
+
+from raftkv.async_client import parse_endpoints
+from raftkv.engine import prefix_end
+from raftkv.errors import ConfigError
+from raftkv.spec import load_spec
+
+FORMATS = ("binary", "string")
+CONSISTENCY_LEVELS = ("linearizable", "leader", "follower", "learner")
+STARTING_OFFSETS = ("earliest", "latest")
+
+
+@dataclass(frozen=True)
+class ConnectorOptions:
+    endpoints: tuple[str, ...]             # empty only when reading a changelog
+    key_format: str = "binary"
+    value_format: str = "binary"
+    consistency: str = "linearizable"
+    learner: str | None = None             # a learner's --api-port address, for consistency=learner
+    partitions: frozenset[int] | None = None
+    start: bytes = b""
+    end: bytes | None = None
+    changelog: str | None = None           # a learner serving the changelog sink: the change feed
+    starting_offsets: str = "earliest"     # earliest | latest | JSON {"partition": index}
+    max_rows_per_trigger: int = 0
+    write_batch_rows: int = 2000
+    timeout: float = 30.0
+
+    @property
+    def read_endpoints(self) -> tuple[str, ...]:
+        """Where scans go: a learner's copy for consistency=learner, else the cluster."""
+        return (self.learner,) if self.consistency == "learner" else self.endpoints
+
+    @property
+    def client_consistency(self) -> str:
+        return "follower" if self.consistency == "learner" else self.consistency
+
+
+def parse_options(options: Mapping[str, str]) -> ConnectorOptions:
+    """Raise ConfigError naming the option, and what to do, for anything wrong."""
+    def get(name: str, default: str | None = None) -> str | None:
+        value = options.get(name)
+        return default if value is None or value == "" else str(value)
+
+    def choice(name: str, allowed: tuple[str, ...], default: str) -> str:
+        value = get(name, default).lower()
+        if value not in allowed:
+            raise _bad(name, f"is {value!r}; use one of {', '.join(allowed)}")
+        return value
+
+    def whole(name: str, default: int, minimum: int) -> int:
+        raw = get(name, str(default))
+        try:
+            value = int(raw)
+        except ValueError:
+            raise _bad(name, f"must be a whole number, not {raw!r}") from None
+        if value < minimum:
+            raise _bad(name, f"must be at least {minimum}, not {value}")
+        return value
+
+    consistency = choice("consistency", CONSISTENCY_LEVELS, "linearizable")
+    learner = get("learner")
+    if consistency == "learner" and not learner:
+        raise _bad("learner", "is needed with consistency=learner: the HOST:PORT of a learner's --api-port")
+    start, end = _key_range(get("start"), get("end"), get("prefix"))
+    starting = get("startingOffsets", "earliest")
+    if starting.lower() in STARTING_OFFSETS:
+        starting = starting.lower()
+    else:
+        offsets_from_json(starting)
+    return ConnectorOptions(
+        endpoints=_endpoints(get("endpoints"), get("config"), needed=not get("changelog")),
+        key_format=choice("key_format", FORMATS, "binary"),
+        value_format=choice("value_format", FORMATS, "binary"),
+        consistency=consistency,
+        learner=learner,
+        partitions=_partitions(get("partitions")),
+        start=start,
+        end=end,
+        changelog=get("changelog"),
+        starting_offsets=starting,
+        max_rows_per_trigger=whole("maxRowsPerTrigger", 0, 0),
+        write_batch_rows=whole("write_batch_rows", 2000, 1),
+        timeout=float(whole("timeout", 30, 1)),
+    )
+
+
+def _bad(option: str, problem: str) -> ConfigError:
+    return ConfigError(f"option {option} {problem}", source="raftkv connector")
+
+
+def _endpoints(endpoints: str | None, config: str | None, needed: bool) -> tuple[str, ...]:
+    if endpoints:
+        return tuple(parse_endpoints(endpoints))
+    if config:
+        return tuple(n.api_address for n in load_spec(config).nodes)
+    if not needed:
+        return ()
+    raise _bad("endpoints", "is missing: give endpoints=HOST:PORT[,HOST:PORT...] or config=CLUSTER_SPEC.toml")
+
+
+def _partitions(raw: str | None) -> frozenset[int] | None:
+    if raw is None:
+        return None
+    try:
+        chosen = frozenset(int(p) for p in raw.split(","))
+    except ValueError:
+        raise _bad("partitions", f"must be comma-separated partition numbers, not {raw!r}") from None
+    if any(p < 0 for p in chosen):
+        raise _bad("partitions", f"must not be negative: {raw!r}")
+    return chosen
+
+
+def _key_range(start: str | None, end: str | None, prefix: str | None) -> tuple[bytes, bytes | None]:
+    if prefix is not None:
+        if start is not None or end is not None:
+            raise _bad("prefix", "cannot be combined with start or end")
+        return prefix.encode(), prefix_end(prefix.encode())
+    return (start or "").encode(), None if end is None else end.encode()
+
+
+def offsets_from_json(value: str) -> dict[int, int]:
+    try:
+        parsed = json.loads(value)
+        return {int(p): int(i) for p, i in parsed.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise _bad("startingOffsets", f"is {value!r}; use earliest, latest or JSON like "
+                                      '{"0": 120, "1": 97} (partition: Raft index)') from None

@@ -1,0 +1,80 @@
+"""The changelog sink: a durable, retained, re-readable change log."""
+
+from __future__ import annotations
+
+import pytest
+
+from learners.change_event import ChangeEvent
+from learners.sinks.base import DeliveryBatch
+from learners.sinks.changelog_sink import ChangelogSink, plan_ends
+from raftkv.errors import ConfigError, InvalidRequest
+
+
+def event(partition: int, index: int, seq: int = 0, key: bytes = b"k") -> ChangeEvent:
+    return ChangeEvent("u", key, b"old", b"new", "c", partition, index, 1, seq, False, 0)
+
+
+def opened(path, **config) -> ChangelogSink:
+    sink = ChangelogSink()
+    sink.open({"path": str(path), **config})
+    sink.recover()
+    return sink
+
+
+def test_events_and_positions_survive_a_reopen_and_read_back_in_order(tmp_path):
+    sink = opened(tmp_path)
+    sink.deliver(DeliveryBatch([event(0, 3, 0), event(0, 3, 1), event(1, 2)], {0: 4, 1: 2}))
+    sink.deliver(DeliveryBatch([event(0, 5, 0, b"k2")], {0: 5}))
+    sink.flush()
+    sink.deliver(DeliveryBatch([event(0, 6)], {0: 6}))  # never flushed: as if the learner crashed here
+    sink.close()
+
+    sink = opened(tmp_path)
+    assert sink.recover() == {0: 5, 1: 2}
+    assert [(c.index, c.seq, c.key) for c in sink.changes(0, 0, 5)] == [(3, 0, b"k"), (3, 1, b"k"), (5, 0, b"k2")]
+    assert [(c.index, c.seq) for c in sink.changes(0, 3, 5)] == [(5, 0)]
+    assert [c.index for c in sink.changes(1, 0, 2)] == [2]  # partition 0's events never leak into 1
+    change = next(sink.changes(1, 0, 2))
+    assert (change.op, change.before, change.after, change.HasField("before")) == ("u", b"old", b"new", True)
+    with pytest.raises(InvalidRequest, match="beyond the delivered index 5"):
+        list(sink.changes(0, 0, 9))
+
+
+def test_offsets_keep_whole_entries_within_max_rows(tmp_path):
+    sink = opened(tmp_path)
+    sink.deliver(DeliveryBatch([event(0, i, s) for i in (1, 2, 3) for s in range(4)], {0: 10}))
+    sink.deliver(DeliveryBatch([event(1, 1)], {1: 1}))
+    sink.flush()
+    by_partition = {o.partition: o for o in sink.offsets({}, 0)}
+    assert (by_partition[0].earliest, by_partition[0].latest, by_partition[0].end) == (0, 10, 10)
+    planned = {o.partition: o.end for o in sink.offsets({0: 0, 1: 0}, 10)}
+    assert planned == {0: 2, 1: 1}  # 8 rows of partition 0 (entries 1-2) and partition 1's one
+    assert {o.partition: o.end for o in sink.offsets({0: 3, 1: 1}, 10)} == {0: 10, 1: 1}
+
+
+def test_plan_ends_never_stalls_on_an_entry_larger_than_the_budget():
+    assert plan_ends({0: [(7, 500), (8, 1)]}, 10) == {0: 7}
+    assert plan_ends({0: [(1, 3), (2, 3)], 1: [(4, 3)]}, 6) == {0: 1, 1: 4}
+    assert plan_ends({0: [], 1: [(2, 1), (9, 0)]}, 6) == {1: 9}
+
+
+def test_retention_trims_old_entries_and_a_read_of_them_says_so(tmp_path):
+    sink = opened(tmp_path, retain_entries="5")
+    sink.deliver(DeliveryBatch([event(0, i) for i in range(1, 21)], {0: 20}))
+    sink.flush()
+    assert [c.index for c in sink.changes(0, 15, 20)] == [16, 17, 18, 19, 20]
+    assert sink.offsets({}, 0)[0].earliest == 15
+    with pytest.raises(InvalidRequest, match="no longer retained"):
+        list(sink.changes(0, 3, 20))
+
+
+@pytest.mark.parametrize("config, message", [
+    ({}, "needs path=DIR"),
+    ({"path": "x", "retain_entries": "many"}, "retain_entries must be a whole number"),
+    ({"path": "x", "retain_entries": "0"}, "retain_entries must be at least 1"),
+])
+def test_bad_options_are_named(tmp_path, config, message):
+    if "path" in config:
+        config = {**config, "path": str(tmp_path / config["path"])}
+    with pytest.raises(ConfigError, match=message):
+        ChangelogSink().open(config)
