@@ -163,10 +163,13 @@ class AsyncClient:
         return (await self.read(key, consistency)).value
 
     async def scan_partition(self, partition: int, start: bytes = b"", end: bytes | None = None, *, limit: int = 0,
-                             consistency: str | None = None) -> AsyncIterator[pb.ScanChunk]:
-        """One partition's scan as chunks, all from one view (each chunk carries its applied index)."""
+                             consistency: str | None = None, columnar: bool = False) -> AsyncIterator[pb.ScanChunk]:
+        """One partition's scan as chunks, all from one view (each chunk carries its applied index).
+
+        `columnar` chunks carry `columns` (Arrow's binary layout) instead of `items`.
+        """
         request = pb.ScanRequest(partition=partition, start=start, end=end, limit=limit,
-                                 consistency=self._level(consistency))
+                                 consistency=self._level(consistency), columnar=columnar)
         async for chunk in self._core.scan_partition(partition, request):
             yield chunk
 

@@ -113,9 +113,10 @@ class Client:
                 return
 
     def scan_chunks(self, partition: int, start: bytes = b"", end: bytes | None = None, *, limit: int = 0,
-                    consistency: str | None = None) -> Iterator[pb.ScanChunk]:
+                    consistency: str | None = None, columnar: bool = False) -> Iterator[pb.ScanChunk]:
         """One partition's scan as chunks from one view; each chunk carries that view's applied index."""
-        chunks = self._async.scan_partition(partition, start, end, limit=limit, consistency=consistency)
+        chunks = self._async.scan_partition(partition, start, end, limit=limit, consistency=consistency,
+                                            columnar=columnar)
         while True:
             try:
                 yield self._run(anext(chunks))

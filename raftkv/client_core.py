@@ -22,6 +22,10 @@ from raftkv.codec import error_from_result
 from raftkv.errors import NotLeader, RaftKVError, Timeout, Unavailable, Undetermined
 
 
+# Columnar scan chunks are up to 4 MiB (server.COLUMNS_CHUNK_BYTES): above gRPC's default receive limit.
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
+
+
 @dataclass(frozen=True)
 class NodeStatus:
     node_id: str
@@ -93,7 +97,7 @@ class ClientCore:
 
     def stub(self, address: str) -> kv_pb2_grpc.KVStub:
         if address not in self._stubs:
-            self._channels[address] = grpc.aio.insecure_channel(address)
+            self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             self._stubs[address] = kv_pb2_grpc.KVStub(self._channels[address])
         return self._stubs[address]
 

@@ -24,10 +24,11 @@ import struct
 import threading
 import time
 import weakref
+from itertools import islice
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from rocksdict import Checkpoint, DbClosedError, Options, Rdict, WriteBatch
+from rocksdict import Checkpoint, DbClosedError, Options, Rdict, ReadOptions, WriteBatch
 
 from raftkv.commands import Delete, DeleteRange, Mutation, Put
 from raftkv.engine import ZERO, KeyRange, Position
@@ -138,10 +139,10 @@ class RocksEngine:
 
     def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
         with self._lock:
-            it = self._db.iter()
             position = self._position
             self._readers += 1
-        return position, _Scan(it, key_range, self._reader_done)
+            scan = _Scan(self._db, key_range, self._reader_done)  # pins the view of `position`
+        return position, scan
 
     def _reader_done(self) -> None:
         with self._lock:
@@ -185,31 +186,31 @@ class RocksEngine:
 
 
 class _Scan:
-    """A scan's iterator; releases its reader slot when exhausted, closed or collected."""
+    """A scan's iterator; releases its reader slot when exhausted, closed or collected.
 
-    def __init__(self, it, key_range: KeyRange, release):
-        self._it = it
-        self._range = key_range
-        self._count = 0
-        it.seek(key_range.start)
+    rocksdict's `items()` steps the RocksDB iterator in Rust, about ten times
+    faster than calling valid/key/value/next from Python for each item.
+    """
+
+    def __init__(self, db: Rdict, key_range: KeyRange, release):
+        read_options = ReadOptions()
+        if key_range.end is not None:
+            read_options.set_iterate_upper_bound(key_range.end)
+        items = db.items(from_key=key_range.start or None, read_opt=read_options)
+        self._it = islice(items, key_range.limit) if key_range.limit else items
         self._release = weakref.finalize(self, release)
 
     def __iter__(self) -> _Scan:
         return self
 
     def __next__(self) -> tuple[bytes, bytes]:
-        it, rng = self._it, self._range
-        if it is None or not it.valid() or (rng.limit and self._count >= rng.limit):
-            self.close()
+        if self._it is None:
             raise StopIteration
-        key = it.key()
-        if rng.end is not None and key >= rng.end:
+        try:
+            return next(self._it)
+        except StopIteration:
             self.close()
-            raise StopIteration
-        item = key, it.value()
-        self._count += 1
-        it.next()
-        return item
+            raise
 
     def close(self) -> None:
         self._it = None

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
 from collections import defaultdict
+from itertools import accumulate
 from typing import Callable
 
 import grpc
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 SCAN_CHUNK_ITEMS = 1024
 SCAN_CHUNK_BYTES = 1 << 20
+COLUMNS_CHUNK_BYTES = 4 << 20  # one Arrow batch in Spark: bigger is cheaper per row there
 
 
 class Peers:
@@ -167,10 +170,11 @@ class KVService(kv_pb2_grpc.KVServicer):
         key_range = KeyRange(request.start, request.end if request.HasField("end") else None, request.limit)
         applied_index = frontend.replica.applied_index  # nothing applies between these two lines
         _, items = frontend.replica.engine.scan(key_range)
+        next_chunk = _next_columns if request.columnar else _next_chunk
         sent_any = False
-        while chunk := await asyncio.to_thread(_next_chunk, items):
+        while chunk := await asyncio.to_thread(next_chunk, items, applied_index):
             sent_any = True
-            yield pb.ScanChunk(items=chunk, applied_index=applied_index)
+            yield chunk
         if not sent_any:
             yield pb.ScanChunk(applied_index=applied_index)  # an empty range still reports its index
 
@@ -206,14 +210,35 @@ class KVService(kv_pb2_grpc.KVServicer):
         )
 
 
-def _next_chunk(items) -> list[pb.KeyValue]:
+def _next_chunk(items, applied_index: int) -> pb.ScanChunk | None:
     chunk, size = [], 0
     for key, value in items:
         chunk.append(pb.KeyValue(key=key, value=value))
         size += len(key) + len(value)
         if len(chunk) >= SCAN_CHUNK_ITEMS or size >= SCAN_CHUNK_BYTES:
             break
-    return chunk
+    return pb.ScanChunk(items=chunk, applied_index=applied_index) if chunk else None
+
+
+def _next_columns(items, applied_index: int) -> pb.ScanChunk | None:
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    size = 0
+    for key, value in items:
+        keys.append(key)
+        values.append(value)
+        size += len(key) + len(value)
+        if size >= COLUMNS_CHUNK_BYTES:
+            break
+    if not keys:
+        return None
+    columns = pb.Columns(count=len(keys), keys=b"".join(keys), key_offsets=_offsets(keys),
+                         values=b"".join(values), value_offsets=_offsets(values))
+    return pb.ScanChunk(applied_index=applied_index, columns=columns)
+
+
+def _offsets(items: list[bytes]) -> bytes:
+    return array("i", accumulate(map(len, items), initial=0)).tobytes()
 
 
 def _chain(future: asyncio.Future, convert: Callable) -> asyncio.Future:

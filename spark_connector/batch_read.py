@@ -15,11 +15,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from raftkv.client import Client
-from spark_connector.columns import to_arrow
+from spark_connector.columns import binary_column, to_arrow
 from spark_connector.key_filters import KeyScope, push_filters
 from spark_connector.options import ConnectorOptions
-
-ROWS_PER_BATCH = 65536
 
 
 @dataclass(frozen=True)
@@ -48,40 +46,30 @@ class KVReader(DataSourceReader):
     def read(self, partition: PartitionRead) -> Iterator[pa.RecordBatch]:
         opts = self.options
         with Client(list(opts.read_endpoints), timeout=opts.timeout, consistency=opts.client_consistency) as client:
-            rows = _key_reads(client, partition) if partition.keys is not None else _scan(client, partition, self.scope)
-            yield from _batches(rows, partition.partition, opts)
+            if partition.keys is not None:
+                yield from _key_reads(client, partition, opts)
+                return
+            chunks = client.scan_chunks(partition.partition, self.scope.start, self.scope.end, columnar=True)
+            for chunk in chunks:
+                columns = chunk.columns
+                if columns.count:
+                    yield _batch(partition.partition, chunk.applied_index, columns.count, opts,
+                                 binary_column(columns.count, columns.key_offsets, columns.keys, opts.key_format),
+                                 binary_column(columns.count, columns.value_offsets, columns.values,
+                                               opts.value_format))
 
 
-def _scan(client: Client, partition: PartitionRead, scope: KeyScope) -> Iterator[tuple[list, list, int]]:
-    for chunk in client.scan_chunks(partition.partition, scope.start, scope.end):
-        yield [kv.key for kv in chunk.items], [kv.value for kv in chunk.items], chunk.applied_index
-
-
-def _key_reads(client: Client, partition: PartitionRead) -> Iterator[tuple[list, list, int]]:
+def _key_reads(client: Client, partition: PartitionRead, opts: ConnectorOptions) -> Iterator[pa.RecordBatch]:
     for key in partition.keys:
         read = client.read(key)
         if read.value is not None:
-            yield [key], [read.value], read.applied_index
+            yield _batch(partition.partition, read.applied_index, 1, opts,
+                         to_arrow([key], opts.key_format), to_arrow([read.value], opts.value_format))
 
 
-def _batches(rows: Iterator[tuple[list, list, int]], partition: int, opts: ConnectorOptions) -> Iterator[pa.RecordBatch]:
-    keys: list[bytes] = []
-    values: list[bytes] = []
-    indexes: list[int] = []
-
-    def batch() -> pa.RecordBatch:
-        return pa.RecordBatch.from_arrays(
-            [to_arrow(keys, opts.key_format), to_arrow(values, opts.value_format),
-             pa.array([partition] * len(keys), pa.int32()), pa.array(indexes, pa.int64())],
-            names=["key", "value", "partition", "index"],
-        )
-
-    for chunk_keys, chunk_values, index in rows:
-        keys += chunk_keys
-        values += chunk_values
-        indexes += [index] * len(chunk_keys)
-        if len(keys) >= ROWS_PER_BATCH:
-            yield batch()
-            keys, values, indexes = [], [], []
-    if keys:
-        yield batch()
+def _batch(partition: int, index: int, rows: int, opts: ConnectorOptions, keys: pa.Array,
+           values: pa.Array) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [keys, values, pa.array([partition] * rows, pa.int32()), pa.array([index] * rows, pa.int64())],
+        names=["key", "value", "partition", "index"],
+    )

@@ -60,3 +60,16 @@ def from_arrow(column: pa.ChunkedArray | pa.Array, what: str) -> list[bytes | No
     elif not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
         raise InvalidRequest(f"column {what} is {column.type}; write it as string or binary")
     return column.to_pylist()
+
+
+def binary_column(count: int, offsets: bytes, data: bytes, fmt: str) -> pa.Array:
+    """An Arrow array over a scan chunk's columns, without copying (both formats share the layout)."""
+    arrow_type = pa.string() if fmt == "string" else pa.binary()
+    array = pa.Array.from_buffers(arrow_type, count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    if fmt == "string":
+        try:
+            array.validate(full=True)
+        except pa.ArrowInvalid:
+            raise InvalidRequest("a stored key or value is not UTF-8 text; read it with "
+                                 "key_format/value_format=binary") from None
+    return array

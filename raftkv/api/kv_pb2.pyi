@@ -177,18 +177,20 @@ class ExecuteResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
-    __slots__ = ("partition", "start", "end", "limit", "consistency")
+    __slots__ = ("partition", "start", "end", "limit", "consistency", "columnar")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    COLUMNAR_FIELD_NUMBER: _ClassVar[int]
     partition: int
     start: bytes
     end: bytes
     limit: int
     consistency: Consistency
-    def __init__(self, partition: _Optional[int] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., consistency: _Optional[_Union[Consistency, str]] = ...) -> None: ...
+    columnar: bool
+    def __init__(self, partition: _Optional[int] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., limit: _Optional[int] = ..., consistency: _Optional[_Union[Consistency, str]] = ..., columnar: _Optional[bool] = ...) -> None: ...
 
 class KeyValue(_message.Message):
     __slots__ = ("key", "value")
@@ -198,13 +200,29 @@ class KeyValue(_message.Message):
     value: bytes
     def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ...) -> None: ...
 
+class Columns(_message.Message):
+    __slots__ = ("count", "keys", "key_offsets", "values", "value_offsets")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KEY_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    keys: bytes
+    key_offsets: bytes
+    values: bytes
+    value_offsets: bytes
+    def __init__(self, count: _Optional[int] = ..., keys: _Optional[bytes] = ..., key_offsets: _Optional[bytes] = ..., values: _Optional[bytes] = ..., value_offsets: _Optional[bytes] = ...) -> None: ...
+
 class ScanChunk(_message.Message):
-    __slots__ = ("items", "applied_index")
+    __slots__ = ("items", "applied_index", "columns")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[KeyValue]
     applied_index: int
-    def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., applied_index: _Optional[int] = ...) -> None: ...
+    columns: Columns
+    def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., applied_index: _Optional[int] = ..., columns: _Optional[_Union[Columns, _Mapping]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,98 @@
+"""Spark through raftkv vs a direct rocksdict fill/scan of the same rows, in one run.
+
+    python scripts/bench_spark.py --rows 1000000 --partitions 8
+
+Starts a 3-node cluster on loopback and one local[2] Spark session; writes the
+rows with Spark (16-byte keys, 100-byte values), reads them all back (the
+`noop` sink forces every row through), and fills/scans one rocksdict with the
+same rows on the same disk. Prints rows/s and the raftkv/rocksdict ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rocksdict import Options, Rdict, WriteBatch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_clusters import raftkv_cluster  # noqa: E402
+
+VALUE_BYTES = 100
+
+
+def key(i: int) -> bytes:
+    return b"key%013d" % i
+
+
+def rocksdict_rates(folder: Path, rows: int) -> tuple[float, float]:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    db = Rdict(str(folder), options)
+    value = b"v" * VALUE_BYTES
+    started = time.perf_counter()
+    for start in range(0, rows, 2000):
+        batch = WriteBatch(raw_mode=True)
+        for i in range(start, min(rows, start + 2000)):
+            batch.put(key(i), value)
+        db.write(batch)
+    fill = rows / (time.perf_counter() - started)
+    started = time.perf_counter()
+    scanned = sum(1 for _ in db.items())
+    scan = scanned / (time.perf_counter() - started)
+    db.close()
+    return fill, scan
+
+
+def spark_rates(spark, endpoints: str, rows: int) -> tuple[float, float]:
+    df = spark.range(rows).selectExpr(f"format_string('key%013d', id) AS key",
+                                      f"repeat('v', {VALUE_BYTES}) AS value")
+    df = df.selectExpr("CAST(key AS BINARY) AS key", "CAST(value AS BINARY) AS value").cache()
+    df.count()  # materialise the input so the timing is the write alone
+    started = time.perf_counter()
+    df.write.format("raftkv").option("endpoints", endpoints).mode("append").save()
+    write = rows / (time.perf_counter() - started)
+    started = time.perf_counter()
+    spark.read.format("raftkv").option("endpoints", endpoints).option("consistency", "leader").load() \
+        .write.format("noop").mode("overwrite").save()
+    read = rows / (time.perf_counter() - started)
+    return write, read
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    import spark_connector
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.driver.host", "127.0.0.1").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_connector.register(spark)
+    with tempfile.TemporaryDirectory(dir=".") as tmp:
+        with raftkv_cluster(Path(tmp) / "raftkv", args.partitions) as cluster:
+            write, read = spark_rates(spark, ",".join(cluster.endpoints), args.rows)
+        fill, scan = rocksdict_rates(Path(tmp) / "rocksdict", args.rows)
+    spark.stop()
+
+    table = Table(title=f"Spark local[2] through raftkv vs rocksdict, {args.rows:,} rows of {VALUE_BYTES} B")
+    for column in ("", "raftkv via Spark (rows/s)", "rocksdict direct (rows/s)", "ratio"):
+        table.add_column(column, justify="right")
+    table.add_row("write", f"{write:,.0f}", f"{fill:,.0f}", f"{write / fill:.2f}")
+    table.add_row("read", f"{read:,.0f}", f"{scan:,.0f}", f"{read / scan:.2f}")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
