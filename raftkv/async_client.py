@@ -173,6 +173,12 @@ class AsyncClient:
         async for chunk in self._core.scan_partition(partition, request):
             yield chunk
 
+    async def split_keys(self, partition: int, start: bytes = b"", end: bytes | None = None, *,
+                         every: int) -> list[bytes]:
+        """Every `every`-th key of a partition's range, from one replica: boundaries for parallel scans."""
+        request = pb.SplitKeysRequest(partition=partition, start=start, end=end, every=every)
+        return list((await self._core.split_keys(request)).keys)
+
     async def scan(self, start: Bytes = b"", end: Bytes | None = None, *, prefix: Bytes | None = None,
                    limit: int = 0, consistency: str | None = None) -> AsyncIterator[tuple[bytes, bytes]]:
         """Keys in [start, end) (or with `prefix`) in key order, merged across partitions.

@@ -123,6 +123,10 @@ class Client:
             except StopAsyncIteration:
                 return
 
+    def split_keys(self, partition: int, start: bytes = b"", end: bytes | None = None, *, every: int) -> list[bytes]:
+        """Every `every`-th key of a partition's range, from one replica: boundaries for parallel scans."""
+        return self._run(self._async.split_keys(partition, start, end, every=every))
+
     def scan_partition(self, partition: int, start: bytes = b"", end: bytes | None = None, *, limit: int = 0,
                        consistency: str | None = None, on_index=None) -> Iterator[tuple[bytes, bytes]]:
         """One partition's keys in order from one view; `on_index(i)` receives that view's applied index."""

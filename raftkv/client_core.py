@@ -217,6 +217,18 @@ class ClientCore:
             return Undetermined(f"write not confirmed within {self.timeout}s{why}")
         return Unavailable(f"no leader accepted the write within {self.timeout}s{why}")
 
+    async def split_keys(self, request: pb.SplitKeysRequest) -> pb.SplitKeysResponse:
+        """Asked of the partition's replicas in turn; any one's keys will do (they are only boundaries)."""
+        if not self.partitions:
+            await self.refresh()
+        details = ""
+        for attempt in range(1, 4):
+            try:
+                return await self.stub(self.target(request.partition, attempt)).SplitKeys(request, timeout=self.timeout)
+            except grpc.aio.AioRpcError as exc:
+                details = exc.details() or exc.code().name
+        raise Unavailable(f"no replica of partition {request.partition} answered for its split keys: {details}")
+
     async def scan_partition(self, partition: int, request: pb.ScanRequest):
         """Chunks of one partition's scan, all from one view; retried only before the first chunk."""
         loop = asyncio.get_running_loop()

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from array import array
 from collections import defaultdict
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import Callable
 
 import grpc
@@ -177,6 +177,17 @@ class KVService(kv_pb2_grpc.KVServicer):
             yield chunk
         if not sent_any:
             yield pb.ScanChunk(applied_index=applied_index)  # an empty range still reports its index
+
+    async def SplitKeys(self, request: pb.SplitKeysRequest, context) -> pb.SplitKeysResponse:
+        frontend = self._frontends.get(request.partition)
+        if frontend is None or request.every < 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"partition {request.partition} is not hosted here, or every < 1")
+        key_range = KeyRange(request.start, request.end if request.HasField("end") else None)
+        _, items = frontend.replica.engine.scan(key_range)
+        every = request.every
+        keys = await asyncio.to_thread(lambda: [key for key, _ in islice(items, every, None, every)])
+        return pb.SplitKeysResponse(keys=keys)
 
     # -- Status -----------------------------------------------------------
 

@@ -1,7 +1,9 @@
-"""Batch reads: one Spark input partition per Raft partition, each scanned from one snapshot.
+"""Batch reads: one Spark input partition per Raft partition (or per key range of a large one).
 
-A scan's chunks all come from one RocksDB view on one replica, and every
-row carries that view's applied index. If the replica goes away mid-scan the
+A partition with more than `split_rows` keys is split at every
+`split_rows`-th key. Each input partition is one scan: its chunks all come
+from one RocksDB view on one replica, and every row carries that view's
+applied index. If the replica goes away mid-scan the
 task fails (Spark retries it) rather than finish from another view: the
 result of a partition is always one consistent snapshot, never a splice.
 """
@@ -23,7 +25,9 @@ from spark_connector.options import ConnectorOptions
 @dataclass(frozen=True)
 class PartitionRead(InputPartition):
     partition: int
-    keys: tuple[bytes, ...] | None  # exact keys (pushed = / IN), else the scope's range
+    keys: tuple[bytes, ...] | None = None  # exact keys (pushed = / IN); else the range [start, end)
+    start: bytes = b""
+    end: bytes | None = None
 
 
 class KVReader(DataSourceReader):
@@ -36,12 +40,18 @@ class KVReader(DataSourceReader):
         return iter(rest)
 
     def partitions(self) -> list[PartitionRead]:
+        scope, split_rows = self.scope, self.options.split_rows
         with Client(list(self.options.endpoints), timeout=self.options.timeout) as client:
-            count = client.partitions
-        if self.scope.keys is None:
-            return [PartitionRead(p, None) for p in self.scope.partitions_to_read(count)]
-        by_partition = self.scope.keys_by_partition(count)
-        return [PartitionRead(p, tuple(by_partition[p])) for p in self.scope.partitions_to_read(count)]
+            chosen = scope.partitions_to_read(client.partitions)
+            if scope.keys is not None:
+                by_partition = scope.keys_by_partition(client.partitions)
+                return [PartitionRead(p, keys=tuple(by_partition[p])) for p in chosen]
+            reads = []
+            for p in chosen:
+                splits = client.split_keys(p, scope.start, scope.end, every=split_rows) if split_rows else []
+                bounds = [scope.start, *splits, scope.end]
+                reads += [PartitionRead(p, start=lo, end=hi) for lo, hi in zip(bounds, bounds[1:])]
+            return reads
 
     def read(self, partition: PartitionRead) -> Iterator[pa.RecordBatch]:
         opts = self.options
@@ -49,7 +59,7 @@ class KVReader(DataSourceReader):
             if partition.keys is not None:
                 yield from _key_reads(client, partition, opts)
                 return
-            chunks = client.scan_chunks(partition.partition, self.scope.start, self.scope.end, columnar=True)
+            chunks = client.scan_chunks(partition.partition, partition.start, partition.end, columnar=True)
             for chunk in chunks:
                 columns = chunk.columns
                 if columns.count:

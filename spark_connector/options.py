@@ -35,6 +35,7 @@ class ConnectorOptions:
     starting_offsets: str = "earliest"     # earliest | latest | JSON {"partition": index}
     max_rows_per_trigger: int = 0
     write_batch_rows: int = 2000
+    split_rows: int = 500_000              # a Raft partition with more keys is read as several Spark partitions
     timeout: float = 30.0
 
     @property
@@ -92,6 +93,7 @@ def parse_options(options: Mapping[str, str]) -> ConnectorOptions:
         starting_offsets=starting,
         max_rows_per_trigger=whole("maxRowsPerTrigger", 0, 0),
         write_batch_rows=whole("write_batch_rows", 2000, 1),
+        split_rows=whole("split_rows", 500_000, 0),
         timeout=float(whole("timeout", 30, 1)),
     )
 

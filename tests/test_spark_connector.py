@@ -72,6 +72,18 @@ def test_each_partition_is_read_from_one_snapshot_and_says_which(spark, cluster)
     assert all(min(indexes) > 0 for indexes in per_partition.values()), per_partition
 
 
+def test_a_large_partition_is_read_as_several_key_ranges(spark, cluster):
+    keys = [f"key{i:04d}" for i in range(400)]
+    expected = {k for k in keys if partition_for_key(k.encode(), 4) == 0 or k < "key0100"}
+    with Client(cluster.endpoints) as client:
+        for k in expected:
+            client.put(k, k)
+    in_zero = sum(partition_for_key(k.encode(), 4) == 0 for k in keys)
+    df = reader(spark, cluster, key_format="string", value_format="string", split_rows=30)
+    assert df.rdd.getNumPartitions() == (in_zero - 1) // 30 + 1 + 3
+    assert sorted(r.key for r in df.collect()) == sorted(expected)
+
+
 def physical_plan(df, capsys) -> str:
     df.explain()
     return capsys.readouterr().out

@@ -224,6 +224,24 @@ class ScanChunk(_message.Message):
     columns: Columns
     def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., applied_index: _Optional[int] = ..., columns: _Optional[_Union[Columns, _Mapping]] = ...) -> None: ...
 
+class SplitKeysRequest(_message.Message):
+    __slots__ = ("partition", "start", "end", "every")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    EVERY_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    start: bytes
+    end: bytes
+    every: int
+    def __init__(self, partition: _Optional[int] = ..., start: _Optional[bytes] = ..., end: _Optional[bytes] = ..., every: _Optional[int] = ...) -> None: ...
+
+class SplitKeysResponse(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

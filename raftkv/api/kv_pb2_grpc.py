@@ -49,6 +49,11 @@ class KVStub:
                 request_serializer=raftkv_dot_api_dot_kv__pb2.StatusRequest.SerializeToString,
                 response_deserializer=raftkv_dot_api_dot_kv__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.SplitKeys = channel.unary_unary(
+                '/raftkv.v1.KV/SplitKeys',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.SplitKeysRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.SplitKeysResponse.FromString,
+                _registered_method=True)
 
 
 class KVServicer:
@@ -75,6 +80,13 @@ class KVServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SplitKeys(self, request, context):
+        """Every `every`-th key of a range on one replica: where to split a large scan (Spark does).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +104,11 @@ def add_KVServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=raftkv_dot_api_dot_kv__pb2.StatusRequest.FromString,
                     response_serializer=raftkv_dot_api_dot_kv__pb2.StatusResponse.SerializeToString,
+            ),
+            'SplitKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.SplitKeys,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.SplitKeysRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.SplitKeysResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +192,33 @@ class KV:
             '/raftkv.v1.KV/Status',
             raftkv_dot_api_dot_kv__pb2.StatusRequest.SerializeToString,
             raftkv_dot_api_dot_kv__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SplitKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.KV/SplitKeys',
+            raftkv_dot_api_dot_kv__pb2.SplitKeysRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.SplitKeysResponse.FromString,
             options,
             channel_credentials,
             insecure,
