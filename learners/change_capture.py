@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 from learners.change_event import ChangeEvent
-from raftkv.commands import Command, Delete, DeleteRange, Mutation, Put
+from raftkv.commands import Command, Delete, DeleteRange, Mutation, Put, single_mutations
 from raftkv.engine import Engine, KeyRange
 from raftkv.state_machine import apply_proposal
 
@@ -72,7 +72,7 @@ def capture_entry(view: PendingView, commands: Sequence[Command], ctx: EntryCont
         events.append(ChangeEvent(op, key, before, after, ctx.cluster, ctx.partition, ctx.index, ctx.term,
                                   len(events), False, ctx.ts_ms))
 
-    for m in apply_proposal(view.get, commands).mutations:
+    for m in single_mutations(apply_proposal(view.get, commands).mutations):
         if isinstance(m, Put):
             before = view.get(m.key)
             event("c" if before is None else "u", m.key, before, m.value)

@@ -32,6 +32,7 @@ from raftkv.commands import (
     Limits,
     Mutation,
     Put,
+    PutMany,
     RegisterLearner,
     RemoveLearner,
     check_command,
@@ -144,6 +145,16 @@ class AsyncClient:
         if not ops:
             raise InvalidRequest("a batch needs at least one operation")
         await self._write(Batch(ops))
+
+    async def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        """Put every key to its value atomically; all keys must be in one partition.
+
+        The bulk-load form of `batch`: the rows travel and are logged as two
+        byte strings each, with no per-row message (docs/spark.md).
+        """
+        if not keys:
+            raise InvalidRequest("put_many needs at least one key")
+        await self._write(PutMany.of(keys, values))
 
     async def delete_range(self, start: Bytes, end: Bytes) -> None:
         """Delete [start, end) in every partition (atomic per partition, not across partitions)."""

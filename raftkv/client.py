@@ -87,6 +87,10 @@ class Client:
         """Apply puts, deletes and delete_ranges atomically; all keys must be in one partition."""
         self._run(self._async.batch(ops))
 
+    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        """Put every key to its value atomically; all keys must be in one partition (the bulk-load batch)."""
+        self._run(self._async.put_many(keys, values))
+
     def delete_range(self, start: Bytes, end: Bytes) -> None:
         """Delete [start, end) in every partition (atomic per partition, not across partitions)."""
         self._run(self._async.delete_range(start, end))

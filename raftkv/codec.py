@@ -13,6 +13,7 @@ from raftkv.commands import (
     LearnerProgress,
     Limits,
     Put,
+    PutMany,
     RegisterLearner,
     RemoveLearner,
     check_command,
@@ -71,6 +72,9 @@ def command_from_op(op: pb.Op, partitions: int, limits: Limits) -> Command:
         command = Cas(c.key, c.expected if c.HasField("expected") else None, c.new if c.HasField("new") else None)
     elif kind == "batch":
         command = Batch(tuple(_mutation(m) for m in op.batch.ops))
+    elif kind == "put_many":
+        c = op.put_many
+        command = PutMany(c.keys, c.key_offsets, c.values, c.value_offsets)
     elif kind == "register_learner":
         r = op.register_learner
         command = RegisterLearner(r.name, r.sink, tuple(sorted(r.options.items())))
@@ -92,7 +96,7 @@ def check_partition(command: Command, partition: int, partitions: int) -> None:
         if partition_for_key(key, partitions) != partition:
             raise InvalidRequest(
                 f"key {key[:40]!r} belongs to partition {partition_for_key(key, partitions)}, not {partition}"
-                + ("; a batch must stay within one partition" if isinstance(command, Batch) else "")
+                + ("; a batch must stay within one partition" if isinstance(command, (Batch, PutMany)) else "")
             )
 
 
@@ -107,6 +111,10 @@ def op_from_command(command: Command, partition: int) -> pb.Op:
         return pb.Op(partition=partition, cas=pb.Cas(key=command.key, expected=command.expected, new=command.new))
     if isinstance(command, Batch):
         return pb.Op(partition=partition, batch=pb.Batch(ops=[_mutation_message(m) for m in command.ops]))
+    if isinstance(command, PutMany):
+        columns = pb.Columns(keys=command.keys, key_offsets=command.key_offsets, values=command.values,
+                             value_offsets=command.value_offsets)
+        return pb.Op(partition=partition, put_many=columns)
     if isinstance(command, RegisterLearner):
         learner = pb.RegisterLearner(name=command.name, sink=command.sink, options=dict(command.options))
         return pb.Op(partition=partition, register_learner=learner)

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Protocol, Sequence
 
-from raftkv.commands import Delete, DeleteRange, Mutation, Put
+from raftkv.commands import Delete, DeleteRange, Mutation, Put, PutMany
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +108,8 @@ class MemoryEngine:
                     self._data[m.key] = m.value
                 elif isinstance(m, Delete):
                     self._data.pop(m.key, None)
+                elif isinstance(m, PutMany):
+                    self._data.update(m.pairs())
                 elif isinstance(m, DeleteRange):
                     rng = KeyRange(m.start, m.end)
                     for k in [k for k in self._data if rng.contains(k)]:

@@ -30,7 +30,7 @@ from typing import Iterator, Mapping, Sequence
 
 from rocksdict import Checkpoint, DbClosedError, Options, Rdict, ReadOptions, WriteBatch
 
-from raftkv.commands import Delete, DeleteRange, Mutation, Put
+from raftkv.commands import Delete, DeleteRange, Mutation, Put, PutMany
 from raftkv.engine import ZERO, KeyRange, Position
 from raftkv.errors import CorruptData, StorageFull
 
@@ -119,6 +119,9 @@ class RocksEngine:
                 wb.put(m.key, m.value)
             elif isinstance(m, Delete):
                 wb.delete(m.key)
+            elif isinstance(m, PutMany):
+                for key, value in m.pairs():
+                    wb.put(key, value)
             elif isinstance(m, DeleteRange) and m.start < m.end:  # RocksDB fails the whole DB on end < start
                 wb.delete_range(m.start, m.end)
         with self._lock:

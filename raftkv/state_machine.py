@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Mutation, Put
+from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Mutation, Put, PutMany
 from raftkv.learner_registry import MetaUpdates, is_learner_command, updates_for
 
 Result = CasResult | None
@@ -38,6 +38,8 @@ class _Overlay:
             self.values[m.key] = m.value
         elif isinstance(m, Delete):
             self.values[m.key] = None
+        elif isinstance(m, PutMany):
+            self.values.update(m.pairs())
         else:
             self.ranges.append((m.start, m.end))
             for key in self.values:

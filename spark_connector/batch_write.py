@@ -1,6 +1,7 @@
 """Batch writes: rows grouped by partition, sent as atomic batches to the leaders, many in flight.
 
-Each batch is an upsert of whole keys (a null value deletes the key), so
+Each batch is a `put_many` (rows in Arrow's layout, no per-row message) or,
+when some values are null (deletes), a `batch`. Either is an upsert of whole keys, so
 re-sending one after a lost reply or a leader change is safe: the writer
 retries `Undetermined` and `Unavailable` until its deadline. A failed or
 aborted job leaves the batches that were acknowledged before it stopped;
@@ -17,7 +18,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from raftkv.async_client import AsyncClient
-from raftkv.commands import Delete, Mutation, Put
+from raftkv.commands import Delete, Put
 from raftkv.errors import InvalidRequest, RaftKVError, Undetermined, Unavailable
 from raftkv.partitioning import partition_for_key
 from spark_connector.columns import from_arrow
@@ -65,9 +66,9 @@ async def _write_all(client: AsyncClient, batches: Iterator[pa.RecordBatch], opt
     errors: list[RaftKVError] = []
     rows = 0
 
-    async def send(ops: list[Mutation]) -> None:
+    async def send(keys: list[bytes], values: list) -> None:
         try:
-            await _send_with_retries(client, ops, options.timeout)
+            await _send_with_retries(client, keys, values, options.timeout)
         except RaftKVError as exc:
             errors.append(exc)
         finally:
@@ -75,11 +76,11 @@ async def _write_all(client: AsyncClient, batches: Iterator[pa.RecordBatch], opt
 
     for record_batch in batches:
         rows += record_batch.num_rows
-        for ops in _group(record_batch, partitions, options.write_batch_rows):
+        for keys, values in _group(record_batch, partitions, options.write_batch_rows):
             await slots.acquire()
             if errors:
                 raise errors[0]  # stop early: the task fails and Spark reports why
-            task = asyncio.create_task(send(ops))
+            task = asyncio.create_task(send(keys, values))
             sending.add(task)
             task.add_done_callback(sending.discard)
     await asyncio.gather(*sending)
@@ -88,36 +89,45 @@ async def _write_all(client: AsyncClient, batches: Iterator[pa.RecordBatch], opt
     return rows
 
 
-def _group(batch: pa.RecordBatch, partitions: int, max_rows: int) -> Iterator[list[Mutation]]:
-    """The batch's rows as lists of mutations, each within one partition and under the size bounds."""
+def _group(batch: pa.RecordBatch, partitions: int, max_rows: int) -> Iterator[tuple[list[bytes], list]]:
+    """The batch's rows as (keys, values) lists, each within one partition and under the size bounds."""
     names = batch.schema.names
     if "key" not in names or "value" not in names:
         raise InvalidRequest(f"writing to raftkv needs columns key and value; the DataFrame has {', '.join(names)}")
     keys = from_arrow(batch.column("key"), "key")
     values = from_arrow(batch.column("value"), "value")
-    pending: dict[int, tuple[list[Mutation], int]] = {}
+    pending: dict[int, tuple[list[bytes], list, int]] = {}
     for key, value in zip(keys, values):
         if key is None:
             raise InvalidRequest("a row has a null key; filter those rows out before writing")
         p = partition_for_key(key, partitions)
-        ops, size = pending.get(p, ([], 0))
-        ops.append(Put(key, value) if value is not None else Delete(key))
+        group_keys, group_values, size = pending.get(p) or ([], [], 0)
+        group_keys.append(key)
+        group_values.append(value)
         size += len(key) + len(value or b"")
-        if len(ops) >= max_rows or size >= BATCH_BYTES:
-            yield ops
-            ops, size = [], 0
-        pending[p] = (ops, size)
-    for ops, _ in pending.values():
-        if ops:
-            yield ops
+        if len(group_keys) >= max_rows or size >= BATCH_BYTES:
+            yield group_keys, group_values
+            group_keys, group_values, size = [], [], 0
+        pending[p] = (group_keys, group_values, size)
+    for group_keys, group_values, _ in pending.values():
+        if group_keys:
+            yield group_keys, group_values
 
 
-async def _send_with_retries(client: AsyncClient, ops: list[Mutation], timeout: float) -> None:
+async def _write_rows(client: AsyncClient, keys: list[bytes], values: list) -> None:
+    """Puts as one put_many (the cheap bulk form); rows with a null value make it a batch with deletes."""
+    if None in values:
+        await client.batch(Put(k, v) if v is not None else Delete(k) for k, v in zip(keys, values))
+    else:
+        await client.put_many(keys, values)
+
+
+async def _send_with_retries(client: AsyncClient, keys: list[bytes], values: list, timeout: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
         try:
-            return await client.batch(ops)
+            return await _write_rows(client, keys, values)
         except (Undetermined, Unavailable):
             if loop.time() >= deadline:
                 raise

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learners.change_capture import EntryContext, PendingView, capture_entry, capture_snapshot
-from raftkv.commands import Batch, Cas, Delete, DeleteRange, Put
+from raftkv.commands import Batch, Cas, Delete, DeleteRange, Put, PutMany
 from raftkv.engine import KeyRange, MemoryEngine, Position
 from raftkv.state_machine import apply_proposal
 
@@ -64,3 +64,12 @@ def test_snapshot_diff_turns_the_copy_into_the_snapshot(mine, theirs):
             state[e.key] = e.after
     assert state == theirs
     assert len(events) == sum(mine.get(k) != v for k, v in theirs.items()) + len(mine.keys() - theirs.keys())
+
+
+def test_a_put_many_becomes_one_event_per_row_with_before_images():
+    engine = MemoryEngine()
+    engine.write([Put(b"a", b"old")], Position(1, 1))
+    view = PendingView(engine)
+    events = capture_entry(view, [PutMany.of([b"a", b"b"], [b"new", b"1"])], EntryContext("c", 0, 2, 1, 0))
+    assert [(e.op, e.key, e.before, e.after, e.seq) for e in events] == [
+        ("u", b"a", b"old", b"new", 0), ("c", b"b", None, b"1", 1)]

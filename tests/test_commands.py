@@ -17,6 +17,7 @@ from raftkv.commands import (
     DecodeError,
     Limits,
     Put,
+    PutMany,
     check_command,
     routing_keys,
     command_size,
@@ -37,7 +38,9 @@ ranges = st.builds(DeleteRange, keys, keys)
 cases = st.builds(Cas, keys, optional_values, optional_values)
 mutations = st.one_of(puts, deletes, ranges)
 batches = st.builds(Batch, st.lists(mutations, max_size=5).map(tuple))
-commands = st.one_of(puts, deletes, ranges, cases, batches)
+put_manys = st.lists(st.tuples(keys, values), min_size=1, max_size=6).map(
+    lambda rows: PutMany.of([k for k, _ in rows], [v for _, v in rows]))
+commands = st.one_of(puts, deletes, ranges, cases, batches, put_manys)
 command_lists = st.lists(commands, max_size=8)
 
 
@@ -172,7 +175,7 @@ def test_decode_rejects_trailing_garbage_after_valid_commands(garbage):
         decode_proposal(encoded + garbage)
 
 
-@pytest.mark.parametrize("tag", [0, 9, 10, 0x7F, 0xFF])
+@pytest.mark.parametrize("tag", [0, 10, 11, 0x7F, 0xFF])
 def test_decode_rejects_unknown_tags(tag):
     with pytest.raises(DecodeError, match=f"unknown command tag {tag}"):
         decode_proposal(bytes([VERSION, tag]) + b"\x00" * 16)
@@ -354,3 +357,24 @@ def test_decode_rejects_malformed_cas(flags, elen, nlen):
     body = b"k" + b"x" * elen + b"n" * nlen
     with pytest.raises(DecodeError, match="malformed cas"):
         decode_proposal(b"\x01\x04" + struct.pack("<BIII", flags, 1, elen, nlen) + body)
+
+
+def test_put_many_checks_its_columns_and_routes_by_every_key():
+    command = PutMany.of([b"a", b"bb"], [b"1", b""])
+    assert list(command.pairs()) == [(b"a", b"1"), (b"bb", b"")]
+    assert routing_keys(command) == [b"a", b"bb"]
+    assert command_size(command) == len(encode_proposal([command])) - 1
+    check_command(command, Limits())
+    for bad, message in [
+        (PutMany.of([b""], [b"v"]), "key must not be empty"),
+        (PutMany.of([b"k" * 5000], [b"v"]), "key is 5000 bytes"),
+        (PutMany.of([b"k"], [b"v" * 2_000_000]), "value is 2000000 bytes"),
+        (PutMany(b"ab", struct.pack("<3i", 0, 1, 2), b"v", struct.pack("<2i", 0, 1)), "2 keys but 1 values"),
+        (PutMany(b"ab", struct.pack("<2i", 0, 1), b"v", struct.pack("<2i", 0, 1)), "run from 0 to the data's length"),
+        (PutMany(b"a", struct.pack("<3i", 0, 2, 1), b"vv", struct.pack("<3i", 0, 1, 2)), "must not decrease"),
+        (PutMany(b"", b"", b"", b""), "with one row or more"),
+    ]:
+        with pytest.raises(InvalidRequest, match=message):
+            check_command(bad, Limits())
+    with pytest.raises(ValueError, match="only put, delete and delete_range"):
+        encode_proposal([Batch((command,))])

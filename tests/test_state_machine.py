@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from raftkv.commands import Batch, Cas, CasResult, Delete, DeleteRange, Put
+from raftkv.commands import Batch, Cas, CasResult, Delete, DeleteRange, Put, PutMany
 from raftkv.engine import KeyRange, MemoryEngine, Position
 from raftkv.state_machine import Applied, apply_proposal
 
@@ -23,6 +23,9 @@ def model_apply(data: dict[bytes, bytes], command) -> CasResult | None:
     elif isinstance(command, Batch):
         for op in command.ops:
             model_apply(data, op)
+    elif isinstance(command, PutMany):
+        for key, value in command.pairs():
+            data[key] = value
     elif isinstance(command, Cas):
         current = data.get(command.key)
         if current != command.expected:
@@ -49,6 +52,8 @@ commands = st.one_of(
     mutations,
     st.builds(Cas, keys, optional_values, optional_values),
     st.builds(Batch, st.lists(mutations, min_size=1, max_size=4).map(tuple)),
+    st.lists(st.tuples(keys, values), min_size=1, max_size=4).map(
+        lambda rows: PutMany.of([k for k, _ in rows], [v for _, v in rows])),
 )
 
 
@@ -111,7 +116,7 @@ def test_apply_only_reads_and_is_deterministic(initial, cmds):
     assert first == second
     assert contents(engine) == initial, "apply_proposal must not write"
     assert len(first.results) == len(cmds)
-    assert all(isinstance(m, (Put, Delete, DeleteRange)) for m in first.mutations)
+    assert all(isinstance(m, (Put, Delete, DeleteRange, PutMany)) for m in first.mutations)
 
 
 # --- specific cases ----------------------------------------------------------

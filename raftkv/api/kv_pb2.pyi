@@ -119,7 +119,7 @@ class LearnerProgress(_message.Message):
     def __init__(self, name: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class Op(_message.Message):
-    __slots__ = ("partition", "put", "delete", "delete_range", "cas", "batch", "get", "register_learner", "remove_learner", "learner_progress")
+    __slots__ = ("partition", "put", "delete", "delete_range", "cas", "batch", "get", "register_learner", "remove_learner", "learner_progress", "put_many")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     PUT_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,7 @@ class Op(_message.Message):
     REGISTER_LEARNER_FIELD_NUMBER: _ClassVar[int]
     REMOVE_LEARNER_FIELD_NUMBER: _ClassVar[int]
     LEARNER_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    PUT_MANY_FIELD_NUMBER: _ClassVar[int]
     partition: int
     put: Put
     delete: Delete
@@ -140,7 +141,8 @@ class Op(_message.Message):
     register_learner: RegisterLearner
     remove_learner: RemoveLearner
     learner_progress: LearnerProgress
-    def __init__(self, partition: _Optional[int] = ..., put: _Optional[_Union[Put, _Mapping]] = ..., delete: _Optional[_Union[Delete, _Mapping]] = ..., delete_range: _Optional[_Union[DeleteRange, _Mapping]] = ..., cas: _Optional[_Union[Cas, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ..., register_learner: _Optional[_Union[RegisterLearner, _Mapping]] = ..., remove_learner: _Optional[_Union[RemoveLearner, _Mapping]] = ..., learner_progress: _Optional[_Union[LearnerProgress, _Mapping]] = ...) -> None: ...
+    put_many: Columns
+    def __init__(self, partition: _Optional[int] = ..., put: _Optional[_Union[Put, _Mapping]] = ..., delete: _Optional[_Union[Delete, _Mapping]] = ..., delete_range: _Optional[_Union[DeleteRange, _Mapping]] = ..., cas: _Optional[_Union[Cas, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ..., register_learner: _Optional[_Union[RegisterLearner, _Mapping]] = ..., remove_learner: _Optional[_Union[RemoveLearner, _Mapping]] = ..., learner_progress: _Optional[_Union[LearnerProgress, _Mapping]] = ..., put_many: _Optional[_Union[Columns, _Mapping]] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
     __slots__ = ("ops", "consistency", "forwarded")
