@@ -136,3 +136,43 @@ def _stop(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# -- single processes and joining members (scripts/bench_learner.py) -------------------
+
+
+def raftkv_spec_path(data_dir: Path) -> Path:
+    """Where `raftkv_cluster(data_dir, ...)` saves the cluster spec (what `raftkv ... --config` takes)."""
+    return data_dir / "cluster.toml"
+
+
+@contextmanager
+def started(command: list[str], log_path: Path) -> Iterator[subprocess.Popen]:
+    """One process with its output in `log_path`; stopped like the cluster members, whatever ends the block."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        _stop([proc])
+
+
+def etcd_join_command(binary: str, name: str, data_dir: Path, client_url: str, peer_url: str,
+                      cluster: str) -> list[str]:
+    """A member joining a running cluster that already lists it (Cluster.MemberAdd first): the
+    `--initial-cluster` has every member, this one included, and the state is `existing`."""
+    command = _member_command(binary, name, data_dir, client_url, peer_url, cluster)
+    command[command.index("--initial-cluster-state") + 1] = "existing"
+    return command
+
+
+def etcd_rpc():
+    """(rpc_pb2, rpc_pb2_grpc): etcd's v3 API as generated code, from the copy etcd3aio ships.
+
+    Lets a caller use plain (synchronous) gRPC stubs, e.g. `rpc_pb2_grpc.ClusterStub(channel)`.
+    """
+    ensure_etcd3aio()
+    from etcd3aio import _protobuf  # puts etcd3aio's generated modules (package `etcd.api...`) on sys.path
+
+    return _protobuf.rpc_pb2, _protobuf.rpc_pb2_grpc
