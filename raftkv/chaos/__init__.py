@@ -1,0 +1,1 @@
+"""Fault injection: run a workload against a cluster under faults, then check the history."""
