@@ -21,7 +21,7 @@ from pysyncobj import FAIL_REASON
 from raftkv import metrics
 from raftkv.batching import GroupCommit
 from raftkv.commands import Command, command_size, encode_proposal
-from raftkv.errors import NotLeader, Undetermined, Unavailable
+from raftkv.errors import NotLeader, StorageFull, Undetermined, Unavailable
 from raftkv.syncobj_replica import NOT_APPLIED, PartitionReplica, Role
 
 _BARRIER_SIZE = 1
@@ -69,6 +69,12 @@ class PartitionFrontend:
     def _enqueue(self, pending: _Pending, size: int) -> asyncio.Future:
         if not self.is_leader:
             pending.future.set_exception(self.not_leader())
+            return pending.future
+        if self.replica.storage_full:  # refuse at once, and let a replica with room lead
+            self.replica.step_aside()
+            pending.future.set_exception(StorageFull(
+                f"partition {self.partition}: this node's disk is full; it refuses writes and hands "
+                "leadership to another replica"))
             return pending.future
         for batch in self._policy.add(pending, size):
             self._propose(batch)

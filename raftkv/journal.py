@@ -32,6 +32,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import struct
 import zlib
 from itertools import accumulate
@@ -43,6 +44,7 @@ from raftkv.errors import CorruptData, StorageFull
 
 Entry = tuple[bytes, int, int]
 
+FULL_UNTIL_FREE_BYTES = 8 << 20
 LOG_NAME = "raft.log"
 META_NAME = "meta"
 FORMAT_VERSION = 1
@@ -75,6 +77,7 @@ class RaftJournal(Journal):
         self._meta_path = self._dir / META_NAME
         self._fsync = fsync
         self._dirty = False
+        self._full = False  # the last add failed for want of space
         self._make_directory()
         for path in (self._path, self._meta_path):
             _tmp_path(path).unlink(missing_ok=True)
@@ -92,9 +95,11 @@ class RaftJournal(Journal):
         record = _encode_record(command, idx, term)
         try:
             _write_all(self._fd, record, self._path)
-        except BaseException:
+        except BaseException as error:
             os.ftruncate(self._fd, self._end)  # a partial record would make the log unreadable
+            self._full = isinstance(error, StorageFull)
             raise
+        self._full = False
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
@@ -130,6 +135,13 @@ class RaftJournal(Journal):
     def size_bytes(self) -> int:
         """Bytes of the log file (header included)."""
         return self._end
+
+    @property
+    def full(self) -> bool:
+        """An add failed for want of space, and the disk has not had FULL_UNTIL_FREE_BYTES free since."""
+        if self._full and shutil.disk_usage(self._dir).free >= FULL_UNTIL_FREE_BYTES:
+            self._full = False
+        return self._full
 
     @property
     def dirty(self) -> bool:

@@ -17,7 +17,7 @@ from pysyncobj import SyncObjException
 
 from raftkv import metrics
 from raftkv.api import kv_pb2_grpc
-from raftkv.errors import ConfigError
+from raftkv.errors import ConfigError, RaftKVError
 from raftkv.group_commit import PartitionFrontend
 from raftkv.partitioning import partitions_hosted_by, replicas_for
 from raftkv.server import KVService
@@ -41,6 +41,7 @@ class Node:
         self.frontends: dict[int, PartitionFrontend] = {}
         self._server: grpc.aio.Server | None = None
         self._service: KVService | None = None
+        self.failure: asyncio.Future | None = None  # set to the error that must stop the node (corrupt data)
 
     def replicas_of(self, partition: int) -> tuple[str, ...]:
         return replicas_for(partition, self.spec.node_ids, self.spec.replication)
@@ -63,6 +64,7 @@ class Node:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        self.failure = loop.create_future()
         self._check_ports()
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
         self._server.add_insecure_port(self.me.api_address)
@@ -101,14 +103,17 @@ class Node:
                 tuning=self.spec.tuning,
                 loop=loop,
                 on_state_changed=on_state_changed,
+                on_corrupt=lambda error: loop.call_soon_threadsafe(self._fail, error),
             )
         except SyncObjException:
             raise ConfigError(
                 f"cannot listen on {self.me.raft_address(p)} (Raft port of partition {p}): the port is in use",
                 source=f"node {self.me.id} raft_port_base",
             ) from None
+        except RaftKVError:
+            raise
         except Exception as exc:
-            if "lock" in str(exc).lower():
+            if "/LOCK:" in str(exc):  # RocksDB's lock file (not "block checksum mismatch")
                 raise ConfigError(
                     f"{self.me.data_dir} is in use by another process (is node {self.me.id} already running?)",
                     source=f"node {self.me.id}",
@@ -124,12 +129,21 @@ class Node:
         )
         return frontend
 
+    def _fail(self, error: Exception) -> None:
+        """Stop serving: a replica ran into corrupt data, and nothing it holds can be trusted now."""
+        if not self.failure.done():
+            log.error("stopping: %s", error)
+            self.failure.set_exception(error)
+
     async def _housekeeping(self) -> None:
         """Once a second: log compaction when due, and the gauges."""
         while True:
             for p, frontend in self.frontends.items():
                 r = frontend.replica
-                r.maybe_compact()
+                try:
+                    r.maybe_compact()
+                except Exception:  # one partition's trouble (a full disk) must not stop the others' compaction
+                    log.exception("partition %d: housekeeping failed", p)
                 metrics.TERM.labels(p).set(r.raftCurrentTerm)
                 metrics.COMMIT_INDEX.labels(p).set(r.raftCommitIndex)
                 metrics.APPLIED_INDEX.labels(p).set(r.applied_index)
@@ -151,9 +165,22 @@ async def serve(spec: ClusterSpec, node_id: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    failure = None
     try:
         await node.start()
         print(f"raftkv node {node_id} ready on {node.me.api_address}", flush=True)
-        await stop.wait()
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([stopped, node.failure], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if node.failure.done():
+            failure = node.failure.exception()
     finally:
-        await node.stop()
+        try:
+            await node.stop()
+        except Exception:
+            if failure is None:
+                raise
+            # closing a damaged database can fail too; the reason to stop is what the operator needs
+            log.exception("while stopping after: %s", failure)
+    if failure is not None:
+        raise failure

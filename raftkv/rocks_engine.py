@@ -14,10 +14,18 @@ an install that a crash interrupted.
 rocksdict 0.3.29's `Snapshot.items()`/`iter()` ignore the snapshot (they read
 the live database), so scans use a plain iterator instead: a RocksDB
 iterator pins a consistent view when it is created.
+
+A full disk: once a write fails with ENOSPC, RocksDB refuses every later
+write ("Writer has previous error") even after space is freed, until the
+database is reopened. So a failed write marks the engine broken (reads still
+work); the next write reopens the database once the disk has room again,
+and raises StorageFull until then. Reopening replays RocksDB's WAL: the
+failed batch was not applied, and the position says so.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 import struct
@@ -26,7 +34,7 @@ import time
 import weakref
 from itertools import islice
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from rocksdict import Checkpoint, DbClosedError, Options, Rdict, ReadOptions, WriteBatch
 
@@ -41,6 +49,11 @@ _POSITION_KEY = b"position"
 _META_PREFIX = b"m/"  # the state machine's metadata, beside the position key
 _POSITION = struct.Struct("<QQ")
 INSTALL_READY = "INSTALL_READY"
+REOPEN_MIN_FREE_BYTES = 8 << 20  # a broken engine reopens its database once the disk has this much room
+
+
+def _no_space(exc: BaseException) -> bool:
+    return "No space left" in str(exc) or "ENOSPC" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC
 
 
 def _options() -> Options:
@@ -54,13 +67,23 @@ def _open(path: Path) -> Rdict:
     try:
         return Rdict(str(path), _options(), column_families={_META_CF: Options(raw_mode=True)})
     except Exception as exc:  # rocksdict raises a bare Exception for corruption
-        text = str(exc)
-        if "Corruption" in text or "checksum" in text.lower():
-            raise CorruptData(
-                f"database {path} is corrupt ({text.splitlines()[0]}); stop the node, move {path.parent} away "
-                "and restart it so the partition re-syncs from its peers"
-            ) from None
+        if _no_space(exc):
+            raise StorageFull(f"disk full opening {path}; free space on that disk") from None
+        if _is_corruption(exc):
+            raise corrupt_database(path, exc) from None
         raise
+
+
+def _is_corruption(exc: BaseException) -> bool:
+    text = str(exc)
+    return "Corruption" in text or "checksum" in text.lower()
+
+
+def corrupt_database(path: Path, exc: BaseException) -> CorruptData:
+    return CorruptData(
+        f"database {path} is corrupt ({str(exc).splitlines()[0]}); stop the node, move {path.parent} away "
+        "and restart it so the partition re-syncs from its peers"
+    )
 
 
 def recover_interrupted_install(folder: Path) -> None:
@@ -76,23 +99,48 @@ def recover_interrupted_install(folder: Path) -> None:
 
 
 class RocksEngine:
-    def __init__(self, folder: str | Path):
+    """`on_corrupt(error)` hears of every corruption a read or write runs into (RocksDB checks a
+    block when it reads it, so a damaged table file can open fine and fail later); the error is
+    raised as well."""
+
+    def __init__(self, folder: str | Path, reader_grace: float = 5.0,
+                 on_corrupt: Callable[[CorruptData], None] | None = None):
         self.folder = Path(folder)
+        self._reader_grace = reader_grace  # how long a close waits for scans still reading
+        self._on_corrupt = on_corrupt
         self.folder.mkdir(parents=True, exist_ok=True)
         recover_interrupted_install(self.folder)
         self._lock = threading.Lock()
         self._readers = 0
         self._readers_done = threading.Condition(self._lock)
         self._db = _open(self.folder / "db")
+        self._broken = False  # a write failed: the database must be reopened before the next one
         self._position = self._read_position()
 
     def _read_position(self) -> Position:
-        raw = self._db.get_column_family(_META_CF).get(_POSITION_KEY)
+        try:
+            raw = self._db.get_column_family(_META_CF).get(_POSITION_KEY)
+        except Exception as exc:
+            raise self._checked(exc) from None
         return Position(*_POSITION.unpack(raw)) if raw is not None else ZERO
+
+    def _checked(self, exc: Exception) -> Exception:
+        """The error to raise for what RocksDB raised: CorruptData (reported to on_corrupt) or itself."""
+        if not _is_corruption(exc):
+            return exc
+        error = corrupt_database(self.folder / "db", exc)
+        if self._on_corrupt is not None:
+            self._on_corrupt(error)
+        return error
 
     @property
     def position(self) -> Position:
         return self._position
+
+    @property
+    def broken(self) -> bool:
+        """A write failed (a full disk): no write succeeds until the database is reopened."""
+        return self._broken
 
     def get(self, key: bytes) -> bytes | None:
         while True:
@@ -102,14 +150,22 @@ class RocksEngine:
             except DbClosedError:
                 if db is self._db:
                     raise
+            except Exception as exc:
+                raise self._checked(exc) from None
 
     def meta_get(self, key: bytes) -> bytes | None:
-        return self._db.get_column_family(_META_CF).get(_META_PREFIX + key)
+        try:
+            return self._db.get_column_family(_META_CF).get(_META_PREFIX + key)
+        except Exception as exc:
+            raise self._checked(exc) from None
 
     def meta_items(self) -> list[tuple[bytes, bytes]]:
-        meta = self._db.get_column_family(_META_CF)
-        return [(k[len(_META_PREFIX):], v) for k, v in meta.items(from_key=_META_PREFIX)
-                if k.startswith(_META_PREFIX)]
+        try:
+            meta = self._db.get_column_family(_META_CF)
+            return [(k[len(_META_PREFIX):], v) for k, v in meta.items(from_key=_META_PREFIX)
+                    if k.startswith(_META_PREFIX)]
+        except Exception as exc:
+            raise self._checked(exc) from None
 
     def write(self, mutations: Sequence[Mutation], position: Position,
               meta: Mapping[bytes, bytes | None] | None = None) -> None:
@@ -125,6 +181,8 @@ class RocksEngine:
             elif isinstance(m, DeleteRange) and m.start < m.end:  # RocksDB fails the whole DB on end < start
                 wb.delete_range(m.start, m.end)
         with self._lock:
+            if self._broken:
+                self._reopen()
             meta_cf = self._db.get_column_family_handle(_META_CF)
             for key, value in (meta or {}).items():
                 if value is None:
@@ -135,16 +193,48 @@ class RocksEngine:
             try:
                 self._db.write(wb)
             except Exception as exc:
-                if "No space left" in str(exc) or "ENOSPC" in str(exc):
-                    raise StorageFull(f"disk full writing {self.folder}; free space and restart the node") from None
-                raise
+                # A column family handle keeps the database open: none may outlive this frame in the
+                # traceback the caller holds, or the database could not be closed to recover.
+                del meta_cf, wb
+                if _no_space(exc):
+                    self._broken = True
+                    raise StorageFull(f"disk full writing {self.folder}; writes resume once space is freed") from None
+                raise self._checked(exc) from None
             self._position = position
+
+    def _reopen(self) -> None:
+        """Reopen the database after a failed write (lock held), once the disk has room again."""
+        free = shutil.disk_usage(self.folder).free
+        if free < REOPEN_MIN_FREE_BYTES:
+            raise StorageFull(f"disk full writing {self.folder} ({free} bytes free); writes resume once space is freed")
+        self._close_and_open(lambda: None)
+        log.info("reopened %s after a failed write", self.folder / "db")
+
+    def _close_and_open(self, swap) -> None:
+        """Close the database (lock held; readers get a grace period), run `swap()` on the files, open it again.
+
+        A close that fails (RocksDB cannot flush to a full disk, or refuses after an earlier write
+        error) still releases the database, and its WAL holds everything it had acknowledged.
+        If opening fails the engine stays broken, and the next write tries again.
+        """
+        deadline = time.monotonic() + self._reader_grace
+        while self._readers and self._readers_done.wait(max(0.0, deadline - time.monotonic())):
+            pass
+        self._broken = True
+        try:
+            self._db.close()
+        except Exception as exc:  # logged as text: the exception object keeps the database alive
+            log.warning("closing %s: %s", self.folder / "db", str(exc))
+        swap()
+        self._db = _open(self.folder / "db")
+        self._position = self._read_position()
+        self._broken = False
 
     def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
         with self._lock:
             position = self._position
             self._readers += 1
-            scan = _Scan(self._db, key_range, self._reader_done)  # pins the view of `position`
+            scan = _Scan(self._db, key_range, self._reader_done, self._checked)  # pins the view of `position`
         return position, scan
 
     def _reader_done(self) -> None:
@@ -159,23 +249,20 @@ class RocksEngine:
             Checkpoint(self._db).create_checkpoint(str(dest))
         return position
 
-    def install(self, checkpoint_dir: Path, reader_grace: float = 5.0) -> Position:
+    def install(self, checkpoint_dir: Path) -> Position:
         """Replace the database with a checkpoint (a snapshot from the leader)."""
         incoming = self.folder / "db.incoming"
         if incoming.exists():
             shutil.rmtree(incoming)
         shutil.move(str(checkpoint_dir), incoming)
         (incoming / INSTALL_READY).touch()
-        with self._lock:
-            deadline = time.monotonic() + reader_grace
-            while self._readers and self._readers_done.wait(max(0.0, deadline - time.monotonic())):
-                pass
-            self._db.close()
+        def swap() -> None:
             (self.folder / "db").rename(self.folder / "db.old")
             incoming.rename(self.folder / "db")
             (self.folder / "db" / INSTALL_READY).unlink()
-            self._db = _open(self.folder / "db")
-            self._position = self._read_position()
+
+        with self._lock:
+            self._close_and_open(swap)
         shutil.rmtree(self.folder / "db.old", ignore_errors=True)
         return self._position
 
@@ -195,12 +282,16 @@ class _Scan:
     faster than calling valid/key/value/next from Python for each item.
     """
 
-    def __init__(self, db: Rdict, key_range: KeyRange, release):
+    def __init__(self, db: Rdict, key_range: KeyRange, release, checked: Callable[[Exception], Exception]):
         read_options = ReadOptions()
         if key_range.end is not None:
             read_options.set_iterate_upper_bound(key_range.end)
         items = db.items(from_key=key_range.start or None, read_opt=read_options)
         self._it = islice(items, key_range.limit) if key_range.limit else items
+        self._db = db
+        self._read_options = read_options
+        self._last_key = key_range.start
+        self._checked = checked
         self._release = weakref.finalize(self, release)
 
     def __iter__(self) -> _Scan:
@@ -210,10 +301,26 @@ class _Scan:
         if self._it is None:
             raise StopIteration
         try:
-            return next(self._it)
+            item = next(self._it)
         except StopIteration:
-            self.close()
+            try:
+                self._check_ended_cleanly()
+            finally:
+                self.close()
             raise
+        self._last_key = item[0]
+        return item
+
+    def _check_ended_cleanly(self) -> None:
+        """`items()` also just ends where RocksDB meets a damaged block; an iterator's status tells."""
+        probe = self._db.iter(self._read_options)
+        probe.seek(self._last_key)
+        if probe.valid():
+            probe.next()
+        try:
+            probe.status()
+        except Exception as exc:
+            raise self._checked(exc) from None
 
     def close(self) -> None:
         self._it = None

@@ -257,6 +257,8 @@ def _chain(future: asyncio.Future, convert: Callable) -> asyncio.Future:
     out = future.get_loop().create_future()
 
     def done(f: asyncio.Future) -> None:
+        if out.done():  # the request was cancelled (its client gave up)
+            return
         if f.exception() is not None:
             out.set_exception(f.exception())
         else:

@@ -13,6 +13,7 @@ self-contained file.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raftkv.engine import Position
-from raftkv.errors import CorruptData
+from raftkv.errors import CorruptData, StorageFull
 
 FORMAT = 1
 _ENTRY_HEAD = struct.Struct("<QQ")
@@ -92,9 +93,7 @@ def read_meta(filename: str | Path) -> Meta:
             cluster=head["cluster"],
         )
     except (tarfile.TarError, KeyError, ValueError, struct.error, OSError) as exc:
-        raise CorruptData(
-            f"snapshot {filename} is unreadable ({exc}); delete it and let the replica re-sync from its peers"
-        ) from None
+        raise CorruptData(f"snapshot {filename} is corrupt or unreadable ({exc})") from None
 
 
 def extract_db(filename: str | Path, dest: Path) -> Path:
@@ -103,6 +102,10 @@ def extract_db(filename: str | Path, dest: Path) -> Path:
         with tarfile.open(filename, "r") as tar:
             members = [m for m in tar.getmembers() if m.name == "db" or m.name.startswith("db/")]
             tar.extractall(dest, members=members, filter="data")
-    except (tarfile.TarError, OSError) as exc:
-        raise CorruptData(f"snapshot {filename} is unreadable ({exc})") from None
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise StorageFull(f"disk full unpacking snapshot {filename} into {dest}") from None
+        raise CorruptData(f"snapshot {filename} is corrupt or unreadable ({exc})") from None
+    except tarfile.TarError as exc:
+        raise CorruptData(f"snapshot {filename} is corrupt or unreadable ({exc})") from None
     return dest / "db"

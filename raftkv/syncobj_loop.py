@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pysyncobj.syncobj
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
+
+from raftkv.errors import StorageFull
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +86,21 @@ class LoopPoller(Poller):
     def _dispatch(self, descr: int, event: int) -> None:
         callback, mask = self._subscriptions.get(descr, (None, 0))
         if callback is not None and (mask & event or event == POLL_EVENT_TYPE.READ and mask & POLL_EVENT_TYPE.ERROR):
-            callback(descr, event)
+            try:
+                callback(descr, event)
+            except StorageFull as exc:  # a message whose entries could not be stored; the leader resends it
+                _warn_disk_full(exc)
         self.on_event()
+
+
+DISK_FULL_LOG_SECONDS = 10.0
+_disk_full_logged = [0.0]  # when a full disk was last logged: it fails every tick and every message
+
+
+def _warn_disk_full(exc: StorageFull) -> None:
+    if time.monotonic() - _disk_full_logged[0] >= DISK_FULL_LOG_SECONDS:
+        _disk_full_logged[0] = time.monotonic()
+        log.warning("%s (logged at most every %.0fs)", exc, DISK_FULL_LOG_SECONDS)
 
 
 class Ticker:
@@ -114,6 +130,8 @@ class Ticker:
             return
         try:
             self._syncobj._onTick(0.0)
+        except StorageFull as exc:  # retried on every tick until there is room again
+            _warn_disk_full(exc)
         except Exception:
             # pysyncobj's own tick thread logs and carries on the same way (e.g. a full disk
             # during apply is retried on the next tick).

@@ -49,8 +49,11 @@ these too: after the same bookkeeping, ``_patchedInstallSnapshot`` runs
 upstream's snapshot branch unchanged but raises the commit index only when a
 snapshot is installed, and only to its last index (where the journal then
 ends), never from ``leaderCommit``. In both paths the commit index never
-decreases, except to stay at or below the last log index. All other messages
-go to the original handler unchanged.
+decreases, except to stay at or below the last log index. A complete snapshot
+whose last entry the log already holds (same index and term, or compacted
+past it) is not installed at all (Raft's InstallSnapshot rule 6): upstream
+would clear the journal, dropping committed entries. All other messages go
+to the original handler unchanged.
 
 The ``transmission`` path (one entry larger than ``appendEntriesBatchSizeBytes``
 sent in chunks) ends in the same branch. Its ``start``/``process`` chunks only
@@ -68,7 +71,9 @@ check forces that review) rather than re-diffing a fork.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from typing import Any, Dict, List, Sequence, Tuple
 
 import pysyncobj
@@ -178,9 +183,21 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         self._patchedAdvanceCommitIndex(min(leaderCommitIndex, lastVerifiedIdx))
 
     def _patchedInstallSnapshot(self, node: Node, serialized: Any) -> None:
-        """Upstream's snapshot branch, but commit only what the snapshot holds."""
+        """Upstream's snapshot branch, but commit only what the snapshot holds, and never
+        install a snapshot that the log already covers."""
         snapshotIdx = 0
+        dumpFile = self._SyncObj__conf.fullDumpFile
+        ownDump = None
+        if dumpFile is not None and serialized is not None and serialized[2]:
+            ownDump = _keepAside(dumpFile)  # the last chunk replaces the file: keep ours at hand
         if self._SyncObj__serializer.setTransmissionData(serialized):
+            last = self._snapshotLastEntry() if dumpFile is not None else None
+            if last is not None and self._logCovers(last):
+                _putBack(ownDump, dumpFile)
+                logger.info('ignoring a snapshot up to entry %d: the log already holds it', last[1])
+                self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last[1] + 1, success=True)
+                return
+            _discard(ownDump)
             self._SyncObj__loadDumpFile(clearJournal=True)
             self._SyncObj__sendNextNodeIdx(node, success=True)
             # After an install, lastApplied is the snapshot's last index, where the
@@ -188,6 +205,34 @@ class PatchedSyncObj(pysyncobj.SyncObj):
             # failed, lastApplied is unchanged and covers no unverified entry.
             snapshotIdx = self._SyncObj__raftLastApplied
         self._patchedAdvanceCommitIndex(snapshotIdx)
+
+    def _snapshotLastEntry(self) -> LogEntry | None:
+        """The last entry the snapshot file just received covers (None: unreadable).
+
+        Subclasses whose snapshot format can tell without loading it should override this.
+        """
+        try:
+            return tuple(self._SyncObj__serializer.deserialize()[1])
+        except Exception:
+            return None
+
+    def _logCovers(self, last: LogEntry) -> bool:
+        """Whether the log already holds the snapshot's last entry (or was compacted past it).
+
+        Raft's InstallSnapshot rule 6: such a snapshot must not replace the log. Upstream
+        clears the journal and resets the commit index to the snapshot's end, dropping
+        committed entries a majority may be counting on this replica for. A leader sends one
+        when a stale reply rewound its nextIndex below its compacted log.
+        """
+        _, idx, term = last
+        log = self._SyncObj__raftLog
+        if not len(log):
+            return False
+        if idx < log[0][1]:
+            return True
+        if idx > log[-1][1]:
+            return False
+        return self._SyncObj__getEntries(idx, 1)[0][2] == term
 
     def _patchedAdvanceCommitIndex(self, committedIdx: int) -> None:
         """Raise the commit index to ``committedIdx``; lower it only to the log end."""
@@ -206,6 +251,33 @@ class PatchedSyncObj(pysyncobj.SyncObj):
                 if request is not None:
                     self._SyncObj__doChangeCluster(request, reverse=True)
         self._SyncObj__deleteEntriesFrom(idx)
+
+
+def _keepAside(path: str) -> str | None:
+    """A hard link to the file at `path` (None if there is none)."""
+    aside = path + '.own'
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(aside)
+    try:
+        os.link(path, aside)
+    except FileNotFoundError:
+        return None
+    return aside
+
+
+def _putBack(aside: str | None, path: str) -> None:
+    """Undo the received file: the kept one goes back, or there was none."""
+    if aside is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    else:
+        os.replace(aside, path)
+
+
+def _discard(aside: str | None) -> None:
+    if aside is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside)
 
 
 def _firstMismatch(existing: Sequence[LogEntry], incoming: Sequence[LogEntry]) -> int:

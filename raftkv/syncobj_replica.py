@@ -39,6 +39,7 @@ from pysyncobj.transport import TCPTransport
 from raftkv import metrics, snapshot_file
 from raftkv.commands import decode_proposal
 from raftkv.engine import Position
+from raftkv.errors import CorruptData
 from raftkv.journal import RaftJournal
 from raftkv.learner_registry import learners_from
 from raftkv.retention import compaction_due
@@ -101,6 +102,22 @@ NOT_APPLIED = {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.D
 ProposalCallback = Callable[[object, int], None]
 
 
+def _check_snapshot(path: Path) -> None:
+    """Refuse to start on a damaged snapshot file.
+
+    pysyncobj loads it on the first tick and only logs a failure: the replica would then run with
+    a compacted journal and no base to apply it on, and never apply another entry. An empty file
+    is the placeholder of a snapshot a crash interrupted (the journal was not compacted yet).
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        snapshot_file.read_meta(path)
+    except CorruptData as exc:
+        raise CorruptData(f"{exc}; stop the node, move {path.parent} away and restart it so the partition "
+                          "re-syncs from its peers") from None
+
+
 class PartitionReplica(PatchedSyncObj):
     def __init__(
         self,
@@ -113,12 +130,15 @@ class PartitionReplica(PatchedSyncObj):
         tuning: Tuning,
         loop: asyncio.AbstractEventLoop,
         on_state_changed: Callable[[int, int], None] | None = None,
+        on_corrupt: Callable[[CorruptData], None] | None = None,
     ):
         self.partition = partition
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.engine = RocksEngine(self.folder)
+        _check_snapshot(self.folder / "raft.snapshot")
+        self.engine = RocksEngine(self.folder, on_corrupt=on_corrupt)
         self._snapshot_job: Future | None = None
+        self._stepped_aside = 0.0  # when this leader last handed leadership on for want of disk space
         self._next_snapshot = self.folder / "raft.snapshot.next"
         self._tuning = tuning
         self._last_compaction = monotonic()
@@ -207,6 +227,18 @@ class PartitionReplica(PatchedSyncObj):
         if journal.dirty:
             journal.sync()
             self._fsyncs.inc()
+
+    @property
+    def storage_full(self) -> bool:
+        """This replica cannot write: its journal or its database found the disk full."""
+        return self._SyncObj__raftLog.full or self.engine.broken
+
+    def step_aside(self) -> None:
+        """A leader that cannot write hands leadership to its most caught-up follower (at most once a
+        second; pysyncobj refuses when no connected follower has every entry)."""
+        if self.role == Role.LEADER and monotonic() - self._stepped_aside >= 1.0:
+            self._stepped_aside = monotonic()
+            self.transferLeadership()
 
     # -- status -----------------------------------------------------------
 
@@ -304,6 +336,13 @@ class PartitionReplica(PatchedSyncObj):
         # snapshot would then get the old one again and again, and never catch up.
         os.replace(self._next_snapshot, self.conf.fullDumpFile)
         return SERIALIZER_STATE.SUCCESS
+
+    def _snapshotLastEntry(self):
+        """The received snapshot's last entry, read without installing it (see PatchedSyncObj)."""
+        try:
+            return snapshot_file.read_meta(self.conf.fullDumpFile).last_entry
+        except CorruptData:
+            return None
 
     def _read_snapshot(self, filename: str):
         meta = snapshot_file.read_meta(filename)

@@ -6,6 +6,7 @@ so the two must agree on every get, scan and write.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -15,6 +16,8 @@ from hypothesis import given, settings, strategies as st
 
 from raftkv.commands import Delete, DeleteRange, Put
 from raftkv.engine import ZERO, KeyRange, MemoryEngine, Position, prefix_end
+from raftkv.chaos.small_disk import SmallDisk
+from raftkv.errors import CorruptData, StorageFull
 from raftkv.rocks_engine import INSTALL_READY, RocksEngine, recover_interrupted_install
 
 # --- prefix_end and KeyRange -------------------------------------------------
@@ -410,3 +413,96 @@ def test_rocks_inverted_delete_range_is_a_no_op_not_a_broken_database(tmp_path):
     engine.write([Put(b"c", b"3")], Position(2, 1))
     assert engine.get(b"a") == b"1" and engine.get(b"c") == b"3" and engine.position == Position(2, 1)
     engine.close()
+
+
+# --- a full disk and damaged files (found by the chaos harness, docs/chaos.md) ---------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = SmallDisk(tmp_path / "disk", size_mb=24)
+    yield disk
+    disk.close()
+
+
+def fill_until_a_write_fails(e: RocksEngine, disk: SmallDisk, index: int) -> int:
+    disk.fill()
+    with pytest.raises(StorageFull):
+        for index in range(index, index + 10_000):
+            e.write([Put(b"k%d" % index, b"x" * 4096)], Position(index, 1))
+    return index
+
+
+@needs_root
+def test_rocks_writes_resume_after_a_full_disk_is_freed_without_a_restart(small_disk):
+    e = RocksEngine(small_disk.folder / "p")
+    try:
+        e.write([Put(b"before", b"1")], Position(1, 1))
+        failed_at = fill_until_a_write_fails(e, small_disk, 2)
+        with pytest.raises(StorageFull):  # still full: refused without touching the database
+            e.write([Put(b"during", b"1")], Position(failed_at, 1))
+        assert e.get(b"before") == b"1"  # reads keep working
+        small_disk.free()
+        e.write([Put(b"after", b"1")], Position(failed_at, 1))
+        assert e.position == Position(failed_at, 1)
+        assert e.get(b"after") == b"1" and e.get(b"k%d" % failed_at) is None
+    finally:
+        e.close()
+    reopened = RocksEngine(small_disk.folder / "p")
+    try:
+        assert reopened.position == Position(failed_at, 1) and reopened.get(b"after") == b"1"
+    finally:
+        reopened.close()
+
+
+@needs_root
+def test_rocks_install_on_a_full_disk_leaves_an_engine_that_recovers(small_disk, tmp_path):
+    leader = RocksEngine(tmp_path / "leader")
+    follower = RocksEngine(small_disk.folder / "follower")
+    try:
+        leader.write([Put(b"a", b"leader")], Position(50_000, 4))
+        checkpoint = leader.checkpoint(small_disk.folder / "checkpoint")
+        follower.write([Put(b"a", b"follower")], Position(3, 2))
+        fill_until_a_write_fails(follower, small_disk, 4)
+        try:  # closing the old database cannot flush; opening the new one may not fit either
+            follower.install(small_disk.folder / "checkpoint")
+        except StorageFull:
+            small_disk.free()
+            follower.write([], Position(50_001, 4))  # reopens
+        else:
+            small_disk.free()
+        assert follower.get(b"a") == b"leader" and follower.position.index >= checkpoint.index
+    finally:
+        leader.close()
+        follower.close()
+
+
+def damage_a_table_file(folder: Path) -> None:
+    """Flip bytes in the first data block of the database's table files (opening still works)."""
+    for sst in (folder / "db").glob("*.sst"):
+        data = bytearray(sst.read_bytes())
+        data[10:18] = bytes(b ^ 0xFF for b in data[10:18])
+        sst.write_bytes(bytes(data))
+
+
+def test_rocks_reads_of_a_damaged_block_raise_corrupt_data_and_tell_on_corrupt(tmp_path):
+    e = RocksEngine(tmp_path / "p")
+    e.write([Put(b"k%03d" % i, b"v") for i in range(100)], Position(1, 1))
+    e.checkpoint(tmp_path / "flushed")  # a checkpoint flushes the memtable into table files
+    e.close()
+    damage_a_table_file(tmp_path / "p")
+    reported = []
+    try:
+        e = RocksEngine(tmp_path / "p", on_corrupt=reported.append)
+    except CorruptData:  # the position's own block was hit: refused at once, which is as good
+        return
+    try:
+        with pytest.raises(CorruptData, match="is corrupt"):
+            e.get(b"k050")
+        with pytest.raises(CorruptData, match="is corrupt"):  # a scan used to end early without a word
+            list(e.scan(KeyRange())[1])
+        assert len(reported) == 2 and all(isinstance(r, CorruptData) for r in reported)
+    finally:
+        e.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 import pysyncobj.syncobj
@@ -397,6 +399,23 @@ def test_disk_full_raises_and_leaves_the_log_readable(tmp_path: Path, monkeypatc
     assert journal[:] == ENTRIES[:2]
     journal.add(*ENTRIES[2])
     assert reopen(journal, tmp_path)[:] == ENTRIES
+
+
+def test_a_full_journal_says_so_until_the_disk_has_room(tmp_path: Path, monkeypatch) -> None:
+    """A leader asks this before proposing: it refuses writes, and steps aside, while it is full."""
+    journal = open_with(tmp_path, ENTRIES[:2])
+    free = [0]
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=free[0]))
+    assert not journal.full
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+        with pytest.raises(StorageFull):
+            journal.add(*ENTRIES[2])
+    assert journal.full
+    free[0] = 1 << 30
+    assert not journal.full
+    journal.add(*ENTRIES[2])
+    assert not journal.full
 
 
 # Model-based test

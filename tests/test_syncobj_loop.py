@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 
 from pysyncobj.poller import POLL_EVENT_TYPE
 
+from raftkv.errors import StorageFull
+from raftkv import syncobj_loop
 from raftkv.syncobj_loop import LoopPoller, Ticker
 
 
@@ -61,3 +64,44 @@ def test_ticker_coalesces_requests_and_ticks_periodically():
         assert obj.ticks == stopped_at
 
     asyncio.run(scenario())
+
+
+def test_a_full_disk_while_handling_a_message_or_a_tick_is_a_warning_not_a_crash(caplog, monkeypatch):
+    """A follower whose journal cannot take a message's entries drops the message (the leader sends it
+    again); before, the StorageFull escaped into the event loop as 'Exception in callback'."""
+
+    class FullSyncObj:
+        def _onTick(self, timeout):
+            raise StorageFull("disk full while writing raft.log")
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        poller = LoopPoller(loop)
+        a, b = socket.socketpair()
+        handled = []
+
+        def on_message(fd, event):
+            handled.append(event)
+            a.recv(10)
+            raise StorageFull("disk full while writing raft.log")
+
+        poller.subscribe(a.fileno(), on_message, POLL_EVENT_TYPE.READ)
+        ticker = Ticker(FullSyncObj(), poller, loop, period=0.01)
+        ticker.start()
+        b.send(b"x")
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if handled:
+                break
+        await asyncio.sleep(0.05)
+        ticker.stop()
+        poller.unsubscribe(a.fileno())
+        a.close()
+        b.close()
+        return handled
+
+    monkeypatch.setattr(syncobj_loop, "_disk_full_logged", [0.0])
+    with caplog.at_level(logging.WARNING):
+        assert asyncio.run(scenario())
+    assert "Exception in callback" not in caplog.text and "Traceback" not in caplog.text
+    assert sum("disk full" in r.getMessage() for r in caplog.records) == 1  # rate-limited

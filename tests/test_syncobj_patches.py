@@ -560,3 +560,38 @@ def test_pipelined_writes_unpatched_baseline(caplog: pytest.LogCaptureFixture,
                    log_deletions, identical, outcome))
     record_property('unpatched_baseline', summary)
     print(summary)
+
+
+@pytest.mark.parametrize('cls', [SyncObj, PatchedSyncObj], ids=['upstream', 'patched'])
+def test_a_snapshot_the_log_already_holds_is_not_installed(
+        make_follower: Callable[..., Follower], tmp_path: Any, cls: Type[SyncObj]) -> None:
+    # Found by the chaos harness (a follower on a full disk): a leader whose nextIndex for a
+    # follower was rewound below its compacted log sends a snapshot older than entries the
+    # follower holds and has committed. Upstream clears the journal for it.
+    source = make_follower(PatchedSyncObj, fullDumpFile=str(tmp_path / 'source.dump'), useFork=False)
+    source.deliver(1, 0, entries(2, 5, 1) + entries(6, 10, 2), term=2, commit=9)
+    source.apply()
+    source.obj.forceLogCompaction()
+    source.apply()  # serialize
+    source.apply()  # compact
+    assert [e[1] for e in source.log] == [8, 9, 10]
+    chunks = []
+    while not chunks or not chunks[-1][2]:
+        chunks.append(source.obj._SyncObj__serializer.getTransmissionData('follower'))
+
+    follower_dump = tmp_path / 'follower.dump'
+    f = make_follower(cls, fullDumpFile=str(follower_dump), useFork=False)
+    f.deliver(1, 0, entries(2, 5, 1) + entries(6, 12, 2), term=2, commit=12, node=f.other)
+    f.apply()
+    log_before = f.log
+    for chunk in chunks:
+        f.deliver_raw(f.other, {'type': 'append_entries', 'term': 2, 'commit_index': 12, 'serialized': chunk})
+
+    if cls is SyncObj:  # the expected-bad baseline: committed entries 10..12 are gone
+        assert [e[1] for e in f.log] == [8, 9] and f.commit_index <= 9
+        return
+    assert f.log == log_before and f.commit_index == 12
+    assert f.last_reply() == {'type': 'next_node_idx', 'next_node_idx': 10, 'reset': False, 'success': True}
+    assert not follower_dump.exists()  # it had no snapshot: the received one is not left behind
+    reply = f.deliver(12, 2, [entry(13, 2)], term=2, commit=13, node=f.other)  # replication goes on
+    assert reply['success'] and reply['next_node_idx'] == 14

@@ -1,0 +1,25 @@
+"""The client core's transport decisions (routing and retries are tested through real nodes)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from raftkv.client_core import never_sent
+
+
+@pytest.mark.parametrize("code, details, expected", [
+    (grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:7000: "
+                                  "Failed to connect to remote host: Connection refused", True),
+    # a node killed while the request was in flight: it may have been delivered, even applied
+    (grpc.StatusCode.UNAVAILABLE, "recvmsg:Connection reset by peer", False),
+    (grpc.StatusCode.UNAVAILABLE, "Connection reset by peer", False),
+    (grpc.StatusCode.UNAVAILABLE, "Stream removed (Socket closed)", False),
+    (grpc.StatusCode.UNAVAILABLE, "connection aborted", False),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", False),
+])
+def test_only_a_channel_that_never_connected_means_the_request_was_never_sent(code, details, expected):
+    """Found by the chaos harness: any detail containing "connect" counted as never sent, so a write
+    whose leader was killed mid-request ("Connection reset by peer") was retried and applied twice
+    (a cas then saw its own effect undone: a register read an older write after a newer one)."""
+    assert never_sent(grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)) is expected
