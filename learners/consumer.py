@@ -151,6 +151,12 @@ class FeedConsumer:
         self.close()
 
 
+def read_feed(bootstrap: str, topic: str, idle: float = 3.0) -> list[ChangeEvent]:
+    """Every event in the topic once (deduplicated), in arrival order, until `idle` seconds bring nothing new."""
+    with FeedConsumer(bootstrap, topic) as feed:
+        return list(feed.events(timeout=idle))
+
+
 def tail(bootstrap: str, topic: str, *, group_id: str | None = None, from_beginning: bool = False,
          out: TextIO | None = None, timeout: float | None = None, max_events: int | None = None,
          config: Mapping[str, object] | None = None) -> int:

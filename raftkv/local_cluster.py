@@ -14,18 +14,27 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Sequence
 
 from raftkv.client import Client
 from raftkv.errors import RaftKVError, Unavailable
 from raftkv.spec import ClusterSpec
 
 
+CommandWrapper = Callable[[str, Sequence[str]], list[str]]
+
+
 class LocalCluster:
-    def __init__(self, spec: ClusterSpec, spec_path: Path, env: dict[str, str] | None = None):
+    """`wrap_command(node_id, command)`, when given, returns the command that actually starts a node
+    (e.g. one that first moves itself into a cgroup and then execs `command`, keeping its PID)."""
+
+    def __init__(self, spec: ClusterSpec, spec_path: Path, env: dict[str, str] | None = None,
+                 wrap_command: CommandWrapper | None = None):
         self.spec = spec
         self.spec_path = Path(spec_path)
         self.procs: dict[str, subprocess.Popen] = {}
         self._env = {**os.environ, **(env or {})}
+        self._wrap_command = wrap_command
 
     @property
     def endpoints(self) -> list[str]:
@@ -37,9 +46,12 @@ class LocalCluster:
     def start(self, node_id: str) -> subprocess.Popen:
         node = self.spec.node(node_id)
         node.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "raftkv", "node", "start", "--config", str(self.spec_path), "--node", node_id]
+        if self._wrap_command is not None:
+            command = self._wrap_command(node_id, command)
         with open(self.log_path(node_id), "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "raftkv", "node", "start", "--config", str(self.spec_path), "--node", node_id],
+                command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from learners.change_event import ChangeEvent
-from learners.consumer import FeedConsumer
+from learners.consumer import read_feed
+from learners.feed_check import chain_breaks, replay
 from raftkv import Client, Unavailable, Undetermined
 from tests.conftest import wait_until
 from tests.kafka_broker import TansuBroker, new_topic
@@ -22,21 +22,6 @@ broker = pytest.fixture(scope="module")(lambda: (yield from _broker()))
 def _broker():
     with TansuBroker() as b:
         yield b
-
-
-def read_feed(bootstrap: str, topic: str) -> list[ChangeEvent]:
-    """Every event in the topic once (the consumer deduplicates by event id), in feed order."""
-    with FeedConsumer(bootstrap, topic) as consumer:
-        return list(consumer.events(timeout=3.0))
-
-
-def assert_each_key_is_a_complete_chain(events: list[ChangeEvent]) -> None:
-    """Per key, in Raft order, each event's before-image is the previous event's after-image:
-    a missing event breaks the chain, so this checks completeness, not just the final state."""
-    last: dict[bytes, bytes | None] = {}
-    for e in sorted(events, key=lambda e: (e.partition, e.index, e.seq)):
-        assert e.before == last.get(e.key), f"gap before {e}"
-        last[e.key] = e.after
 
 
 def test_kafka_feed_is_exactly_once_through_learner_kills_and_a_broker_outage(make_cluster, broker, tmp_path):
@@ -90,22 +75,11 @@ def test_kafka_feed_is_exactly_once_through_learner_kills_and_a_broker_outage(ma
         assert done[0] == 20000
         with Client(cluster.endpoints) as kv:
             final = dict(kv.scan())
-        state: dict[bytes, bytes] = {}
-
-        def feed_reached_final() -> bool:
-            events = read_feed(broker.bootstrap, topic)
-            state.clear()
-            for e in events:
-                if e.op == "d":
-                    state.pop(e.key, None)
-                else:
-                    state[e.key] = e.after
-            return state == final
-
-        wait_until(feed_reached_final, 120, "the feed to replay to the voters' final contents", interval=1.0)
+        wait_until(lambda: replay(read_feed(broker.bootstrap, topic)) == final, 120,
+                   "the feed to replay to the voters' final contents", interval=1.0)
         events = read_feed(broker.bootstrap, topic)
         assert len({e.event_id for e in events}) == len(events)
-        assert_each_key_is_a_complete_chain(events)
+        assert not chain_breaks(events)
     finally:
         stop.set()
         for t in writers:

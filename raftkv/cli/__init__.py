@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from raftkv.cli import backup, cluster, data, dev, feed, learner, node, status
+from raftkv.cli import backup, chaos, cluster, data, dev, feed, learner, node, status
 from raftkv.cli.output import err_console
 from raftkv.errors import RaftKVError
 
@@ -22,7 +22,7 @@ def cli() -> None:
     """raftkv: a Raft-replicated, partitioned key-value store."""
 
 
-for module in (backup, cluster, data, dev, feed, learner, node, status):
+for module in (backup, chaos, cluster, data, dev, feed, learner, node, status):
     module.register(cli)
 
 

@@ -1,0 +1,61 @@
+"""What a chaos run does: one frozen, validated object (built from the CLI's flags or by a test)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raftkv.chaos import netcut, small_disk
+from raftkv.chaos.nemesis import FAULTS, FaultChoice
+from raftkv.codec import CONSISTENCY_BY_NAME
+from raftkv.spec import Tuning
+
+LEARNERS = ("kafka",)
+
+# Short request deadlines keep clients moving through faults; frequent compaction puts
+# snapshots on disk (to corrupt, and to install on wiped or lagging replicas) within a minute.
+CHAOS_TUNING = Tuning(request_timeout=3.0, compaction_min_entries=500)
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    nodes: int = 3
+    partitions: int = 4
+    duration: float = 60.0  # seconds of workload under faults
+    clients: int = 8
+    faults: tuple[FaultChoice, ...] = tuple(FaultChoice(f) for f in FAULTS)
+    learner: str | None = None  # "kafka": a learner feeds a tansu broker, and the feed is checked
+    seed: int = 0
+    out: Path | None = None  # where the run's files go; None: a temporary folder, kept only on a violation
+    read_consistency: str = "linearizable"  # of the register workload's reads
+    client_timeout: float = 3.0
+    tuning: Tuning = field(default_factory=lambda: CHAOS_TUNING)
+    disk_mb: int = 256  # the tmpfs of the diskfull node
+
+    @property
+    def fault_kinds(self) -> frozenset[str]:
+        return frozenset(c.fault for c in self.faults)
+
+    def problems(self) -> list[str]:
+        """Every problem with the flags, and with this machine for the faults asked for."""
+        problems = []
+        if self.nodes < 3:
+            problems.append("--nodes: at least 3 (a majority must survive a minority's faults)")
+        if not 1 <= self.partitions <= 64:
+            problems.append("--partitions: 1 to 64")
+        if self.duration < 5:
+            problems.append("--duration: at least 5 seconds")
+        if self.clients < 2:
+            problems.append("--clients: at least 2 (one register client and one set client)")
+        if self.learner is not None and self.learner not in LEARNERS:
+            problems.append(f"--learner: {self.learner!r} is not one of {', '.join(LEARNERS)}")
+        if self.read_consistency not in CONSISTENCY_BY_NAME:
+            problems.append(f"read consistency {self.read_consistency!r} is not one of {', '.join(CONSISTENCY_BY_NAME)}")
+        if self.client_timeout <= 0:
+            problems.append("client_timeout: must be positive")
+        problems += self.tuning.problems()
+        if "partition" in self.fault_kinds and (why := netcut.unavailable_reason()):
+            problems.append(f"--faults partition: network partitions are not possible here: {why}")
+        if "diskfull" in self.fault_kinds and (why := small_disk.unavailable_reason()):
+            problems.append(f"--faults diskfull: not possible here: {why}")
+        return problems

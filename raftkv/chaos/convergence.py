@@ -1,0 +1,79 @@
+"""After healing: every replica of a partition holds the same contents at the same applied index.
+
+Each replica is scanned on its own node (a follower scan is served locally
+and never forwarded) and reports the applied index its view was taken at.
+Writes may still trickle in (a learner's progress reports), so the scans are
+repeated until every replica of the partition answers at one index.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from raftkv.partitioning import replicas_for
+from raftkv.spec import ClusterSpec
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    node_id: str
+    applied_index: int
+    contents: dict[bytes, bytes]
+
+
+def scan_replica(address: str, partition: int, timeout: float = 10.0) -> tuple[int, dict[bytes, bytes]]:
+    """The partition's applied index and contents as this one node holds them."""
+    contents: dict[bytes, bytes] = {}
+    index = -1
+    with grpc.insecure_channel(address) as channel:
+        request = pb.ScanRequest(partition=partition, consistency=pb.FOLLOWER)
+        for chunk in kv_pb2_grpc.KVStub(channel).Scan(request, timeout=timeout):
+            index = chunk.applied_index
+            contents.update((kv.key, kv.value) for kv in chunk.items)
+    return index, contents
+
+
+def replica_differences(spec: ClusterSpec, timeout: float = 60.0) -> list[str]:
+    """One line per partition whose replicas differ, or never reached one applied index before `timeout`."""
+    deadline = time.monotonic() + timeout
+    problems = []
+    for p in range(spec.partitions):
+        views = _views_at_one_index(spec, p, deadline)
+        if views is None:
+            problems.append(f"partition {p}: the replicas did not reach one applied index within {timeout:.0f}s")
+            continue
+        first, *others = views
+        for view in others:
+            if view.contents != first.contents:
+                problems.append(f"partition {p} at index {first.applied_index}: "
+                                f"{_difference(first, view)}")
+    return problems
+
+
+def _views_at_one_index(spec: ClusterSpec, partition: int, deadline: float) -> list[ReplicaView] | None:
+    replicas = replicas_for(partition, spec.node_ids, spec.replication)
+    while time.monotonic() < deadline:
+        try:
+            views = [ReplicaView(n, *scan_replica(spec.node(n).api_address, partition)) for n in replicas]
+        except grpc.RpcError:
+            time.sleep(0.2)
+            continue
+        if len({v.applied_index for v in views}) == 1:
+            return views
+        time.sleep(0.1)
+    return None
+
+
+def _difference(a: ReplicaView, b: ReplicaView) -> str:
+    only_a = sorted(set(a.contents) - set(b.contents))
+    only_b = sorted(set(b.contents) - set(a.contents))
+    changed = sorted(k for k in set(a.contents) & set(b.contents) if a.contents[k] != b.contents[k])
+    parts = [f"{len(only_a)} keys only on {a.node_id} (e.g. {only_a[:3]})" if only_a else "",
+             f"{len(only_b)} keys only on {b.node_id} (e.g. {only_b[:3]})" if only_b else "",
+             f"{len(changed)} keys differ (e.g. {changed[:3]})" if changed else ""]
+    return f"{a.node_id} and {b.node_id}: " + "; ".join(p for p in parts if p)

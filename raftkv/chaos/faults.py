@@ -1,0 +1,266 @@
+"""Injecting and healing the nemesis's faults in a LocalCluster (all the I/O the schedule leaves out).
+
+Each `inject` resolves the step's targets against the cluster's current
+leaders, does the damage and opens a record on the timeline; `heal` undoes
+it and closes the record. What the cluster did wrong on the way (a node
+that exits on a corrupt file without saying so in one line) goes into the
+record's `problems`.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import grpc
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from raftkv.chaos.nemesis import FaultStep, resolve_targets
+from raftkv.chaos.netcut import NetCut
+from raftkv.chaos.small_disk import BALLAST_NAME, SmallDisk
+from raftkv.chaos.timeline import FaultRecord, Timeline
+from raftkv.client import Client
+from raftkv.errors import RaftKVError
+from raftkv.local_cluster import LocalCluster
+from raftkv.partitioning import replicas_for
+
+START_TIMEOUT = 30.0  # for a restarted node to serve its API, or exit
+FLIPPED_BYTES = 8
+JOURNAL_HEADER_BYTES = 12  # raftkv.journal's file header: magic and version
+SNAPSHOT_HEAD_BYTES = 4096  # a snapshot tar's first members: meta.json and the two base entries
+
+
+class FaultInjector:
+    def __init__(self, cluster: LocalCluster, timeline: Timeline, netcut: NetCut | None = None,
+                 disk: SmallDisk | None = None, disk_node: str | None = None):
+        self.cluster = cluster
+        self.spec = cluster.spec
+        self.timeline = timeline
+        self.netcut = netcut
+        self.disk = disk
+        self.disk_node = disk_node
+        self.down: set[str] = set()  # nodes stopped on purpose
+        self.paused: set[str] = set()
+        self.damaged: dict[str, FaultRecord] = {}  # nodes running on files a corrupt fault damaged
+        self._log_offsets: dict[str, int] = {}  # where each node's log was when it last started
+
+    # -- the cluster as it is now -------------------------------------------
+
+    def leaders(self) -> dict[int, str]:
+        try:
+            with Client(self.cluster.endpoints, timeout=2.0) as kv:
+                statuses = kv.status()
+        except RaftKVError:
+            return {}
+        return {ps.partition: s.node_id for s in statuses if s.reachable for ps in s.partitions if ps.role == "leader"}
+
+    # -- inject and heal ---------------------------------------------------
+
+    def inject(self, step: FaultStep) -> FaultRecord:
+        replicas = replicas_for(step.partition, self.spec.node_ids, self.spec.replication)
+        targets = resolve_targets(step, self.spec.node_ids, self.leaders(), replicas, self.disk_node)
+        record = self.timeline.begin(step.fault, step.variant, targets)
+        if step.variant in ("leader", "follower", "isolate-leader"):
+            record.notes.append(f"partition {step.partition}")
+        getattr(self, f"_inject_{step.fault}")(step, record)
+        return record
+
+    def heal(self, record: FaultRecord) -> None:
+        getattr(self, f"_heal_{record.fault}")(record)
+        self.timeline.healed(record)
+
+    def heal_everything(self) -> None:
+        """Undo whatever is still in force at the end of the run."""
+        for node_id in list(self.paused):
+            self.cluster.signal(node_id, signal.SIGCONT)
+        self.paused.clear()
+        if self.netcut is not None:
+            self.netcut.heal()
+        if self.disk is not None:
+            self.disk.free()
+        for node_id in list(self.down):
+            self._start(node_id)
+        if self.timeline.current is not None:
+            self.timeline.healed(self.timeline.current)
+
+    # kill -9, restarted when healed
+    def _inject_kill(self, step: FaultStep, record: FaultRecord) -> None:
+        for node_id in record.targets:
+            self._kill(node_id)
+
+    def _heal_kill(self, record: FaultRecord) -> None:
+        for node_id in record.targets:
+            self._start(node_id)
+
+    # SIGSTOP / SIGCONT
+    def _inject_pause(self, step: FaultStep, record: FaultRecord) -> None:
+        for node_id in record.targets:
+            self.cluster.signal(node_id, signal.SIGSTOP)
+            self.paused.add(node_id)
+
+    def _heal_pause(self, record: FaultRecord) -> None:
+        for node_id in record.targets:
+            self.cluster.signal(node_id, signal.SIGCONT)
+            self.paused.discard(node_id)
+
+    # Raft traffic cut between the targets and the rest
+    def _inject_partition(self, step: FaultStep, record: FaultRecord) -> None:
+        rest = tuple(n for n in self.spec.node_ids if n not in record.targets)
+        self.netcut.cut([record.targets, rest])
+        record.notes.append(f"cut {','.join(record.targets)} | {','.join(rest)}")
+
+    def _heal_partition(self, record: FaultRecord) -> None:
+        self.netcut.heal()
+
+    # a graceful restart, or a kill -9 and a wiped data dir (the node must re-sync from its peers)
+    def _inject_restart(self, step: FaultStep, record: FaultRecord) -> None:
+        (node_id,) = record.targets
+        if step.variant == "clean":
+            self.cluster.stop(node_id)
+            self.down.add(node_id)
+        else:
+            self._kill(node_id)
+            self._wipe(node_id, record)
+
+    def _heal_restart(self, record: FaultRecord) -> None:
+        self._start(record.targets[0])
+
+    # the disk node's tmpfs filled up, then freed
+    def _inject_diskfull(self, step: FaultStep, record: FaultRecord) -> None:
+        ballast = self.disk.fill()
+        record.notes.append(f"ballast of {ballast >> 20} MiB; {self.disk.free_bytes()} bytes left")
+
+    def _heal_diskfull(self, record: FaultRecord) -> None:
+        self.disk.free()
+
+    # bytes flipped in a file of a stopped node, which is then started
+    def _inject_corrupt(self, step: FaultStep, record: FaultRecord) -> None:
+        (node_id,) = record.targets
+        self._kill(node_id)
+        record.notes.append(flip_bytes(self.spec.node(node_id).data_dir, step.variant, random.Random(step.seed)))
+
+    def _heal_corrupt(self, record: FaultRecord) -> None:
+        (node_id,) = record.targets
+        self._start(node_id)
+        if self._serves_or_exits(node_id):
+            record.notes.append(f"{node_id} started on the damaged files")
+            self.damaged[node_id] = record  # it may still run into the damage later, and stop
+        else:
+            self._refused(node_id, record)
+
+    def _refused(self, node_id: str, record: FaultRecord) -> None:
+        """A node stopped on damaged files: it must say so in one line; then it is wiped and re-syncs."""
+        code = self.cluster.procs[node_id].returncode
+        log = self.cluster.log_path(node_id)
+        errors = [line for line in _read_from(log, self._log_offsets.get(node_id, 0)).splitlines()
+                  if line.startswith("error: ")]
+        if code == 2 and len(errors) == 1 and "corrupt" in errors[0]:
+            record.notes.append(f"{node_id} stopped: {errors[0]}")
+        else:
+            record.problems.append(f"{node_id} exited with code {code} on damaged files without one clear "
+                                   f"'error: ... corrupt' line; see {log}")
+        self.down.add(node_id)
+        self._wipe(node_id, record)
+        self._start(node_id)
+
+    def restart_crashed(self) -> dict[str, int]:
+        """Restart nodes that exited although nothing stopped them; returns the exit codes of those that
+        crashed. A node started on damaged files that stops on them is not a crash (see `_refused`)."""
+        crashed = {}
+        for node_id, code in self.cluster.exited().items():
+            if node_id in self.down:
+                continue
+            if node_id in self.damaged:
+                self._refused(node_id, self.damaged.pop(node_id))
+            else:
+                crashed[node_id] = code
+                self._start(node_id)
+        return crashed
+
+    # -- helpers -----------------------------------------------------------
+
+    def _kill(self, node_id: str) -> None:
+        if node_id in self.paused:
+            self.cluster.signal(node_id, signal.SIGCONT)
+            self.paused.discard(node_id)
+        self.cluster.kill(node_id)
+        self.down.add(node_id)
+
+    def _start(self, node_id: str) -> None:
+        log = self.cluster.log_path(node_id)
+        self._log_offsets[node_id] = log.stat().st_size if log.exists() else 0
+        self.cluster.start(node_id)
+        self.down.discard(node_id)
+
+    def _wipe(self, node_id: str, record: FaultRecord) -> None:
+        """Delete a stopped node's data (its log and a ballast stay)."""
+        data_dir = self.spec.node(node_id).data_dir
+        self.damaged.pop(node_id, None)
+        for item in data_dir.iterdir():
+            if item.name in ("node.log", BALLAST_NAME):
+                continue
+            if item.is_dir():
+                shutil.rmtree(item)
+            else:
+                item.unlink()
+        record.notes.append(f"wiped {data_dir}; {node_id} re-syncs from its peers")
+
+    def _serves_or_exits(self, node_id: str) -> bool:
+        """True once the node answers on its API, False if it exits first."""
+        address = self.spec.node(node_id).api_address
+        proc = self.cluster.procs[node_id]
+        deadline = time.monotonic() + START_TIMEOUT
+        with grpc.insecure_channel(address) as channel:
+            stub = kv_pb2_grpc.KVStub(channel)
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    return False
+                try:
+                    stub.Status(pb.StatusRequest(), timeout=1.0)
+                    return True
+                except grpc.RpcError:
+                    time.sleep(0.1)
+        return proc.poll() is None
+
+
+def flip_bytes(data_dir: Path, variant: str, rng: random.Random) -> str:
+    """Flip FLIPPED_BYTES bytes in one file of a stopped node; says which and where."""
+    candidates = sorted(_corruptible(data_dir, variant))
+    if not candidates:
+        return f"no {variant} file to damage yet"
+    path, low = rng.choice(candidates)
+    size = path.stat().st_size
+    high = size - FLIPPED_BYTES
+    if variant == "snapshot" and rng.random() < 0.5:  # its metadata, half the time: the rest is table data
+        high = min(high, SNAPSHOT_HEAD_BYTES)
+    offset = rng.randrange(low, max(low + 1, high))
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        data = f.read(FLIPPED_BYTES)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in data))
+    return f"flipped {len(data)} bytes at offset {offset} of {path} ({size} bytes)"
+
+
+def _corruptible(data_dir: Path, variant: str) -> list[tuple[Path, int]]:
+    """Files of the variant's kind, each with the first offset worth damaging."""
+    if variant == "journal":
+        files = [(p, JOURNAL_HEADER_BYTES) for p in data_dir.glob("p*/journal/raft.log")]
+    elif variant == "snapshot":
+        files = [(p, 0) for p in data_dir.glob("p*/raft.snapshot")]
+    else:  # rocksdb: table files once there are any, else the write-ahead log
+        files = [(p, 0) for p in data_dir.glob("p*/db/*.sst")] or [(p, 0) for p in data_dir.glob("p*/db/*.log")]
+    return [(p, low) for p, low in files if p.stat().st_size > low + FLIPPED_BYTES]
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""

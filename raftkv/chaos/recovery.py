@@ -1,0 +1,87 @@
+"""After a fault is healed: does every partition take a write again, and do all replicas catch up?"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from typing import Callable
+
+from raftkv.async_client import AsyncClient
+from raftkv.client import Client
+from raftkv.errors import RaftKVError
+from raftkv.partitioning import partition_for_key
+from raftkv.spec import ClusterSpec
+
+WRITE_DEADLINE = 10.0  # seconds after healing by which every partition must take a write
+CATCH_UP_DEADLINE = 30.0
+
+
+def probe_keys(partitions: int) -> dict[int, bytes]:
+    """One key per partition, outside the workloads' key spaces."""
+    keys: dict[int, bytes] = {}
+    for i in itertools.count():
+        key = b"probe/%d" % i
+        keys.setdefault(partition_for_key(key, partitions), key)
+        if len(keys) == partitions:
+            return keys
+
+
+async def _write_until(endpoints: list[str], key: bytes, deadline: float) -> float | None:
+    """Seconds until a put of `key` is acknowledged (None: not before `deadline`, a time.monotonic())."""
+    started = time.monotonic()
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            async with AsyncClient(endpoints, timeout=max(0.5, min(left, 3.0))) as kv:
+                await kv.put(key, b"%d" % time.monotonic_ns())
+            return time.monotonic() - started
+        except RaftKVError:
+            await asyncio.sleep(0.1)
+    return None
+
+
+def writes_resume(spec: ClusterSpec, healed_at: float, deadline: float = WRITE_DEADLINE) -> dict[int, float | None]:
+    """Per partition: seconds from `healed_at` (a time.monotonic()) until a write was acknowledged, or None."""
+    endpoints = [n.api_address for n in spec.nodes]
+    keys = probe_keys(spec.partitions)
+
+    async def probe_all() -> list[float | None]:
+        return await asyncio.gather(*(_write_until(endpoints, keys[p], healed_at + deadline)
+                                      for p in range(spec.partitions)))
+
+    started = time.monotonic()
+    took = asyncio.run(probe_all())
+    return {p: None if t is None else t + started - healed_at for p, t in enumerate(took)}
+
+
+def lagging_replicas(spec: ClusterSpec, each_round: Callable[[], None],
+                     deadline: float = CATCH_UP_DEADLINE) -> list[str]:
+    """Waits until every replica has applied what its leader had committed at the start; names those that
+    did not. `each_round()` runs before every look (the runner restarts nodes that stopped meanwhile)."""
+    endpoints = [n.api_address for n in spec.nodes]
+    target: dict[int, int] = {}
+    behind: list[str] = ["no status yet"]
+    end = time.monotonic() + deadline
+    with Client(endpoints, timeout=2.0) as kv:
+        while time.monotonic() < end:
+            each_round()
+            try:
+                statuses = kv.status()
+            except RaftKVError:
+                time.sleep(0.2)
+                continue
+            for s in statuses:
+                for ps in s.partitions:
+                    if ps.role == "leader":
+                        target.setdefault(ps.partition, ps.commit_index)
+            applied = {(s.node_id, ps.partition): ps.applied_index
+                       for s in statuses if s.reachable for ps in s.partitions}
+            unreachable = [s.node_id for s in statuses if not s.reachable]
+            behind = [f"{n} is unreachable" for n in unreachable] + [
+                f"{node_id} partition {p} at {index} < {target[p]}"
+                for (node_id, p), index in sorted(applied.items()) if p in target and index < target[p]
+            ] + [f"partition {p} has no leader" for p in range(spec.partitions) if p not in target]
+            if not behind:
+                return []
+            time.sleep(0.2)
+    return behind

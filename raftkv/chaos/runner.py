@@ -1,0 +1,313 @@
+"""One chaos run: a fresh cluster, the workloads, the nemesis, then healing and every check.
+
+    report = run_chaos(ChaosConfig(duration=60, faults=parse_faults("kill,partition")))
+    report.ok, report.violations, report.run_dir
+
+The run starts its own cluster from a fresh spec on free loopback ports and
+removes every process, cgroup, nftables table and mount it made, also when it
+fails or is interrupted. Its files (history.jsonl, timeline.json, the nodes'
+data dirs) go to `config.out` or a temporary folder; the data dirs are kept
+only when a check fails, and a temporary folder only then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from learners.consumer import read_feed
+from learners.feed_check import chain_breaks, replay
+from raftkv.chaos.config import ChaosConfig
+from raftkv.chaos.convergence import replica_differences, scan_replica
+from raftkv.chaos.faults import FaultInjector
+from raftkv.chaos.history import SET_FUNCTIONS, Op, Violation, dump_history
+from raftkv.chaos.linearizability import check_register
+from raftkv.chaos.nemesis import FaultStep, choose_disk_node, schedule
+from raftkv.chaos.netcut import NetCut
+from raftkv.chaos.recovery import WRITE_DEADLINE, lagging_replicas, writes_resume
+from raftkv.chaos.set_check import check_set
+from raftkv.chaos.small_disk import SmallDisk
+from raftkv.chaos.timeline import FaultRecord, Timeline
+from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_set
+from raftkv.errors import ConfigError
+from raftkv.local_cluster import LocalCluster, free_port_block
+from raftkv.local_feed import LocalFeed
+from raftkv.partitioning import replicas_for
+from raftkv.spec import build_spec, load_spec, save_spec
+
+FEED_NAME = "chaos-feed"
+FINAL_READ_CLIENT = 1 << 30  # a client id no workload client reaches
+FEED_DEADLINE = 120.0  # for the learner's feed to catch up with the final contents
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class ChaosReport:
+    config: ChaosConfig
+    op_counts: dict[tuple[str, str], int]  # (f, status) -> ops
+    errors: dict[str, int]  # error class -> requests that raised it
+    faults: tuple[FaultRecord, ...]
+    checks: tuple[CheckOutcome, ...]
+    violations: tuple[Violation, ...]
+    unknown_keys: tuple[str, ...]  # register keys too costly to decide
+    run_dir: Path | None  # where the run's files were kept (None: nothing kept)
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    @property
+    def ops(self) -> int:
+        return sum(self.op_counts.values())
+
+
+class RunStatus:
+    """What a run is doing now, for a live display (read from another thread)."""
+
+    def __init__(self):
+        self.phase = "starting"
+        self.history: History | None = None
+        self.timeline: Timeline | None = None
+        self.workload_started: float | None = None
+
+
+def run_chaos(config: ChaosConfig, *, steps: tuple[FaultStep, ...] | None = None,
+              status: RunStatus | None = None) -> ChaosReport:
+    """Run the workloads against a fresh cluster under the nemesis `steps` (default: scheduled from the seed)."""
+    if problems := config.problems():
+        raise ConfigError(problems, source="chaos run")
+    started = time.monotonic()
+    rng = random.Random(config.seed)
+    if steps is None:
+        steps = schedule(config.faults, config.duration, config.partitions, rng)
+    status = status or RunStatus()
+    run_dir = Path(config.out) if config.out else Path(tempfile.mkdtemp(prefix="raftkv-chaos-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run = _Run(config, steps, run_dir, status, rng)
+    try:
+        with ExitStack() as cleanup:
+            run.execute(cleanup)
+    finally:
+        run.write_files()
+    report = run.report(time.monotonic() - started)
+    if report.ok:
+        shutil.rmtree(run_dir / "cluster", ignore_errors=True)
+        if config.out is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            report = dataclasses.replace(report, run_dir=None)
+    return report
+
+
+class _Run:
+    def __init__(self, config: ChaosConfig, steps: tuple[FaultStep, ...], run_dir: Path, status: RunStatus,
+                 rng: random.Random):
+        self.config = config
+        self.steps = steps
+        self.run_dir = run_dir
+        self.status = status
+        self.history = status.history = History()
+        self.timeline = status.timeline = Timeline()
+        self.rng = rng
+        self.disk_node: str | None = None  # the node whose data dir is a small tmpfs, for diskfull
+        self.checks: list[CheckOutcome] = []
+        self.violations: list[Violation] = []
+        self.unknown: tuple[str, ...] = ()
+        self.final_read: Op | None = None
+
+    # -- the run -----------------------------------------------------------
+
+    def execute(self, cleanup: ExitStack) -> None:
+        spec = self._new_spec()
+        netcut = None
+        if any(s.fault == "partition" for s in self.steps):
+            netcut = NetCut(spec)
+            cleanup.callback(netcut.close)
+        disk = None
+        if any(s.fault == "diskfull" for s in self.steps):
+            self.disk_node = choose_disk_node(spec.node_ids, self.rng)
+            disk = SmallDisk(spec.node(self.disk_node).data_dir, self.config.disk_mb)
+            cleanup.callback(disk.close)
+            cleanup.callback(self._keep_disk_node_data, spec)
+        cluster = LocalCluster(spec, spec.path, wrap_command=netcut.command_for if netcut else None)
+        cleanup.callback(_kill_all, cluster)
+        self.status.phase = "starting the cluster"
+        cluster.start_all()
+        cluster.wait_ready(timeout=60)
+        feed = None
+        if self.config.learner == "kafka":
+            feed = LocalFeed(spec, FEED_NAME, FEED_NAME, sink_options={"timeout.ms": "5000"}).start()
+            cleanup.callback(feed.stop)
+        injector = FaultInjector(cluster, self.timeline, netcut, disk, self.disk_node)
+        workload = Workload(WorkloadConfig(endpoints=tuple(cluster.endpoints), clients=self.config.clients,
+                                           set_clients=max(1, self.config.clients // 4),
+                                           read_consistency=self.config.read_consistency,
+                                           timeout=self.config.client_timeout, seed=self.config.seed),
+                            self.history)
+        cleanup.callback(workload.stop)
+        self.status.phase = "running"
+        self.status.workload_started = self.timeline.started = time.monotonic()
+        workload.start()
+        self._nemesis(injector, spec)
+        self.status.phase = "healing"
+        injector.heal_everything()
+        self._after_heal(injector, spec, None, time.monotonic())
+        workload.stop()
+        self.status.phase = "checking"
+        self._final_checks(spec, feed)
+
+    def _new_spec(self):
+        c = self.config
+        base = free_port_block(c.nodes * (c.partitions + 2))
+        spec = build_spec(nodes=c.nodes, partitions=c.partitions, replication=3, base_port=base,
+                          data_dir=self.run_dir / "cluster")
+        spec = dataclasses.replace(spec, tuning=c.tuning)
+        return load_spec(save_spec(spec, self.run_dir / "cluster" / "cluster.toml"))
+
+    def _nemesis(self, injector: FaultInjector, spec) -> None:
+        """Each step in turn: wait for its time, inject, hold, heal, check that the cluster recovers."""
+        begin = self.status.workload_started
+        end = begin + self.config.duration
+        for step in self.steps:
+            if not _sleep_until(begin + step.at, end) or time.monotonic() + step.hold > end:
+                break
+            record = injector.inject(step)
+            _sleep_until(record.start + step.hold, end)
+            injector.heal(record)
+            self._after_heal(injector, spec, record, record.healed)
+        _sleep_until(end, end)
+
+    def _after_heal(self, injector: FaultInjector, spec, record: FaultRecord | None, healed_at: float) -> None:
+        """Nodes that crashed are restarted; every partition must then take a write within
+        WRITE_DEADLINE seconds of the heal, and every replica catch up."""
+        where = record.name if record else "the end of the run"
+        self._restart_crashed(injector, where)
+        took = writes_resume(spec, healed_at)
+        if slow := {p: t for p, t in took.items() if t is None}:
+            self.violations.append(Violation(
+                "recovery", where, f"partitions {sorted(slow)} took no write within {WRITE_DEADLINE:.0f}s "
+                                   f"after {where} was healed", ()))
+        elif record is not None:
+            record.recovered = healed_at + max(took.values())
+        if behind := lagging_replicas(spec, each_round=lambda: self._restart_crashed(injector, where)):
+            self.violations.append(Violation("recovery", where, f"after {where}: replicas did not catch up: "
+                                                                f"{'; '.join(behind[:4])}", ()))
+        self._restart_crashed(injector, where)
+
+    def _restart_crashed(self, injector: FaultInjector, where: str) -> None:
+        for node_id, code in injector.restart_crashed().items():
+            self.violations.append(Violation("node-crashed", where, f"{node_id} exited with code {code} during "
+                                                                    f"{where}; see {injector.cluster.log_path(node_id)}", ()))
+
+    # -- checks ------------------------------------------------------------
+
+    def _final_checks(self, spec, feed: LocalFeed | None) -> None:
+        ops = self.history.ops()
+        self.final_read, error = asyncio.run(read_set([n.api_address for n in spec.nodes],
+                                                      client_id=FINAL_READ_CLIENT, timeout=30.0))
+        set_ops = [op for op in ops if op.f in SET_FUNCTIONS] + [self.final_read]
+        register_ops = [op for op in ops if op.f not in SET_FUNCTIONS]
+
+        registers = check_register(register_ops)
+        self.unknown = registers.unknown
+        self._checked("linearizable registers", registers.violations,
+                      f"{registers.keys_checked} keys, {registers.ops_checked} ops"
+                      + (f"; {len(registers.unknown)} keys undecided" if registers.unknown else ""))
+        sets = check_set(set_ops)
+        read_note = f"final read of {len(self.final_read.result)} elements" if self.final_read.status == "ok" \
+            else f"final read failed: {error}"
+        self._checked("set: no lost or phantom adds", sets.violations, f"{sets.ops_checked} ops; {read_note}")
+
+        differences = replica_differences(spec)
+        self._checked("replicas equal", [Violation("replicas-equal", line.split(":")[0], line, ())
+                                         for line in differences], f"{spec.partitions} partitions")
+        for record in self.timeline.records():
+            for problem in record.problems:
+                self.violations.append(Violation("fault-handling", record.name, problem, ()))
+        if feed is not None:
+            self._checked("learner feed", self._feed_violations(spec, feed), f"topic {feed.topic}")
+
+    def _checked(self, name: str, violations, detail: str) -> None:
+        violations = list(violations)
+        self.violations += violations
+        self.checks.append(CheckOutcome(name, not violations, detail if not violations else
+                                        f"{len(violations)} violations; {detail}"))
+
+    def _feed_violations(self, spec, feed: LocalFeed) -> list[Violation]:
+        """The deduplicated feed replays to the voters' final contents, with every key's chain complete."""
+        final: dict[bytes, bytes] = {}
+        for p in range(spec.partitions):  # the replicas are equal by now: any one will do
+            replica = replicas_for(p, spec.node_ids, spec.replication)[0]
+            final.update(scan_replica(spec.node(replica).api_address, p)[1])
+        deadline = time.monotonic() + FEED_DEADLINE
+        events = read_feed(feed.bootstrap, feed.topic)
+        while replay(events) != final and time.monotonic() < deadline:
+            if feed.learner.poll() is not None:
+                return [Violation("feed", feed.topic, f"the learner exited with {feed.learner.returncode}; "
+                                                      f"see {feed.log_path}", ())]
+            time.sleep(1.0)
+            events = read_feed(feed.bootstrap, feed.topic)
+        violations = [Violation("feed", feed.topic, line, ()) for line in chain_breaks(events)]
+        if (table := replay(events)) != final:
+            missing = len(set(final) - set(table))
+            wrong = sum(1 for k in final if k in table and table[k] != final[k])
+            violations.append(Violation("feed", feed.topic,
+                                        f"after {FEED_DEADLINE:.0f}s the feed replays to {len(table)} keys, not the "
+                                        f"voters' {len(final)}: {missing} missing, {wrong} with another value", ()))
+        return violations
+
+    # -- files and the report ----------------------------------------------
+
+    def _keep_disk_node_data(self, spec) -> None:
+        """The diskfull node's data lives on a tmpfs that is about to go: copy it out if a check failed."""
+        if self.violations:
+            data_dir = spec.node(self.disk_node).data_dir
+            shutil.copytree(data_dir, data_dir.with_name(f"{self.disk_node}-tmpfs-copy"), dirs_exist_ok=True)
+
+    def write_files(self) -> None:
+        ops = self.history.ops() + ([self.final_read] if self.final_read else [])
+        dump_history(ops, self.run_dir / "history.jsonl")
+        self.timeline.dump(self.run_dir / "timeline.json")
+
+    def report(self, seconds: float) -> ChaosReport:
+        return ChaosReport(
+            config=self.config,
+            op_counts=dict(self.history.counts),
+            errors=dict(self.history.errors),
+            faults=tuple(self.timeline.records()),
+            checks=tuple(self.checks),
+            violations=tuple(self.violations),
+            unknown_keys=self.unknown,
+            run_dir=self.run_dir,
+            seconds=seconds,
+        )
+
+
+def _sleep_until(moment: float, end: float) -> bool:
+    """Sleep until `moment` (but not past `end`); False if `end` comes first."""
+    wake = min(moment, end)
+    if (left := wake - time.monotonic()) > 0:
+        time.sleep(left)
+    return moment <= end
+
+
+def _kill_all(cluster: LocalCluster) -> None:
+    """SIGCONT (a paused node), SIGKILL and reap every node process."""
+    for node_id in list(cluster.procs):
+        cluster.signal(node_id, signal.SIGCONT)
+        cluster.kill(node_id)

@@ -1,0 +1,132 @@
+"""raftkv chaos run: a fault-injection run against a fresh local cluster, then the history checks."""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import click
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from raftkv.chaos.config import LEARNERS, ChaosConfig
+from raftkv.chaos.nemesis import FAULTS, VARIANTS, parse_faults
+from raftkv.chaos.runner import ChaosReport, RunStatus, run_chaos
+from raftkv.cli.output import console, err_console
+from raftkv.codec import CONSISTENCY_BY_NAME
+from raftkv.errors import ConfigError
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(chaos)
+
+
+@click.group()
+def chaos() -> None:
+    """Fault injection: workloads under kill -9, pauses, partitions, disk full and corruption, checked."""
+
+
+_FAULT_HELP = "Comma-separated faults, each KIND or KIND:VARIANT. " + "; ".join(
+    f"{kind}: {'|'.join(variants)}" for kind, variants in VARIANTS.items())
+
+
+@chaos.command()
+@click.option("--nodes", type=click.IntRange(3, 9), default=3, show_default=True)
+@click.option("--partitions", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--duration", type=click.FloatRange(5), default=60.0, show_default=True,
+              help="Seconds of workload under faults (healing and checks come after).")
+@click.option("--clients", type=click.IntRange(2, 256), default=8, show_default=True,
+              help="Concurrent workload clients, one request each at a time.")
+@click.option("--faults", default=",".join(FAULTS), show_default=True, help=_FAULT_HELP)
+@click.option("--learner", type=click.Choice(LEARNERS), default=None,
+              help="Also run a learner feeding a local tansu broker, and check its feed.")
+@click.option("--seed", type=int, default=None, help="Replays the same fault schedule (default: a random seed, printed).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the history, the timeline and (on a violation) the data dirs go; default: a temporary "
+                   "folder, kept only on a violation.")
+@click.option("--read-consistency", type=click.Choice(sorted(CONSISTENCY_BY_NAME)), default="linearizable",
+              show_default=True, help="Of the register reads (leader or follower reads may be stale: the checker "
+                                      "should then report violations).")
+def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_consistency) -> None:
+    """Run a workload against a fresh local cluster under faults; exit 1 on any violation.
+
+    Needs root for partitions (cgroups and nftables) and disk full (a tmpfs).
+    """
+    try:
+        fault_choices = parse_faults(faults)
+    except ValueError as exc:
+        raise ConfigError(str(exc), source="--faults") from None
+    config = ChaosConfig(nodes=nodes, partitions=partitions, duration=duration, clients=clients,
+                         faults=fault_choices, learner=learner,
+                         seed=seed if seed is not None else random.randrange(1 << 31), out=out,
+                         read_consistency=read_consistency)
+    console.print(f"chaos run: seed {config.seed}, faults {', '.join(map(str, config.faults))}")
+    status = RunStatus()
+    with Live(get_renderable=lambda: _progress(status, config), console=console, transient=True):
+        report = run_chaos(config, status=status)
+    _summary(report)
+    if not report.ok:
+        err_console.print(f"[bold red]{len(report.violations)} violations[/]; history, timeline and data dirs "
+                          f"kept in {report.run_dir}", soft_wrap=True)
+        sys.exit(1)
+    where = f"; history and timeline in {report.run_dir}" if report.run_dir else ""
+    console.print(f"[bold green]no violations[/] in {report.ops:,} ops{where}", soft_wrap=True)
+
+
+def _progress(status: RunStatus, config: ChaosConfig) -> Text:
+    line = Text(f"{status.phase}")
+    if status.workload_started is not None:
+        elapsed = min(time.monotonic() - status.workload_started, config.duration)
+        line.append(f"  {elapsed:5.1f}/{config.duration:.0f}s")
+    if status.history is not None:
+        by_status = Counter()
+        for (_, state), count in status.history.counts.items():
+            by_status[state] += count
+        line.append(f"  ops {sum(by_status.values()):,} (ok {by_status['ok']:,}, fail {by_status['fail']:,}, "
+                    f"info {by_status['info']:,})")
+    if status.timeline is not None:
+        current = status.timeline.current
+        fault = f"{current.name} on {','.join(current.targets)}" if current else "none"
+        line.append(f"  faults {len(status.timeline.records())}  now: ", style="")
+        line.append(fault, style="bold yellow" if current else "dim")
+    return line
+
+
+def _summary(report: ChaosReport) -> None:
+    ops = Table(title=f"operations ({report.ops:,} in {report.config.duration:.0f}s)")
+    for column in ("op", "ok", "fail", "info"):
+        ops.add_column(column, justify="left" if column == "op" else "right")
+    for f in sorted({f for f, _ in report.op_counts}):
+        ops.add_row(f, *(f"{report.op_counts.get((f, s), 0):,}" for s in ("ok", "fail", "info")))
+    faults = Table(title=f"faults ({len(report.faults)})")
+    for column in ("fault", "injected", "recovered within (s)"):
+        faults.add_column(column, justify="left" if column == "fault" else "right")
+    by_name: dict[str, list] = {}
+    for record in report.faults:
+        by_name.setdefault(record.name, []).append(record)
+    for name, records in sorted(by_name.items()):
+        took = [r.recovered - r.healed for r in records if r.recovered is not None and r.healed is not None]
+        faults.add_row(name, str(len(records)), f"{max(took):.1f}" if took else "-")
+    checks = Table(title="checks")
+    for column in ("check", "result", "detail"):
+        checks.add_column(column)
+    for check in report.checks:
+        checks.add_row(check.name, "[green]ok[/]" if check.ok else "[bold red]VIOLATED[/]", check.detail)
+    parts = [ops, faults, checks]
+    if report.errors:
+        parts.append(Text("errors seen by clients: " + ", ".join(f"{k} {v:,}" for k, v in sorted(report.errors.items()))))
+    if report.violations:
+        violations = Table(title="violations")
+        for column in ("check", "where", "detail"):
+            violations.add_column(column)
+        for v in report.violations[:20]:
+            violations.add_row(v.check, v.key, v.detail)
+        parts.append(violations)
+        if len(report.violations) > 20:
+            parts.append(Text(f"... and {len(report.violations) - 20} more"))
+    console.print(Group(*parts))

@@ -1,0 +1,72 @@
+"""A change feed on this machine: a tansu broker and one Kafka learner process feeding it (dev up, chaos runs).
+
+    feed = LocalFeed(spec, name="feed", topic="raftkv-feed").start()
+    feed.bootstrap        # where to read the topic
+    feed.learner.poll()   # the learner process
+    feed.stop()
+
+tansu keeps topics in memory, so every start begins the feed afresh: the
+learner's folder is wiped and it streams the whole log again.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from learners.learner_process import learner_folder
+from raftkv.client import Client
+from raftkv.dev_broker import TansuBroker
+from raftkv.spec import ClusterSpec
+
+
+class LocalFeed:
+    def __init__(self, spec: ClusterSpec, name: str, topic: str, broker_port: int | None = None,
+                 sink_options: dict[str, str] | None = None):
+        if spec.path is None:
+            raise ValueError("the spec must come from a file (load_spec): the learner process reads it")
+        self.spec = spec
+        self.name = name
+        self.topic = topic
+        self.broker = TansuBroker(port=broker_port, log_path=self.log_path.with_name("tansu.log"))
+        self.sink_options = sink_options or {}
+        self.learner: subprocess.Popen | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.broker.bootstrap
+
+    @property
+    def log_path(self) -> Path:
+        return learner_folder(self.spec, self.name).parent / f"{self.name}.log"
+
+    def start(self) -> LocalFeed:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.broker.start()
+        try:
+            shutil.rmtree(learner_folder(self.spec, self.name), ignore_errors=True)
+            with Client([n.api_address for n in self.spec.nodes]) as kv:
+                kv.register_learner(self.name, "kafka",
+                                    {"bootstrap.servers": self.bootstrap, "topic": self.topic, **self.sink_options})
+            with open(self.log_path, "ab") as out:
+                self.learner = subprocess.Popen(
+                    [sys.executable, "-m", "raftkv", "learner", "start", "--name", self.name,
+                     "--config", str(self.spec.path)],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM the learner (SIGKILL after `grace` seconds), then stop the broker."""
+        if self.learner is not None and self.learner.poll() is None:
+            self.learner.terminate()
+            try:
+                self.learner.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.learner.kill()
+                self.learner.wait()
+        self.broker.stop()
