@@ -198,25 +198,33 @@ def evaluate(row: Row, results: dict, config: Config) -> dict:
             "noisy": {"raftkv": raftkv.other_cpu > NOISY_CORES, "etcd": etcd.other_cpu > NOISY_CORES}}
 
 
+def verdict(met: bool) -> str:
+    return "[green]met[/green]" if met else "[red]not met[/red]"
+
+
 def target_text(entry: dict) -> str:
     if entry["target"] is None:
         return ""
     sign = "≤" if entry["latency"] else "≥"
-    verdict = "[green]met[/green]" if entry["met"] else "[red]not met[/red]"
-    return f"{sign} {entry['target']:.1f}× {verdict}"
+    return f"{sign} {entry['target']:.1f}× {verdict(entry['met'])}"
+
+
+def comparison_table(title: str, caption: str) -> Table:
+    """The shape every raftkv-vs-etcd table here has: scenario, both systems, their ratio, the target."""
+    t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+    for name, justify in (("scenario", "left"), ("raftkv", "right"), ("etcd", "right"),
+                          ("raftkv/etcd", "right"), ("target", "left")):
+        t.add_column(name, justify=justify)
+    return t
 
 
 def table(evaluated: list[dict], ceiling: dict, config: Config) -> Table:
-    t = Table(
+    t = comparison_table(
         title=f"raftkv vs etcd 3.4, 3 members each on loopback; concurrent = {config.processes} processes x "
         f"{config.in_flight} in flight; {config.duration:g} s windows",
         caption=f"etcd client: {ETCD_CLIENT}. * = other processes on the machine (the idle cluster of the other "
         f"system included) used more than {NOISY_CORES} cores during that measurement.",
-        title_justify="left", caption_justify="left",
     )
-    for name, justify in (("scenario", "left"), ("raftkv", "right"), ("etcd", "right"),
-                          ("raftkv/etcd", "right"), ("target", "left")):
-        t.add_column(name, justify=justify)
     for entry in evaluated:
         t.add_row(entry["label"], _cell(entry, "raftkv"), _cell(entry, "etcd"), f"{entry['ratio']:.2f}×",
                   target_text(entry))

@@ -73,7 +73,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import NOISY_CORES, header  # noqa: E402
+from bench import NOISY_CORES, comparison_table, header, verdict  # noqa: E402
 from bench_clusters import (  # noqa: E402
     Running,
     ensure_etcd,
@@ -657,27 +657,19 @@ def _ratio(value: float) -> str:
     return "" if math.isnan(value) else f"{value:,.2f}×"
 
 
-def _verdict(met: bool) -> str:
-    return "[green]met[/green]" if met else "[red]not met[/red]"
-
-
 def table(raftkv_up: CatchUp, etcd_up: CatchUp | None, lags: list[Lag], config: Config, loads: str) -> Table:
-    t = Table(
+    t = comparison_table(
         title=f"Learner catch-up over {config.keys:,} keys (raftkv vs etcd 3.4, 3 voters each on loopback, "
         f"{config.partitions} raftkv partitions) and raftkv's change-feed lag",
         caption=f"* = other processes on the machine used more than {NOISY_CORES} cores during that measurement. "
         f"Load average (1/5/15 min): {loads}. The lag rows are raftkv only: the etcd side has no change feed here.",
-        title_justify="left", caption_justify="left",
     )
-    for name, justify in (("scenario", "left"), ("raftkv", "right"), ("etcd", "right"),
-                          ("raftkv/etcd", "right"), ("target", "left")):
-        t.add_column(name, justify=justify)
 
     def etcd_cell(get: Callable[[CatchUp], str]) -> str:
         return get(etcd_up) if etcd_up else "skipped"
 
     ratio = raftkv_up.caught_up_s / etcd_up.caught_up_s if etcd_up else math.nan
-    target = "" if math.isnan(ratio) else f"≤ {CATCH_UP_TARGET:.1f}× {_verdict(ratio <= CATCH_UP_TARGET)}"
+    target = "" if math.isnan(ratio) else f"≤ {CATCH_UP_TARGET:.1f}× {verdict(ratio <= CATCH_UP_TARGET)}"
     t.add_row("learner catch-up: start → caught up (s)", _num(raftkv_up.caught_up_s, noisy=raftkv_up.cores.noisy),
               etcd_cell(lambda c: _num(c.caught_up_s, noisy=c.cores.noisy)), _ratio(ratio), target)
     t.add_row("  of which start → learner answers (s)", _num(raftkv_up.serving_s),
@@ -711,7 +703,7 @@ def table(raftkv_up: CatchUp, etcd_up: CatchUp | None, lags: list[Lag], config: 
         if lag.rate == LAG_TARGET_RATE:
             reached = lag.achieved >= 0.95 * lag.rate
             met = reached and not lag.missing and lag.p99_ms <= LAG_TARGET_MS
-            lag_target = f"≤ {LAG_TARGET_MS:.0f} ms {_verdict(met)}" + ("" if reached else " (rate not reached)")
+            lag_target = f"≤ {LAG_TARGET_MS:.0f} ms {verdict(met)}" + ("" if reached else " (rate not reached)")
         t.add_row(f"{label} lag p99 (ms)", _num(lag.p99_ms, 1, lag.cores.noisy), "", "", lag_target)
         t.add_row(f"{label} put ack p50 / p99 (ms)", f"{lag.put_p50_ms:,.1f} / {lag.put_p99_ms:,.1f}  ", "", "", "")
         t.add_row(f"{label} cores: voters / learner / other", _cores_cell(lag.cores), "", "", "")

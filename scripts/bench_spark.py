@@ -25,13 +25,9 @@ from rocksdict import Options, Rdict, WriteBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clusters import raftkv_cluster  # noqa: E402
+from bench_load import VALUE_BYTES, key  # noqa: E402
 
-VALUE_BYTES = 100
 READS = 3  # the median of three full reads
-
-
-def key(i: int) -> bytes:
-    return b"key%013d" % i
 
 
 def rocksdict_rates(folder: Path, rows: int) -> tuple[float, float]:
@@ -58,7 +54,7 @@ def spark_rates(spark, endpoints: str, rows: int) -> tuple[float, float]:
     warm_up = spark.range(1000).selectExpr("CAST(CAST(id AS STRING) AS BINARY) AS key", "CAST('' AS BINARY) AS value")
     warm_up.write.format("raftkv").option("endpoints", endpoints).mode("append").save()
     spark.read.format("raftkv").option("endpoints", endpoints).load().write.format("noop").mode("overwrite").save()
-    df = spark.range(rows).selectExpr(f"format_string('key%013d', id) AS key",
+    df = spark.range(rows).selectExpr("format_string('bench/%010d', id) AS key",  # bench_load.key's keys
                                       f"repeat('v', {VALUE_BYTES}) AS value")
     df = df.selectExpr("CAST(key AS BINARY) AS key", "CAST(value AS BINARY) AS value").cache()
     df.count()  # materialise the input so the timing is the write alone

@@ -67,6 +67,18 @@ class ChangeLog:
     def close(self) -> None:
         self._channel.close()
 
+    def __enter__(self) -> ChangeLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def fetch_offsets(options: ConnectorOptions, after: dict[int, int] | None = None,
+                  max_rows: int = 0) -> list[pb.PartitionOffsets]:
+    with ChangeLog(options) as log:
+        return log.offsets(after, max_rows)
+
 
 def ranges(start: Offsets, end: Offsets) -> list[ChangeRange]:
     return [ChangeRange(int(p), start.get(p, 0), until) for p, until in sorted(end.items(), key=lambda kv: int(kv[0]))
@@ -74,12 +86,9 @@ def ranges(start: Offsets, end: Offsets) -> list[ChangeRange]:
 
 
 def read_range(options: ConnectorOptions, r: ChangeRange) -> Iterator[pa.RecordBatch]:
-    log = ChangeLog(options)
-    try:
+    with ChangeLog(options) as log:
         for chunk in log.changes(r):
             yield _batch(chunk.changes, r.partition, options)
-    finally:
-        log.close()
 
 
 def _batch(changes, partition: int, options: ConnectorOptions) -> pa.RecordBatch:
@@ -107,15 +116,8 @@ class ChangeFeedStreamReader(DataSourceStreamReader):
     def __init__(self, options: ConnectorOptions):
         self.options = options
 
-    def _log(self) -> ChangeLog:
-        return ChangeLog(self.options)
-
     def initialOffset(self) -> Offsets:
-        log = self._log()
-        try:
-            offsets = log.offsets()
-        finally:
-            log.close()
+        offsets = fetch_offsets(self.options)
         if self.options.starting_offsets == "earliest":
             return {str(o.partition): o.earliest for o in offsets}
         if self.options.starting_offsets == "latest":
@@ -128,11 +130,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else 0
-        log = self._log()
-        try:
-            offsets = log.offsets({int(p): i for p, i in start.items()}, max_rows)
-        finally:
-            log.close()
+        offsets = fetch_offsets(self.options, {int(p): i for p, i in start.items()}, max_rows)
         return {**start, **{str(o.partition): o.end for o in offsets}}
 
     def partitions(self, start: Offsets, end: Offsets) -> list[ChangeRange]:
@@ -152,11 +150,7 @@ class ChangeFeedBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> list[ChangeRange]:
-        log = ChangeLog(self.options)
-        try:
-            offsets = log.offsets()
-        finally:
-            log.close()
+        offsets = fetch_offsets(self.options)
         return ranges({str(o.partition): o.earliest for o in offsets}, {str(o.partition): o.latest for o in offsets})
 
     def read(self, partition: ChangeRange) -> Iterator[pa.RecordBatch]:

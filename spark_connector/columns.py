@@ -12,6 +12,8 @@ from pyspark.sql.types import BinaryType, BooleanType, IntegerType, LongType, St
 
 from raftkv.errors import InvalidRequest
 
+NOT_UTF8 = "a stored key or value is not UTF-8 text; read it with key_format/value_format=binary"
+
 
 def _spark_type(fmt: str):
     return StringType() if fmt == "string" else BinaryType()
@@ -50,7 +52,7 @@ def to_arrow(values: Sequence[bytes | None], fmt: str) -> pa.Array:
     try:
         return array.cast(pa.string())
     except pa.ArrowInvalid:
-        raise InvalidRequest("a stored key or value is not UTF-8 text; read it with key_format/value_format=binary") from None
+        raise InvalidRequest(NOT_UTF8) from None
 
 
 def from_arrow(column: pa.ChunkedArray | pa.Array, what: str) -> list[bytes | None]:
@@ -70,6 +72,5 @@ def binary_column(count: int, offsets: bytes, data: bytes, fmt: str) -> pa.Array
         try:
             array.validate(full=True)
         except pa.ArrowInvalid:
-            raise InvalidRequest("a stored key or value is not UTF-8 text; read it with "
-                                 "key_format/value_format=binary") from None
+            raise InvalidRequest(NOT_UTF8) from None
     return array

@@ -200,6 +200,7 @@ def test_a_read_while_a_leader_is_killed_is_a_consistent_snapshot_or_a_failed_ta
 def changelog_learner(tmp_path):
     """start(cluster) -> the API address of a learner running the changelog sink."""
     procs: list[subprocess.Popen] = []
+    logs = []
 
     def start(cluster) -> str:
         port = free_port_block(1)
@@ -208,6 +209,7 @@ def changelog_learner(tmp_path):
                         "--sink-option", f"path={tmp_path / 'changelog'}", *config],
                        check=True, capture_output=True, timeout=60)
         log = open(tmp_path / "learner.log", "ab")
+        logs.append(log)
         procs.append(subprocess.Popen([sys.executable, "-m", "raftkv", "learner", "start", "--name", "changes",
                                        "--api-port", str(port), *config],
                                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
@@ -217,6 +219,8 @@ def changelog_learner(tmp_path):
     for proc in procs:
         proc.kill()
         proc.wait()
+    for log in logs:
+        log.close()
 
 
 def changelog_caught_up(cluster, address: str) -> bool:

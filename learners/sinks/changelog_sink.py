@@ -125,7 +125,8 @@ class ChangelogSink:
         ends = dict(delivered)
         if max_rows:
             pending = {p: self._entry_sizes(p, starts[p], delivered[p], max_rows) for p in delivered}
-            ends = {p: plan_ends(pending, max_rows).get(p, starts[p]) for p in delivered}
+            planned = plan_ends(pending, max_rows)
+            ends = {p: planned.get(p, starts[p]) for p in delivered}
         return [pb.PartitionOffsets(partition=p, earliest=trimmed.get(p, 0), latest=delivered[p],
                                     end=max(ends[p], starts[p])) for p in sorted(delivered)]
 
