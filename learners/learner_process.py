@@ -71,7 +71,7 @@ async def _serve_reads(spec: ClusterSpec, name: str, replicas: dict[int, Learner
     server = grpc.aio.server(options=GRPC_OPTIONS)
     kv_pb2_grpc.add_KVServicer_to_server(service, server)
     if isinstance(sink, ChangeSource):
-        kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink), server)
+        kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink, loop), server)
     server.add_insecure_port(f"127.0.0.1:{api_port}")
     await server.start()
     return server

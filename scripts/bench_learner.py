@@ -30,9 +30,9 @@
    counted: events in the raftkv changelog, a serializable count on etcd's.
 2. Change-feed lag. On the same raftkv cluster and learner: a writer process
    puts at a fixed rate (each value starts with `time.time_ns()` taken at
-   send), a reader thread polls `ChangeLog.Offsets` and `ChangeLog.Read` of each
-   partition from its last offset every `read_every` seconds, and lag is the
-   time the reader got an event minus the send time in its value. `warmup`
+   send), a reader thread follows the changelog (`ChangeLog.Follow`, which
+   pushes each synced delivery), and lag is the time the reader got an event
+   minus the send time in its value. `warmup`
    seconds at the rate are discarded, then `duration` seconds are measured.
 
 Every figure records the cores used meanwhile by the system under test, by the
@@ -90,8 +90,10 @@ from bench_host import machine, versions  # noqa: E402
 from bench_load import VALUE_BYTES, cpu_seconds, key, machine_busy_seconds, percentile  # noqa: E402
 
 import raftkv  # noqa: E402
+from learners.changelog_client import ChangeLogClient  # noqa: E402
 from raftkv.api import kv_pb2 as pb  # noqa: E402
 from raftkv.api import kv_pb2_grpc  # noqa: E402
+from raftkv.errors import Unavailable  # noqa: E402
 from raftkv.local_cluster import free_port_block  # noqa: E402
 from raftkv.partitioning import partition_for_key  # noqa: E402
 
@@ -106,7 +108,6 @@ class Config:
     duration: float = 10.0  # measured seconds per rate
     warmup: float = 2.0  # seconds per rate before the measured window
     poll: float = 0.020  # catch-up polling period (s)
-    read_every: float = 0.005  # the feed reader's polling period (s)
     timeout: float = 300.0  # a learner not caught up after this many seconds is reported as such
 
     @property
@@ -320,14 +321,11 @@ def changelog_latest(stub: kv_pb2_grpc.ChangeLogStub) -> dict[int, int] | None:
 
 def count_changes(address: str, prefix: bytes) -> int:
     """Events in the learner's changelog whose key starts with `prefix` (each loaded key once)."""
-    with grpc.insecure_channel(address) as channel:
-        stub = kv_pb2_grpc.ChangeLogStub(channel)
-        count = 0
-        for offsets in stub.Offsets(pb.OffsetsRequest(), timeout=10).partitions:
-            request = pb.ChangesRequest(partition=offsets.partition, after=offsets.earliest, until=offsets.latest)
-            for chunk in stub.Read(request, timeout=60):
-                count += sum(change.key.startswith(prefix) for change in chunk.changes)
-        return count
+    with ChangeLogClient(address, timeout=60) as log:
+        return sum(change.key.startswith(prefix)
+                   for offsets in log.offsets()
+                   for chunk in log.read(offsets.partition, offsets.earliest, offsets.latest)
+                   for change in chunk.changes)
 
 
 @dataclass(frozen=True)
@@ -533,54 +531,38 @@ async def _paced_puts(endpoints, rate: int, warmup: float, duration: float, pref
 
 
 class FeedReader(threading.Thread):
-    """Polls the changelog every `every` seconds: Offsets, then Read of each partition from its last offset.
+    """Follows the changelog (`ChangeLog.Follow`: pushed after each synced flush of the learner's sink).
 
     Keeps, for events whose key starts with `prefix` and whose send time is in
     `window` (ns), the time it got them minus that send time.
     """
 
-    def __init__(self, address: str, prefix: bytes, every: float):
+    def __init__(self, address: str, prefix: bytes):
         super().__init__(name="feed-reader", daemon=True)
-        self._channel = grpc.insecure_channel(address)
-        self._stub = kv_pb2_grpc.ChangeLogStub(self._channel)
-        self._last = {o.partition: o.latest for o in self._stub.Offsets(pb.OffsetsRequest(), timeout=10).partitions}
-        self._prefix, self._every = prefix, every
-        self._stop_event = threading.Event()
+        self._log = ChangeLogClient(address)
+        self._prefix = prefix
         self.window = (0, 0)
         self.lags_ns = array("q")
         self.errors, self.first_error = 0, ""
 
     def stop(self) -> None:
-        self._stop_event.set()
+        self._log.close()  # ends the Follow call
         if self.is_alive():
             self.join(10)
-        self._channel.close()
 
     def run(self) -> None:
-        while not self._stop_event.is_set():
-            tick = time.monotonic()
-            try:
-                self._poll()
-            except grpc.RpcError as exc:
-                self.errors += 1
-                self.first_error = self.first_error or f"{exc.code()}: {exc.details()}"
-            self._stop_event.wait(max(0.0, self._every - (time.monotonic() - tick)))
-
-    def _poll(self) -> None:
-        w0, w1 = self.window
-        for offsets in self._stub.Offsets(pb.OffsetsRequest(), timeout=5).partitions:
-            after = self._last.get(offsets.partition, offsets.earliest)
-            if offsets.latest <= after:
-                continue
-            request = pb.ChangesRequest(partition=offsets.partition, after=after, until=offsets.latest)
-            for chunk in self._stub.Read(request, timeout=10):
+        try:
+            for chunk in self._log.follow():
                 got = time.time_ns()
+                w0, w1 = self.window
                 for change in chunk.changes:
                     if change.key.startswith(self._prefix) and change.HasField("after"):
                         sent = int(change.after[:20])
                         if w0 <= sent < w1:
                             self.lags_ns.append(got - sent)
-            self._last[offsets.partition] = offsets.latest
+        except Unavailable as exc:
+            self.errors += 1
+            self.first_error = str(exc)
 
 
 def feed_lag(cluster: Running, learner_pid: int, address: str, rate: int, run: int, config: Config,
@@ -591,7 +573,7 @@ def feed_lag(cluster: Running, learner_pid: int, address: str, rate: int, run: i
     inbox, results = ctx.Queue(), ctx.Queue()
     writer = ctx.Process(target=_writer_child, daemon=True,
                          args=(tuple(cluster.endpoints), rate, config.warmup, config.duration, prefix, inbox, results))
-    reader = FeedReader(address, prefix, config.read_every)
+    reader = FeedReader(address, prefix)
     try:
         writer.start()
         if (ready := _reply(writer, results, 60)) != "ready":

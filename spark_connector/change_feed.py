@@ -12,14 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-import grpc
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
+from learners.changelog_client import ChangeLogClient
 from raftkv.api import kv_pb2 as pb
-from raftkv.api import kv_pb2_grpc
-from raftkv.errors import InvalidRequest, Unavailable
 from spark_connector.columns import to_arrow
 from spark_connector.options import ConnectorOptions, offsets_from_json
 
@@ -33,50 +31,9 @@ class ChangeRange(InputPartition):
     until: int
 
 
-class ChangeLog:
-    """A connection to a learner's ChangeLog service."""
-
-    def __init__(self, options: ConnectorOptions):
-        self.address = options.changelog
-        self.timeout = options.timeout
-        self._channel = grpc.insecure_channel(self.address)
-        self._stub = kv_pb2_grpc.ChangeLogStub(self._channel)
-
-    def offsets(self, after: dict[int, int] | None = None, max_rows: int = 0) -> list[pb.PartitionOffsets]:
-        request = pb.OffsetsRequest(after=after or {}, max_rows=max_rows)
-        try:
-            return list(self._stub.Offsets(request, timeout=self.timeout).partitions)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
-
-    def changes(self, r: ChangeRange) -> Iterator[pb.ChangesChunk]:
-        request = pb.ChangesRequest(partition=r.partition, after=r.after, until=r.until)
-        try:
-            yield from self._stub.Read(request)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
-
-    def _error(self, exc: grpc.RpcError) -> InvalidRequest | Unavailable:
-        if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
-            return InvalidRequest(exc.details())
-        return Unavailable(
-            f"the changelog at {self.address} did not answer ({exc.code().name}: {exc.details()}); it must be "
-            "a learner's --api-port, running with --sink changelog"
-        )
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> ChangeLog:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 def fetch_offsets(options: ConnectorOptions, after: dict[int, int] | None = None,
                   max_rows: int = 0) -> list[pb.PartitionOffsets]:
-    with ChangeLog(options) as log:
+    with ChangeLogClient(options.changelog, options.timeout) as log:
         return log.offsets(after, max_rows)
 
 
@@ -86,8 +43,8 @@ def ranges(start: Offsets, end: Offsets) -> list[ChangeRange]:
 
 
 def read_range(options: ConnectorOptions, r: ChangeRange) -> Iterator[pa.RecordBatch]:
-    with ChangeLog(options) as log:
-        for chunk in log.changes(r):
+    with ChangeLogClient(options.changelog, options.timeout) as log:
+        for chunk in log.read(r.partition, r.after, r.until):
             yield _batch(chunk.changes, r.partition, options)
 
 

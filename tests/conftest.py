@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from learners.changelog_client import ChangeLogClient
 from raftkv import snapshot_file
+from raftkv.client import Client
 from raftkv.errors import CorruptData
 from raftkv.local_cluster import LocalCluster, free_port_block
 from raftkv.spec import ClusterSpec, Tuning, build_spec, save_spec
@@ -72,3 +76,39 @@ def make_cluster(tmp_path: Path):
     for cluster in clusters:
         for node_id in list(cluster.procs):
             cluster.kill(node_id)
+
+
+@pytest.fixture
+def changelog_learner(tmp_path):
+    """start(cluster) -> the API address of a learner running the changelog sink."""
+    procs: list[subprocess.Popen] = []
+    logs = []
+
+    def start(cluster) -> str:
+        port = free_port_block(1)
+        config = ["--config", str(cluster.spec_path)]
+        subprocess.run([sys.executable, "-m", "raftkv", "learner", "add", "--name", "changes", "--sink", "changelog",
+                        "--sink-option", f"path={tmp_path / 'changelog'}", *config],
+                       check=True, capture_output=True, timeout=60)
+        log = open(tmp_path / "learner.log", "ab")
+        logs.append(log)
+        procs.append(subprocess.Popen([sys.executable, "-m", "raftkv", "learner", "start", "--name", "changes",
+                                       "--api-port", str(port), *config],
+                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        return f"127.0.0.1:{port}"
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+    for log in logs:
+        log.close()
+
+
+def changelog_caught_up(cluster, address: str) -> bool:
+    """Whether the learner's changelog has every entry the cluster committed."""
+    with Client(cluster.endpoints) as client:
+        committed = {p.partition: p.commit_index for s in client.status() for p in s.partitions if p.role == "leader"}
+    with ChangeLogClient(address, timeout=5) as log:
+        latest = {o.partition: o.latest for o in log.offsets()}
+    return all(latest.get(p, 0) >= index for p, index in committed.items())

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
-import grpc
 import pytest
 
-from raftkv.api import kv_pb2 as pb
-from raftkv.api import kv_pb2_grpc
 from raftkv.client import Client
 from raftkv.commands import Put
-from raftkv.local_cluster import free_port_block
 from raftkv.partitioning import partition_for_key
-from tests.conftest import wait_until
+from tests.conftest import changelog_caught_up, wait_until
 from tests.spark_session import start_spark
 
 
@@ -194,43 +189,6 @@ def test_a_read_while_a_leader_is_killed_is_a_consistent_snapshot_or_a_failed_ta
         assert "scan of partition" in outcome["error"], outcome["error"][:2000]
     # once a new leader is elected, the same read returns everything
     assert {r.key: r.value for r in reader(spark, cluster, consistency="leader").collect()} == expected
-
-
-@pytest.fixture
-def changelog_learner(tmp_path):
-    """start(cluster) -> the API address of a learner running the changelog sink."""
-    procs: list[subprocess.Popen] = []
-    logs = []
-
-    def start(cluster) -> str:
-        port = free_port_block(1)
-        config = ["--config", str(cluster.spec_path)]
-        subprocess.run([sys.executable, "-m", "raftkv", "learner", "add", "--name", "changes", "--sink", "changelog",
-                        "--sink-option", f"path={tmp_path / 'changelog'}", *config],
-                       check=True, capture_output=True, timeout=60)
-        log = open(tmp_path / "learner.log", "ab")
-        logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, "-m", "raftkv", "learner", "start", "--name", "changes",
-                                       "--api-port", str(port), *config],
-                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        return f"127.0.0.1:{port}"
-
-    yield start
-    for proc in procs:
-        proc.kill()
-        proc.wait()
-    for log in logs:
-        log.close()
-
-
-def changelog_caught_up(cluster, address: str) -> bool:
-    """Whether the learner's changelog has every entry the cluster committed."""
-    with Client(cluster.endpoints) as client:
-        committed = {p.partition: p.commit_index for s in client.status() for p in s.partitions if p.role == "leader"}
-    with grpc.insecure_channel(address) as channel:
-        offsets = kv_pb2_grpc.ChangeLogStub(channel).Offsets(pb.OffsetsRequest(), timeout=5).partitions
-    latest = {o.partition: o.latest for o in offsets}
-    return all(latest.get(p, 0) >= index for p, index in committed.items())
 
 
 def test_stream_of_the_change_feed_restarts_from_its_checkpoint_exactly_once(spark, cluster, changelog_learner,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
@@ -90,6 +90,7 @@ class ChangelogSink:
         self._synced.sync = True
         self._batch = WriteBatch(raw_mode=True)
         self._positions: dict[int, int] = {}
+        self._flush_listeners: list[Callable[[], None]] = []
 
     # -- the Sink protocol ------------------------------------------------
 
@@ -113,11 +114,16 @@ class ChangelogSink:
                 self._batch.put(_PARTITION.pack(b"t", partition), _INDEX.pack(trim_through))
         self._db.write(self._batch, self._synced)
         self._batch = WriteBatch(raw_mode=True)
+        for listener in self._flush_listeners:
+            listener()
 
     def close(self) -> None:
         self._db.close()
 
     # -- reading (from the learner's API threads) ---------------------------
+
+    def on_flush(self, listener: Callable[[], None]) -> None:
+        self._flush_listeners.append(listener)
 
     def offsets(self, after: Mapping[int, int], max_rows: int) -> list[pb.PartitionOffsets]:
         delivered, trimmed = self._stored(b"p"), self._stored(b"t")

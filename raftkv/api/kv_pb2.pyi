@@ -313,6 +313,19 @@ class StatusResponse(_message.Message):
     hosted: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
     def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., partitions: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., hosted: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
 
+class FollowRequest(_message.Message):
+    __slots__ = ("after",)
+    class AfterEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    after: _containers.ScalarMap[int, int]
+    def __init__(self, after: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
 class OffsetsRequest(_message.Message):
     __slots__ = ("after", "max_rows")
     class AfterEntry(_message.Message):
@@ -379,7 +392,11 @@ class Change(_message.Message):
     def __init__(self, index: _Optional[int] = ..., seq: _Optional[int] = ..., op: _Optional[str] = ..., key: _Optional[bytes] = ..., before: _Optional[bytes] = ..., after: _Optional[bytes] = ..., term: _Optional[int] = ..., snapshot: _Optional[bool] = ..., ts_ms: _Optional[int] = ...) -> None: ...
 
 class ChangesChunk(_message.Message):
-    __slots__ = ("changes",)
+    __slots__ = ("changes", "partition", "through")
     CHANGES_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    THROUGH_FIELD_NUMBER: _ClassVar[int]
     changes: _containers.RepeatedCompositeFieldContainer[Change]
-    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ...) -> None: ...
+    partition: int
+    through: int
+    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., partition: _Optional[int] = ..., through: _Optional[int] = ...) -> None: ...

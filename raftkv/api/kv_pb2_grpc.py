@@ -251,6 +251,11 @@ class ChangeLogStub:
                 request_serializer=raftkv_dot_api_dot_kv__pb2.ChangesRequest.SerializeToString,
                 response_deserializer=raftkv_dot_api_dot_kv__pb2.ChangesChunk.FromString,
                 _registered_method=True)
+        self.Follow = channel.unary_stream(
+                '/raftkv.v1.ChangeLog/Follow',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.FollowRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.ChangesChunk.FromString,
+                _registered_method=True)
 
 
 class ChangeLogServicer:
@@ -272,6 +277,13 @@ class ChangeLogServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Follow(self, request, context):
+        """Every partition's events after `after`, then each new delivery as soon as it is synced, until cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ChangeLogServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -283,6 +295,11 @@ def add_ChangeLogServicer_to_server(servicer, server):
             'Read': grpc.unary_stream_rpc_method_handler(
                     servicer.Read,
                     request_deserializer=raftkv_dot_api_dot_kv__pb2.ChangesRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.ChangesChunk.SerializeToString,
+            ),
+            'Follow': grpc.unary_stream_rpc_method_handler(
+                    servicer.Follow,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.FollowRequest.FromString,
                     response_serializer=raftkv_dot_api_dot_kv__pb2.ChangesChunk.SerializeToString,
             ),
     }
@@ -341,6 +358,33 @@ class ChangeLog:
             target,
             '/raftkv.v1.ChangeLog/Read',
             raftkv_dot_api_dot_kv__pb2.ChangesRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.ChangesChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Follow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/raftkv.v1.ChangeLog/Follow',
+            raftkv_dot_api_dot_kv__pb2.FollowRequest.SerializeToString,
             raftkv_dot_api_dot_kv__pb2.ChangesChunk.FromString,
             options,
             channel_credentials,
