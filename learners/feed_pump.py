@@ -143,9 +143,13 @@ class FeedPump:
                  len(events))
 
     async def _deliver(self, events: list[ChangeEvent], positions: dict[int, int]) -> None:
-        batch = DeliveryBatch(events, positions)
-        await asyncio.to_thread(self.sink.deliver, batch)
-        await asyncio.to_thread(self.sink.flush)
+        await asyncio.to_thread(_deliver_and_flush, self.sink, DeliveryBatch(events, positions))
+
+
+def _deliver_and_flush(sink: Sink, batch: DeliveryBatch) -> None:
+    """One trip to a worker thread per step: each costs a hand-off and a wake-up of the loop."""
+    sink.deliver(batch)
+    sink.flush()
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

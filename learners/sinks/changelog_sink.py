@@ -90,6 +90,7 @@ class ChangelogSink:
         self._synced.sync = True
         self._batch = WriteBatch(raw_mode=True)
         self._positions: dict[int, int] = {}
+        self._trimmed: dict[int, int] = {}
         self._flush_listeners: list[Callable[[], None]] = []
 
     # -- the Sink protocol ------------------------------------------------
@@ -97,6 +98,7 @@ class ChangelogSink:
     def recover(self) -> dict[int, int]:
         self._batch = WriteBatch(raw_mode=True)
         self._positions = self._stored(b"p")
+        self._trimmed = self._stored(b"t")  # only flush() moves it
         return dict(self._positions)
 
     def deliver(self, batch: DeliveryBatch) -> None:
@@ -105,15 +107,17 @@ class ChangelogSink:
         self._positions.update(batch.positions)
 
     def flush(self) -> None:
-        trimmed = self._stored(b"t")
+        trimmed = dict(self._trimmed)
         for partition, index in self._positions.items():
             self._batch.put(_PARTITION.pack(b"p", partition), _INDEX.pack(index))
             trim_through = index - self.retain_entries
             if trim_through > trimmed.get(partition, 0):
                 self._batch.delete_range(_event_key(partition, 0), _event_key(partition, trim_through + 1))
                 self._batch.put(_PARTITION.pack(b"t", partition), _INDEX.pack(trim_through))
+                trimmed[partition] = trim_through
         self._db.write(self._batch, self._synced)
         self._batch = WriteBatch(raw_mode=True)
+        self._trimmed = trimmed
         for listener in self._flush_listeners:
             listener()
 
