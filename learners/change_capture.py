@@ -9,12 +9,14 @@ entries already computed in this batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from learners.change_event import ChangeEvent
-from raftkv.commands import Command, Delete, DeleteRange, Mutation, Put, single_mutations
+from raftkv.commands import Command, Delete, DeleteRange, Mutation, Put, PutMany, single_mutations
 from raftkv.engine import Engine, KeyRange
 from raftkv.state_machine import apply_proposal
+
+Emit = Callable[[str, bytes, bytes | None, bytes | None], None]  # (op, key, before, after) -> one event
 
 
 @dataclass
@@ -29,7 +31,7 @@ class PendingView:
     def get(self, key: bytes) -> bytes | None:
         if key in self.values:
             return self.values[key]
-        if any(start <= key < end for start, end in self.ranges):
+        if self.ranges and any(start <= key < end for start, end in self.ranges):
             return None
         return self.engine.get(key)
 
@@ -46,6 +48,8 @@ class PendingView:
         self.mutations.append(m)
         if isinstance(m, Put):
             self.values[m.key] = m.value
+        elif isinstance(m, PutMany):
+            self.values.update(m.pairs())
         elif isinstance(m, Delete):
             self.values[m.key] = None
         elif m.start < m.end:
@@ -72,19 +76,43 @@ def capture_entry(view: PendingView, commands: Sequence[Command], ctx: EntryCont
         events.append(ChangeEvent(op, key, before, after, ctx.cluster, ctx.partition, ctx.index, ctx.term,
                                   len(events), False, ctx.ts_ms))
 
-    for m in single_mutations(apply_proposal(view.get, commands).mutations):
-        if isinstance(m, Put):
-            before = view.get(m.key)
-            event("c" if before is None else "u", m.key, before, m.value)
-        elif isinstance(m, Delete):
-            before = view.get(m.key)
-            if before is not None:  # deleting an absent key changes nothing
-                event("d", m.key, before, None)
-        else:
-            for key, before in list(view.items_in(m.start, m.end)):
-                event("d", key, before, None)
-        view.apply(m)
+    for m in apply_proposal(view.get, commands).mutations:
+        if isinstance(m, PutMany) and _capture_bulk(view, m, event):
+            continue
+        for single in single_mutations([m]):
+            _capture_single(view, single, event)
     return events
+
+
+def _capture_bulk(view: PendingView, m: PutMany, event: Emit) -> bool:
+    """A PutMany of distinct keys in one pass, kept whole for the copy; False if a key repeats.
+
+    Every row's before-image then comes from before the PutMany, which is what
+    makes one pass right; a repeated key needs the rows applied one by one.
+    """
+    keys, values = m.split()
+    if len(set(keys)) < len(keys):
+        return False
+    get = view.get
+    for key, value in zip(keys, values):
+        before = get(key)
+        event("c" if before is None else "u", key, before, value)
+    view.apply(m)
+    return True
+
+
+def _capture_single(view: PendingView, m: Put | Delete | DeleteRange, event: Emit) -> None:
+    if isinstance(m, Put):
+        before = view.get(m.key)
+        event("c" if before is None else "u", m.key, before, m.value)
+    elif isinstance(m, Delete):
+        before = view.get(m.key)
+        if before is not None:  # deleting an absent key changes nothing
+            event("d", m.key, before, None)
+    else:
+        for key, before in list(view.items_in(m.start, m.end)):
+            event("d", key, before, None)
+    view.apply(m)
 
 
 def capture_snapshot(copy: Engine, snapshot: Engine, ctx: EntryContext) -> list[ChangeEvent]:

@@ -20,13 +20,22 @@ Result = CasResult | None
 
 @dataclass
 class _Overlay:
-    """Writes of the current proposal, consulted before the engine."""
+    """Writes of the current proposal, consulted before the engine.
+
+    A PutMany's rows are spelled out only if a later command in the same
+    proposal reads: most proposals holding one never do, and a bulk load
+    would pay for a dict of every row on every replica.
+    """
 
     read: Callable[[bytes], bytes | None]
     values: dict[bytes, bytes | None] = field(default_factory=dict)
     ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
+    unread: list[Mutation] = field(default_factory=list)  # recorded, not yet in `values`/`ranges`
 
     def get(self, key: bytes) -> bytes | None:
+        for m in self.unread:
+            self._spell_out(m)
+        self.unread.clear()
         if key in self.values:
             return self.values[key]
         if any(start <= key < end for start, end in self.ranges):
@@ -34,6 +43,9 @@ class _Overlay:
         return self.read(key)
 
     def record(self, m: Mutation) -> None:
+        self.unread.append(m)
+
+    def _spell_out(self, m: Mutation) -> None:
         if isinstance(m, Put):
             self.values[m.key] = m.value
         elif isinstance(m, Delete):

@@ -17,7 +17,9 @@ mutations = st.one_of(
     st.builds(Delete, keys),
     st.tuples(keys, keys).filter(lambda r: r[0] < r[1]).map(lambda r: DeleteRange(*r)),
 )
-commands = st.one_of(mutations, st.builds(Cas, keys, st.none() | values, st.none() | values),
+put_manys = st.lists(st.tuples(keys, values), min_size=1, max_size=4).map(  # keys may repeat
+    lambda rows: PutMany.of([k for k, _ in rows], [v for _, v in rows]))
+commands = st.one_of(mutations, put_manys, st.builds(Cas, keys, st.none() | values, st.none() | values),
                      st.lists(mutations, min_size=1, max_size=3).map(lambda ops: Batch(tuple(ops))))
 entries = st.lists(st.lists(commands, max_size=4), min_size=1, max_size=6)
 
@@ -73,3 +75,9 @@ def test_a_put_many_becomes_one_event_per_row_with_before_images():
     events = capture_entry(view, [PutMany.of([b"a", b"b"], [b"new", b"1"])], EntryContext("c", 0, 2, 1, 0))
     assert [(e.op, e.key, e.before, e.after, e.seq) for e in events] == [
         ("u", b"a", b"old", b"new", 0), ("c", b"b", None, b"1", 1)]
+
+
+def test_a_key_repeated_in_a_put_many_sees_its_own_earlier_row():
+    view = PendingView(MemoryEngine())
+    events = capture_entry(view, [PutMany.of([b"a", b"a"], [b"1", b"2"])], EntryContext("c", 0, 2, 1, 0))
+    assert [(e.op, e.before, e.after) for e in events] == [("c", None, b"1"), ("u", b"1", b"2")]
