@@ -54,6 +54,7 @@ class Tuning:
     max_batch_ops: int = 4096
     max_batch_bytes: int = 2 * 1024 * 1024
     request_timeout: float = 10.0
+    wire_compression: int = 0  # zlib level of Raft messages; 0 on loopback/LAN (raftkv/syncobj_wire.py)
 
     def problems(self) -> list[str]:
         problems = []
@@ -68,6 +69,8 @@ class Tuning:
         for name in ("connection_retry_seconds", "compaction_min_seconds", "request_timeout"):
             if getattr(self, name) <= 0:
                 problems.append(f"tuning.{name}: must be positive")
+        if not 0 <= self.wire_compression <= 9:
+            problems.append("tuning.wire_compression: a zlib level, 0 (none) to 9")
         return problems
 
 

@@ -48,6 +48,7 @@ from raftkv.spec import Tuning
 from raftkv.state_machine import apply_proposal
 from raftkv.syncobj_loop import LoopPoller, Ticker
 from raftkv.syncobj_patches import PatchedSyncObj
+from raftkv.syncobj_wire import set_compression_level
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +145,7 @@ class PartitionReplica(PatchedSyncObj):
         self._last_compaction = monotonic()
         self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
         self._fsyncs = metrics.JOURNAL_FSYNCS.labels(partition)
+        set_compression_level(tuning.wire_compression)
         poller = LoopPoller(loop)
         conf = SyncObjConf(
             autoTick=False,  # ticked on the node's event loop, see syncobj_loop

@@ -423,3 +423,9 @@ def test_specs_are_frozen():
         spec.partitions = 8  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.nodes[0].host = "x"  # type: ignore[misc]
+
+
+def test_wire_compression_must_be_a_zlib_level():
+    doc = valid_doc()
+    doc["tuning"] = {"wire_compression": 12}
+    assert "tuning.wire_compression: a zlib level, 0 (none) to 9" in problems_of(doc)
