@@ -7,14 +7,20 @@
 
 gRPC failures become raftkv errors: trimmed history is InvalidRequest (the
 message says how far back the log goes), anything else Unavailable.
+`tail` prints the followed log as v1 ChangeEvent JSON lines (`raftkv feed tail --changelog`).
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import json
+import queue
+import sys
+import threading
+from typing import Iterator, TextIO
 
 import grpc
 
+from learners.change_event import ChangeEvent
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.client_core import CHANNEL_OPTIONS
@@ -57,6 +63,13 @@ class ChangeLogClient:
         finally:
             calls.cancel()
 
+    def cluster(self) -> str:
+        """The cluster's name, from the learner's node API on the same port."""
+        try:
+            return kv_pb2_grpc.KVStub(self._channel).Status(pb.StatusRequest(), timeout=self.timeout).cluster
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
     def _error(self, exc: grpc.RpcError) -> InvalidRequest | Unavailable:
         if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
             return InvalidRequest(exc.details())
@@ -73,3 +86,44 @@ class ChangeLogClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def event_of(change: pb.Change, partition: int, cluster: str) -> ChangeEvent:
+    def nullable(field: str) -> bytes | None:
+        return getattr(change, field) if change.HasField(field) else None
+
+    return ChangeEvent(change.op, change.key, nullable("before"), nullable("after"), cluster, partition,
+                       change.index, change.term, change.seq, change.snapshot, change.ts_ms)
+
+
+def tail(address: str, *, from_beginning: bool = False, out: TextIO | None = None, timeout: float | None = None,
+         max_events: int | None = None) -> int:
+    """Print followed events as JSON lines until `timeout` idle seconds or `max_events`; return the count."""
+    out = out or sys.stdout
+    count = 0
+    with ChangeLogClient(address) as log:
+        cluster = log.cluster()
+        after = {o.partition: o.earliest for o in log.offsets()} if from_beginning else None
+        chunks: queue.Queue = queue.Queue()
+        threading.Thread(target=_pump, args=(log.follow(after), chunks), daemon=True).start()
+        while max_events is None or count < max_events:
+            try:
+                chunk = chunks.get(timeout=timeout)
+            except queue.Empty:
+                break
+            if isinstance(chunk, Exception):
+                raise chunk
+            for change in chunk.changes[:None if max_events is None else max_events - count]:
+                out.write(json.dumps(event_of(change, chunk.partition, cluster).to_dict(), separators=(",", ":")))
+                out.write("\n")
+                count += 1
+            out.flush()
+    return count
+
+
+def _pump(chunks: Iterator[pb.ChangesChunk], into: queue.Queue) -> None:
+    try:
+        for chunk in chunks:
+            into.put(chunk)
+    except Exception as exc:  # handed to the reading thread, which raises it
+        into.put(exc)

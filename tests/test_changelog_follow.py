@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
+import subprocess
+import sys
 import threading
 import time
 
@@ -23,6 +26,7 @@ from raftkv.errors import InvalidRequest
 from raftkv.local_cluster import free_port_block
 from raftkv.partitioning import partition_for_key
 from tests.conftest import changelog_caught_up, wait_until
+from tests.kafka_broker import VALIDATOR
 
 
 def change(index: int, seq: int = 0) -> pb.Change:
@@ -154,6 +158,25 @@ def test_a_follower_of_a_real_learner_sees_every_write_once_in_raft_order(make_c
         assert all(partition_for_key(x.key, 2) == partition for p, x in changes if p == partition)
     update = [x for _, x in changes if x.key == keys[0] and x.op == "u"]
     assert [(u.before, u.after) for u in update] == [(b"v1", b"v2")]
+
+    # what an operator runs: the same feed as v1 ChangeEvent JSON lines
+    tail = subprocess.run([sys.executable, "-m", "raftkv", "feed", "tail", "--changelog", address, "--from-beginning",
+                           "--max-events", str(len(changes)), "--timeout", "30"],
+                          capture_output=True, text=True, timeout=60)
+    assert tail.returncode == 0, tail.stderr
+    printed = [ChangeEvent.from_json(line) for line in tail.stdout.splitlines()]
+    assert all(VALIDATOR.is_valid(json.loads(line)) for line in tail.stdout.splitlines())
+    assert sorted(e.key for e in printed if e.key.startswith(b"follow/")) == sorted(keys + [keys[0]])
+    assert {e.cluster for e in printed} == {cluster.spec.name}
+
+
+def test_feed_tail_needs_exactly_one_feed():
+    for args in ([], ["--topic", "t", "--changelog", "127.0.0.1:1"]):
+        result = subprocess.run([sys.executable, "-m", "raftkv", "feed", "tail", *args], capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 2
+        assert "name one feed: --topic (Kafka) or --changelog HOST:PORT" in result.stderr
+        assert "Traceback" not in result.stderr
 
 
 def collect(chunks: queue.Queue, changes: int, timeout: float = 10) -> list[pb.ChangesChunk]:

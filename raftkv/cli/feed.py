@@ -1,9 +1,10 @@
-"""raftkv feed tail: print the Kafka change feed as it arrives."""
+"""raftkv feed tail: print the change feed as it arrives, from Kafka or from a changelog learner."""
 
 from __future__ import annotations
 
 import click
 
+from learners.changelog_client import tail as tail_changelog
 from learners.consumer import tail as tail_feed
 
 
@@ -17,11 +18,18 @@ def feed() -> None:
 
 
 @feed.command()
-@click.option("--topic", required=True, help="The topic a kafka learner writes to.")
+@click.option("--topic", help="The topic a kafka learner writes to.")
 @click.option("--bootstrap", default="127.0.0.1:9092", show_default=True, help="Kafka bootstrap servers.")
+@click.option("--changelog", metavar="HOST:PORT",
+              help="Instead of Kafka: the --api-port of a learner running --sink changelog.")
 @click.option("--from-beginning", is_flag=True, help="Start at the oldest event instead of new ones.")
 @click.option("--max-events", type=click.IntRange(1), default=None, help="Stop after this many events.")
 @click.option("--timeout", type=float, default=None, help="Stop after this many seconds without an event.")
-def tail(topic, bootstrap, from_beginning, max_events, timeout) -> None:
-    """Print events as JSON lines (read_committed, deduplicated by partition/index/seq)."""
-    tail_feed(bootstrap, topic, from_beginning=from_beginning, max_events=max_events, timeout=timeout)
+def tail(topic, bootstrap, changelog, from_beginning, max_events, timeout) -> None:
+    """Print events as JSON lines (Kafka: read_committed, deduplicated by partition/index/seq)."""
+    if (topic is None) == (changelog is None):
+        raise click.UsageError("name one feed: --topic (Kafka) or --changelog HOST:PORT (a changelog learner)")
+    if changelog:
+        tail_changelog(changelog, from_beginning=from_beginning, max_events=max_events, timeout=timeout)
+    else:
+        tail_feed(bootstrap, topic, from_beginning=from_beginning, max_events=max_events, timeout=timeout)
