@@ -162,3 +162,11 @@ def test_a_node_whose_peers_are_unreachable_keeps_running_and_writes_fail_clearl
     status = json.loads(run("status", "--json", "--endpoints", n1.api_address).stdout)
     assert {r["role"] for r in status["partitions"]} <= {"follower", "candidate"}
     assert all(r["has_quorum"] is False for r in status["partitions"])
+
+
+def test_a_command_loads_only_its_own_family():
+    probe = ("import sys; from raftkv.cli import cli; "
+             "cli.main(['learner', '--help'], standalone_mode=False); "
+             "print(sorted(m for m in sys.modules if m.startswith('raftkv.cli.') or m == 'raftkv.chaos.runner'))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.splitlines()[-1] == "['raftkv.cli.learner', 'raftkv.cli.options', 'raftkv.cli.output']"

@@ -20,9 +20,6 @@ from raftkv.errors import ConfigError
 from raftkv.spec import load_spec
 
 
-def register(cli: click.Group) -> None:
-    cli.add_command(backup)
-
 
 def _storage_options(pairs: tuple[str, ...]) -> dict:
     for pair in pairs:

@@ -22,9 +22,6 @@ from raftkv.codec import CONSISTENCY_BY_NAME
 from raftkv.errors import ConfigError
 
 
-def register(cli: click.Group) -> None:
-    cli.add_command(chaos)
-
 
 @click.group()
 def chaos() -> None:

@@ -12,9 +12,6 @@ from raftkv.cli.options import topology_options
 from raftkv.spec import build_spec, save_spec
 
 
-def register(cli: click.Group) -> None:
-    cli.add_command(cluster)
-
 
 @click.group()
 def cluster() -> None:

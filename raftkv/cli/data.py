@@ -12,10 +12,6 @@ from raftkv.cli.output import console, err_console
 from raftkv.client import Client
 
 
-def register(cli: click.Group) -> None:
-    for command in (put, get, delete, scan):
-        cli.add_command(command)
-
 
 def _text(value: bytes) -> str:
     return value.decode("utf-8", errors="backslashreplace")

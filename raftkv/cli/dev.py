@@ -15,9 +15,6 @@ from raftkv.cli.options import topology_options
 from raftkv.spec import build_spec, load_spec, save_spec
 
 
-def register(cli: click.Group) -> None:
-    cli.add_command(dev)
-
 
 @click.group()
 def dev() -> None:

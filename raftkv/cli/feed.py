@@ -8,9 +8,6 @@ from learners.changelog_client import tail as tail_changelog
 from learners.consumer import tail as tail_feed
 
 
-def register(cli: click.Group) -> None:
-    cli.add_command(feed)
-
 
 @click.group()
 def feed() -> None:

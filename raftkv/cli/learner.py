@@ -18,9 +18,6 @@ from raftkv.errors import ConfigError
 from raftkv.spec import load_spec
 
 
-def register(cli: click.Group) -> None:
-    cli.add_command(learner)
-
 
 @click.group()
 def learner() -> None:

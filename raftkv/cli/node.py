@@ -12,9 +12,6 @@ from raftkv.cli.options import config_option
 from raftkv.spec import load_spec
 
 
-def register(cli: click.Group) -> None:
-    cli.add_command(node)
-
 
 @click.group()
 def node() -> None:

@@ -12,9 +12,6 @@ from raftkv.cli.output import console
 from raftkv.client import Client, NodeStatus
 
 
-def register(cli: click.Group) -> None:
-    cli.add_command(status)
-
 
 def status_rows(statuses: list[NodeStatus]) -> list[dict]:
     rows = []
