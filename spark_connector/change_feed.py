@@ -19,7 +19,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from learners.changelog_client import ChangeLogClient
 from raftkv.api import kv_pb2 as pb
 from spark_connector.columns import to_arrow
-from spark_connector.options import ConnectorOptions, offsets_from_json
+from spark_connector.options import ConnectorOptions
 
 Offsets = dict[str, int]  # JSON-able: {"partition": index}
 
@@ -79,7 +79,7 @@ class ChangeFeedStreamReader(DataSourceStreamReader):
             return {str(o.partition): o.earliest for o in offsets}
         if self.options.starting_offsets == "latest":
             return {str(o.partition): o.latest for o in offsets}
-        return {str(p): i for p, i in offsets_from_json(self.options.starting_offsets).items()}
+        return {str(p): i for p, i in self.options.starting_offsets.items()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         rows = self.options.max_rows_per_trigger

@@ -32,7 +32,7 @@ class ConnectorOptions:
     start: bytes = b""
     end: bytes | None = None
     changelog: str | None = None           # a learner serving the changelog sink: the change feed
-    starting_offsets: str = "earliest"     # earliest | latest | JSON {"partition": index}
+    starting_offsets: str | dict[int, int] = "earliest"  # earliest | latest | {partition: index} from JSON
     max_rows_per_trigger: int = 0
     write_batch_rows: int = 2000
     split_rows: int = 500_000              # a Raft partition with more keys is read as several Spark partitions
@@ -76,10 +76,7 @@ def parse_options(options: Mapping[str, str]) -> ConnectorOptions:
         raise _bad("learner", "is needed with consistency=learner: the HOST:PORT of a learner's --api-port")
     start, end = _key_range(get("start"), get("end"), get("prefix"))
     starting = get("startingOffsets", "earliest")
-    if starting.lower() in STARTING_OFFSETS:
-        starting = starting.lower()
-    else:
-        offsets_from_json(starting)
+    starting = starting.lower() if starting.lower() in STARTING_OFFSETS else offsets_from_json(starting)
     return ConnectorOptions(
         endpoints=_endpoints(get("endpoints"), get("config"), needed=not get("changelog")),
         key_format=choice("key_format", FORMATS, "binary"),

@@ -89,3 +89,9 @@ def test_partition_filters_prune_and_empty_ranges_read_nothing():
 def test_a_literal_of_the_wrong_type_is_left_to_spark():
     scope, rest = push_filters(KeyScope(), [EqualTo(("key",), "text")], "binary")
     assert scope == KeyScope() and rest == [EqualTo(("key",), "text")]
+
+
+def test_starting_offsets_are_parsed_once_into_partition_indexes():
+    parsed = parse_options(options(changelog="127.0.0.1:1", startingOffsets='{"0": 120, "3": 7}'))
+    assert parsed.starting_offsets == {0: 120, 3: 7}
+    assert parse_options(options(changelog="127.0.0.1:1", startingOffsets="LATEST")).starting_offsets == "latest"
