@@ -46,6 +46,13 @@ class GroupCommit(Generic[T]):
         self.in_flight -= 1
         return self._ready()
 
+    def set_max_in_flight(self, max_in_flight: int) -> list[list[T]]:
+        """Change how many batches may be in flight; returns the batches that may go now."""
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be positive")
+        self.max_in_flight = max_in_flight
+        return self._ready()
+
     def abandon(self) -> list[T]:
         """Drop everything queued (e.g. on losing leadership) and return it."""
         items = [item for item, _ in self._pending]

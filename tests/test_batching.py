@@ -151,6 +151,18 @@ def test_several_batches_can_be_in_flight():
     assert policy.in_flight == 0
 
 
+def test_widening_lets_the_queue_go_and_narrowing_recalls_nothing():
+    policy = GroupCommit(max_ops=10, max_bytes=100, max_in_flight=1)
+    assert policy.add("a", 1) == [["a"]]
+    assert policy.add("b", 1) == [] and policy.add("c", 1) == []
+    assert policy.set_max_in_flight(2) == [["b", "c"]]  # beside the batch that seems stuck
+    assert policy.add("d", 1) == []
+    assert policy.set_max_in_flight(1) == []
+    assert policy.in_flight == 2
+    assert policy.completed() == []  # still one in flight, at the limit again
+    assert policy.completed() == [["d"]]
+
+
 def test_abandon_keeps_in_flight_batches_counted():
     policy = GroupCommit(max_ops=10, max_bytes=100)
     policy.add("a", 1)
