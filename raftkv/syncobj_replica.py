@@ -353,6 +353,37 @@ class PartitionReplica(PatchedSyncObj):
         os.replace(self._next_snapshot, self.conf.fullDumpFile)
         return SERIALIZER_STATE.SUCCESS
 
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        """pysyncobj's snapshot load, after compacting the journal to the snapshot at start-up.
+
+        At start-up pysyncobj keeps the journal only if its first two entries are the
+        snapshot's last two, and otherwise clears it down to them. But the snapshot file
+        is renamed into place before the journal is compacted (`_snapshot_state`), so a
+        replica killed in between restarts with a journal that begins earlier, and
+        pysyncobj would drop every entry after the snapshot, acknowledged ones
+        included. Found by the chaos harness: a write acknowledged just before
+        `kill all` survived only on the old leader, which had already applied it.
+        """
+        if not clearJournal:
+            self._compact_journal_to_snapshot()
+        PatchedSyncObj._SyncObj__loadDumpFile(self, clearJournal)
+
+    def _compact_journal_to_snapshot(self) -> None:
+        try:
+            meta = snapshot_file.read_meta(self.conf.fullDumpFile)
+        except (CorruptData, FileNotFoundError):
+            return  # nothing to align with: pysyncobj's own load decides
+        journal = self._SyncObj__raftLog
+        first = journal[0][1] if len(journal) else None
+        prev_index = meta.prev_entry[1]
+        if first is None or not first < prev_index <= journal[-1][1] - 1:
+            return
+        at = prev_index - first
+        if journal[at] == meta.prev_entry and journal[at + 1] == meta.last_entry:
+            journal.deleteEntriesTo(at)
+            log.info("partition %d: journal compacted to its snapshot at index %d on start-up (the last run "
+                     "ended between the two)", self.partition, meta.last_entry[1])
+
     def _snapshotLastEntry(self):
         """The received snapshot's last entry, read without installing it (see PatchedSyncObj)."""
         try:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+from pathlib import Path
 
-from pysyncobj import SERIALIZER_STATE
+from pysyncobj import FAIL_REASON, SERIALIZER_STATE
 
 from raftkv import snapshot_file
+from raftkv.commands import Put, encode_proposal
+from raftkv.journal import RaftJournal
 from raftkv.local_cluster import free_port_block
 from raftkv.spec import Tuning
-from raftkv.syncobj_replica import PartitionReplica
+from raftkv.syncobj_replica import PartitionReplica, Role
 
 
 def test_a_worker_that_finishes_before_pysyncobj_renames_still_leaves_the_new_snapshot(tmp_path):
@@ -31,3 +35,54 @@ def test_a_worker_that_finishes_before_pysyncobj_renames_still_leaves_the_new_sn
             replica.close()
 
     asyncio.run(scenario())
+
+
+def test_a_restart_between_the_snapshot_rename_and_the_journal_compaction_keeps_the_entries_after_it(tmp_path):
+    """Found by the chaos harness (kill all): pysyncobj cleared such a journal down to the snapshot."""
+    folder = tmp_path / "p0"
+    journal_dir = folder / "journal"
+
+    async def run(proposals: int, compact_after: int | None = None, journal_before_compaction: Path | None = None):
+        replica = PartitionReplica(partition=0, self_address=f"127.0.0.1:{free_port_block(1)}", peer_addresses=[],
+                                   folder=folder, fsync=False, tuning=Tuning(), loop=asyncio.get_running_loop())
+        try:
+            await until(lambda: replica.role == Role.LEADER)
+            for i in range(proposals):
+                done = asyncio.get_running_loop().create_future()
+                replica.propose(encode_proposal([Put(b"k%03d" % i, b"v")]),
+                                lambda result, reason, done=done: done.set_result(reason))
+                assert await done == FAIL_REASON.SUCCESS
+                if i == compact_after:
+                    shutil.copytree(journal_dir, journal_before_compaction)  # what a kill would have left
+                    replica.forceLogCompaction()
+                    await until(lambda: replica._SyncObj__raftLog[0][1] > 1)  # snapshot renamed, journal compacted
+            return replica._SyncObj__raftLog[:]
+        finally:
+            replica.close()
+
+    async def scenario():
+        kept = tmp_path / "journal-before-compaction"
+        full_log = await run(proposals=40, compact_after=19, journal_before_compaction=kept)
+        # the crash state: the new snapshot, and the journal as it was before its compaction,
+        # with the entries appended after the snapshot (they were appended to that journal)
+        shutil.rmtree(journal_dir)
+        shutil.copytree(kept, journal_dir)
+        journal = RaftJournal(journal_dir, fsync=False)
+        for entry in full_log:
+            if entry[1] > journal[-1][1]:
+                journal.add(*entry)
+        journal._destroy()
+        after_restart = await run(proposals=0)  # (as leader again, it adds a no-op entry of a new term)
+        snapshot_prev = snapshot_file.read_meta(str(folder / "raft.snapshot")).prev_entry[1]
+        assert after_restart[0][1] == snapshot_prev
+        # every entry after the snapshot is still there
+        assert [e for e in after_restart if e[1] <= full_log[-1][1]] == [e for e in full_log if e[1] >= snapshot_prev]
+
+    asyncio.run(scenario())
+
+
+async def until(condition, timeout: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
