@@ -192,7 +192,7 @@ class RaftJournal(Journal):
             return
         self._dir.mkdir(parents=True)
         if self._fsync:
-            _fsync_directory(self._dir.parent)
+            fsync_directory(self._dir.parent)
 
     def _load(self) -> None:
         data = self._path.read_bytes()
@@ -356,7 +356,7 @@ def _write_new_file(path: Path, data: bytes, fsync: bool) -> int:
             os.fsync(fd)
         os.replace(tmp, path)
         if fsync:
-            _fsync_directory(path.parent)
+            fsync_directory(path.parent)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -364,7 +364,7 @@ def _write_new_file(path: Path, data: bytes, fsync: bool) -> int:
     return fd
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

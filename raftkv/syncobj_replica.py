@@ -40,7 +40,7 @@ from raftkv import metrics, snapshot_file
 from raftkv.commands import decode_proposal
 from raftkv.engine import Position
 from raftkv.errors import CorruptData
-from raftkv.journal import RaftJournal
+from raftkv.journal import RaftJournal, fsync_directory
 from raftkv.learner_registry import learners_from
 from raftkv.retention import compaction_due
 from raftkv.rocks_engine import RocksEngine
@@ -351,6 +351,8 @@ class PartitionReplica(PatchedSyncObj):
         # replaced by the old one while the journal is compacted past it. A replica needing a
         # snapshot would then get the old one again and again, and never catch up.
         os.replace(self._next_snapshot, self.conf.fullDumpFile)
+        if self.conf.journalFile.fsync:  # durable before pysyncobj compacts the journal past the old one
+            fsync_directory(self.folder)
         return SERIALIZER_STATE.SUCCESS
 
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
