@@ -90,12 +90,7 @@ class PartitionFrontend:
         loop = self._loop
 
         def on_applied(results, reason):  # inside the replica's tick, on the loop
-            if reason == FAIL_REASON.SUCCESS:
-                # at once, so the next batch is queued before this tick sends the commit index,
-                # and rides along with it (PartitionReplica._SyncObj__applyLogEntries)
-                self._finish(proposal_id, results, reason)
-            else:
-                loop.call_soon(self._finish, proposal_id, results, reason)
+            loop.call_soon(self._finish, proposal_id, results, reason)
 
         try:
             self.replica.propose(payload, on_applied)

@@ -181,20 +181,6 @@ class PartitionReplica(PatchedSyncObj):
 
     # -- write path -------------------------------------------------------
 
-    def _SyncObj__applyLogEntries(self) -> bool:
-        """pysyncobj's apply step, minus the commit notice when a proposal is queued.
-
-        Unbatched, a leader sends every entry to each replica and, once it
-        applies it, an empty AppendEntries carrying the new commit index;
-        each replica answers both. Group commit queues its next batch from
-        the apply callback (group_commit.py), and later in the same tick
-        pysyncobj sends that batch with the new commit index. So the notice
-        is left out then: one message and one answer per entry and replica
-        instead of two, and the commit index arrives just as early.
-        """
-        need_send = PatchedSyncObj._SyncObj__applyLogEntries(self)
-        return need_send and not self._SyncObj__commandsQueue._FastQueue__queue
-
     def propose(self, payload: bytes, callback: ProposalCallback) -> None:
         """Append an encoded proposal; `callback(results, reason)` runs once it is applied or failed."""
         self._apply(payload, callback=callback)
