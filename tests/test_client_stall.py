@@ -15,7 +15,7 @@ import time
 from raftkv import AsyncClient
 from raftkv.partitioning import partition_for_key
 from tests.conftest import wait_until
-from tests.test_isolated_leader import statuses, transfer_leadership
+from tests.raft_admin import leader_of, transfer_leadership
 
 PARTITIONS = 4
 
@@ -24,19 +24,15 @@ def key_in(partition: int, tag: str) -> bytes:
     return next(k for i in range(10_000) if partition_for_key(k := b"%s-%d" % (tag.encode(), i), PARTITIONS) == partition)
 
 
-def leader_of_partition(endpoints: list[str], partition: int) -> str | None:
-    return next((node for node, ps in statuses(endpoints) if ps.partition == partition and ps.role == "leader"), None)
-
-
 def test_requests_for_healthy_partitions_overtake_one_stuck_on_a_lost_quorum(make_cluster):
     # n1 hosts partition 0 (with n2) and 3 (with n4); a long fallback keeps n1 leading the stuck one
     cluster = make_cluster(nodes=4, partitions=PARTITIONS, replication=2, leader_fallback_timeout=30.0,
                            request_timeout=10.0)
     for partition in (0, 3):
-        leader = wait_until(lambda: leader_of_partition(cluster.endpoints, partition), 30, "a leader")
+        leader = wait_until(lambda: leader_of(cluster.endpoints, partition), 30, "a leader")
         if leader != "n1":
             transfer_leadership(cluster.spec, partition, leader, "n1")
-            wait_until(lambda: leader_of_partition(cluster.endpoints, partition) == "n1", 30, "n1 to lead")
+            wait_until(lambda: leader_of(cluster.endpoints, partition) == "n1", 30, "n1 to lead")
 
     async def scenario() -> tuple[float, bool]:
         async with AsyncClient(cluster.endpoints, timeout=10.0) as kv:

@@ -10,7 +10,7 @@ import pytest
 from raftkv import Client, StorageFull, Undetermined, Unavailable
 from raftkv.chaos.small_disk import SmallDisk
 from tests.conftest import wait_until
-from tests.test_isolated_leader import leader_of, statuses, transfer_leadership
+from tests.raft_admin import leader_of, statuses, transfer_leadership
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
 

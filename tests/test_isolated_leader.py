@@ -3,9 +3,6 @@ stale, `linearizable` reads must never be (they go through a barrier it cannot c
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import grpc
 
 from raftkv import Client
@@ -13,18 +10,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from tests.conftest import wait_until
 from tests.netsplit import NetSplit, smallest_address_node
-
-
-def statuses(addresses: list[str]) -> list[tuple[str, pb.PartitionStatus]]:
-    out = []
-    for address in addresses:
-        try:
-            with grpc.insecure_channel(address) as channel:
-                reply = kv_pb2_grpc.KVStub(channel).Status(pb.StatusRequest(), timeout=2)
-            out += [(reply.node_id, ps) for ps in reply.hosted]
-        except grpc.RpcError:
-            pass
-    return out
+from tests.raft_admin import leader_of, transfer_leadership
 
 
 def read_at(address: str, key: bytes, consistency: int) -> pb.Result:
@@ -33,19 +19,6 @@ def read_at(address: str, key: bytes, consistency: int) -> pb.Result:
         request = pb.ExecuteRequest(ops=[pb.Op(partition=0, get=pb.Get(key=key))], consistency=consistency,
                                     forwarded=True)
         return kv_pb2_grpc.KVStub(channel).Execute(request, timeout=10).results[0]
-
-
-def leader_of(addresses: list[str]) -> str | None:
-    return next((node for node, ps in statuses(addresses) if ps.role == "leader"), None)
-
-
-def transfer_leadership(spec, partition: int, leader: str, target: str) -> None:
-    """pysyncobj's own admin tool, sent to the current leader's Raft port."""
-    subprocess.run(
-        [sys.executable, "-m", "pysyncobj.syncobj_admin", "-conn", spec.node(leader).raft_address(partition),
-         "-transfer", spec.node(target).raft_address(partition)],
-        check=True, capture_output=True, timeout=30,
-    )
 
 
 def test_isolated_leader_serves_stale_leader_reads_but_never_stale_linearizable_reads(make_cluster):
