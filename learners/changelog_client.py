@@ -88,12 +88,14 @@ class ChangeLogClient:
         self.close()
 
 
-def event_of(change: pb.Change, partition: int, cluster: str) -> ChangeEvent:
-    def nullable(field: str) -> bytes | None:
-        return getattr(change, field) if change.HasField(field) else None
+def optional_bytes(change: pb.Change, field: str) -> bytes | None:
+    """`before` or `after`, None when the change has none (proto3 would give b"")."""
+    return getattr(change, field) if change.HasField(field) else None
 
-    return ChangeEvent(change.op, change.key, nullable("before"), nullable("after"), cluster, partition,
-                       change.index, change.term, change.seq, change.snapshot, change.ts_ms)
+
+def event_of(change: pb.Change, partition: int, cluster: str) -> ChangeEvent:
+    return ChangeEvent(change.op, change.key, optional_bytes(change, "before"), optional_bytes(change, "after"),
+                       cluster, partition, change.index, change.term, change.seq, change.snapshot, change.ts_ms)
 
 
 def tail(address: str, *, from_beginning: bool = False, out: TextIO | None = None, timeout: float | None = None,

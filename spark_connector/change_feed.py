@@ -16,7 +16,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from learners.changelog_client import ChangeLogClient
+from learners.changelog_client import ChangeLogClient, optional_bytes
 from raftkv.api import kv_pb2 as pb
 from spark_connector.columns import to_arrow
 from spark_connector.options import ConnectorOptions
@@ -49,9 +49,6 @@ def read_range(options: ConnectorOptions, r: ChangeRange) -> Iterator[pa.RecordB
 
 
 def _batch(changes, partition: int, options: ConnectorOptions) -> pa.RecordBatch:
-    def nullable(c: pb.Change, field: str) -> bytes | None:
-        return getattr(c, field) if c.HasField(field) else None
-
     return pa.RecordBatch.from_arrays(
         [
             pa.array([partition] * len(changes), pa.int32()),
@@ -59,8 +56,8 @@ def _batch(changes, partition: int, options: ConnectorOptions) -> pa.RecordBatch
             pa.array([c.seq for c in changes], pa.int32()),
             pa.array([c.op for c in changes], pa.string()),
             to_arrow([c.key for c in changes], options.key_format),
-            to_arrow([nullable(c, "after") for c in changes], options.value_format),
-            to_arrow([nullable(c, "before") for c in changes], options.value_format),
+            to_arrow([optional_bytes(c, "after") for c in changes], options.value_format),
+            to_arrow([optional_bytes(c, "before") for c in changes], options.value_format),
             pa.array([c.term for c in changes], pa.int64()),
             pa.array([c.snapshot for c in changes], pa.bool_()),
             pa.array([c.ts_ms for c in changes], pa.int64()),
