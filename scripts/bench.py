@@ -274,15 +274,25 @@ def header(console: Console, host: dict, vers: dict, config: Config, data_dir: P
     console.print("[bold]config[/bold]   " + ", ".join(f"{k}={v}" for k, v in asdict(config).items()))
 
 
+def start_run(args: argparse.Namespace, default, quick, prefix: str, width: int):
+    """(config, console, data dir) of a benchmark run; SIGTERM then unwinds like Ctrl-C.
+
+    The config is the defaults (or `quick` with --quick) with every flag given on
+    the command line; the data dir is --data-dir or a new temp dir.
+    """
+    base = quick if args.quick else default
+    config = replace(base, **{f.name: v for f in fields(base) if (v := getattr(args, f.name)) is not None})
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # every started process is stopped on the way out
+    console = Console() if sys.stdout.isatty() else Console(width=width)
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix=prefix))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return config, console, data_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    base = QUICK if args.quick else Config()
-    config = replace(base, **{f.name: v for f in fields(Config) if (v := getattr(args, f.name)) is not None})
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwind like Ctrl-C: every started process is stopped
-    console = Console() if sys.stdout.isatty() else Console(width=150)
+    config, console, data_dir = start_run(args, Config(), QUICK, "raftkv-bench-", width=150)
     started = time.monotonic()
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="raftkv-bench-"))
-    data_dir.mkdir(parents=True, exist_ok=True)
     try:
         etcd_binary = ensure_etcd()
         ensure_etcd3aio()

@@ -54,10 +54,8 @@ import os
 import queue
 import random
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -73,7 +71,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import NOISY_CORES, comparison_table, header, verdict  # noqa: E402
+from bench import NOISY_CORES, comparison_table, header, start_run, verdict  # noqa: E402
 from bench_clusters import (  # noqa: E402
     Running,
     ensure_etcd,
@@ -716,13 +714,8 @@ def _load_average() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    base = QUICK if args.quick else Config()
-    config = replace(base, **{f.name: v for f in fields(Config) if (v := getattr(args, f.name)) is not None})
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # unwind like Ctrl-C: every started process is stopped
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    config, console, data_dir = start_run(args, Config(), QUICK, "raftkv-bench-learner-", width=160)
     started_at = time.monotonic()
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="raftkv-bench-learner-"))
-    data_dir.mkdir(parents=True, exist_ok=True)
     etcd_up = None
     try:
         etcd_binary = None if args.raftkv_only else ensure_etcd()
