@@ -108,8 +108,9 @@ class _Link:
                 if not future.done():
                     future.set_exception(error)
         finally:
-            self._stalled.discard(asyncio.current_task())
-            self._widen()  # narrows it again once the stalled requests are back
+            if (this := asyncio.current_task()) in self._stalled:
+                self._stalled.discard(this)
+                self._widen()  # narrows the limit again
             for next_batch in self._policy.completed():
                 self._start(next_batch)
 
