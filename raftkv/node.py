@@ -172,9 +172,9 @@ async def serve(spec: ClusterSpec, node_id: str) -> None:
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait([stopped, node.failure], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
-        if node.failure.done():
-            failure = node.failure.exception()
     finally:
+        if node.failure is not None and node.failure.done():
+            failure = node.failure.exception()  # retrieved also when start() raised it itself
         try:
             await node.stop()
         except Exception:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from rocksdict import AccessType, Options, Rdict
+
 from raftkv import Client
 from tests.conftest import wait_for_compaction, wait_until
+from tests.raft_admin import statuses
 
 
 def flip(path: Path, offset: int, count: int = 8) -> None:
@@ -48,31 +51,62 @@ def load(cluster, count: int) -> dict[bytes, bytes]:
     return written
 
 
-def test_a_damaged_snapshot_stops_the_node_with_one_line(make_cluster):
-    cluster = make_cluster(nodes=3, partitions=1, compaction_min_entries=200)
+def damage_table_files(db: Path, holding) -> list[Path]:
+    """Flip bytes inside the first data block of every table file whose first key satisfies `holding`.
+
+    The database still opens: RocksDB checks a block only when it reads it.
+    """
+    opened = Rdict(str(db), Options(raw_mode=True), column_families={"raftkv": Options(raw_mode=True)},
+                   access_type=AccessType.read_only())
+    try:
+        damaged = [db / f["name"].lstrip("/") for f in opened.live_files() if holding(f["start_key"])]
+    finally:
+        opened.close()
+    for sst in damaged:
+        flip(sst, 10)
+    return damaged
+
+
+def loaded_and_stopped(make_cluster):
+    """A 3-node cluster whose 600 keys and Raft position are all in table files, none only in the
+    write-ahead log; n1 killed. Returns (cluster, written)."""
+    cluster = make_cluster(nodes=3, partitions=1, compaction_min_entries=200, compaction_min_seconds=1.0)
     written = load(cluster, 600)
-    wait_for_compaction(cluster, [0], past_index=300)
+    last_write = max(ps.applied_index for _, ps in statuses(cluster.endpoints))
+    # a snapshot's checkpoint flushes the database; one past the last write leaves nothing in the log
+    wait_for_compaction(cluster, [0], past_index=last_write - 1)
     cluster.kill("n1")
+    return cluster, written
+
+
+def test_a_damaged_raft_position_stops_the_node_at_start_with_one_line(make_cluster):
+    cluster, written = loaded_and_stopped(make_cluster)
+    assert damage_table_files(cluster.spec.node("n1").data_dir / "p0000" / "db", lambda key: key == b"position")
+    cluster.start("n1")
+    line = the_error_line(cluster, "n1")
+    assert "is corrupt" in line and "in use by another process" not in line
+    wipe_and_resync(cluster, "n1", written)
+
+
+def test_a_damaged_data_block_stops_the_node_with_one_line_never_a_short_answer(make_cluster):
+    """The node opens its database fine (its Raft position is intact) and serves. A follower scan sent
+    to it reads the damaged block: the node stops, and the client gets every key from another replica."""
+    cluster, written = loaded_and_stopped(make_cluster)
+    assert damage_table_files(cluster.spec.node("n1").data_dir / "p0000" / "db", lambda key: key.startswith(b"k"))
+    cluster.start("n1")
+    address = cluster.spec.node("n1").api_address
+    wait_until(lambda: statuses([address]), 60, "n1 to serve")
+    with Client([address], timeout=10) as kv:  # a follower read goes to the first endpoint first
+        assert list(kv.scan(consistency="follower")) == sorted(written.items())
+    line = the_error_line(cluster, "n1")  # only the scan reads the damaged block
+    assert "is corrupt" in line and "block checksum mismatch" in line
+    wipe_and_resync(cluster, "n1", written)
+
+
+def test_a_damaged_snapshot_stops_the_node_with_one_line(make_cluster):
+    cluster, written = loaded_and_stopped(make_cluster)
     flip(cluster.spec.node("n1").data_dir / "p0000" / "raft.snapshot", 600)  # inside meta.json
     cluster.start("n1")
     line = the_error_line(cluster, "n1")
     assert "raft.snapshot is corrupt" in line and "move" in line and "re-syncs from its peers" in line
-    wipe_and_resync(cluster, "n1", written)
-
-
-def test_a_damaged_database_block_stops_the_node_with_one_line_never_a_short_answer(make_cluster):
-    cluster = make_cluster(nodes=3, partitions=1, compaction_min_entries=200)
-    written = load(cluster, 600)
-    wait_for_compaction(cluster, [0], past_index=300)  # a checkpoint flushes the data into table files
-    cluster.kill("n1")
-    for sst in (cluster.spec.node("n1").data_dir / "p0000" / "db").glob("*.sst"):
-        flip(sst, 10)  # inside the first data block: the database still opens
-    cluster.start("n1")
-    with Client([cluster.spec.node("n1").api_address], timeout=3) as kv:
-        try:  # a follower read or scan on n1 reaches the damaged block, if the start did not
-            list(kv.scan(consistency="follower"))
-        except Exception:
-            pass
-    line = the_error_line(cluster, "n1")
-    assert "is corrupt" in line and "in use by another process" not in line
     wipe_and_resync(cluster, "n1", written)
