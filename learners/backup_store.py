@@ -31,13 +31,13 @@ from typing import Iterable, Iterator, Mapping
 
 import fsspec
 
-from raftkv.client import Client
-from raftkv.commands import Put
-from raftkv.engine import ZERO, Position
-from raftkv.errors import ConfigError, CorruptData, RaftKVError, Unavailable
-from raftkv.partitioning import partitions_hosted_by
-from raftkv.rocks_engine import RocksEngine
-from raftkv.spec import ClusterSpec
+from raftkv.client.sync_client import Client
+from raftkv.core.commands import Put
+from raftkv.storage.engine import ZERO, Position
+from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
+from raftkv.core.partitioning import partitions_hosted_by
+from raftkv.storage.rocks_engine import RocksEngine
+from raftkv.core.spec import ClusterSpec
 
 FORMAT = "raftkv-backup"
 VERSION = 1

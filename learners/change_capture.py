@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from learners.change_event import ChangeEvent
-from raftkv.commands import Command, Delete, DeleteRange, Mutation, Put, PutMany, single_mutations
-from raftkv.engine import Engine, KeyRange
-from raftkv.state_machine import apply_proposal
+from raftkv.core.commands import Command, Delete, DeleteRange, Mutation, Put, PutMany, single_mutations
+from raftkv.storage.engine import Engine, KeyRange
+from raftkv.core.state_machine import apply_proposal
 
 Emit = Callable[[str, bytes, bytes | None, bytes | None], None]  # (op, key, before, after) -> one event
 

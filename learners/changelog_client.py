@@ -23,8 +23,8 @@ import grpc
 from learners.change_event import ChangeEvent
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.client_core import CHANNEL_OPTIONS
-from raftkv.errors import InvalidRequest, Unavailable
+from raftkv.client.core import CHANNEL_OPTIONS
+from raftkv.core.errors import InvalidRequest, Unavailable
 
 
 class ChangeLogClient:

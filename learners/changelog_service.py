@@ -19,7 +19,7 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.errors import InvalidRequest
+from raftkv.core.errors import InvalidRequest
 
 CHUNK_CHANGES = 4096
 

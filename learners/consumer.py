@@ -47,7 +47,7 @@ from typing import Iterator, Mapping, TextIO
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from learners.change_event import ChangeEvent
-from raftkv.errors import Unavailable
+from raftkv.core.errors import Unavailable
 
 
 class FeedConsumer:

@@ -31,9 +31,9 @@ from learners.change_capture import EntryContext, PendingView, capture_entry, ca
 from learners.change_event import ChangeEvent
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import DeliveryBatch, Sink
-from raftkv import snapshot_file
-from raftkv.engine import Position
-from raftkv.rocks_engine import RocksEngine
+from raftkv.raft import snapshot_file
+from raftkv.storage.engine import Position
+from raftkv.storage.rocks_engine import RocksEngine
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """A learner process: readonly replicas of some partitions, a sink, and the feed pump.
 
 Like a node, everything runs on one asyncio loop: the replicas' pysyncobj
-ticks (see raftkv.syncobj_loop) and the pump; sink calls run in a worker
+ticks (see raftkv.raft.syncobj_loop) and the pump; sink calls run in a worker
 thread.
 """
 
@@ -20,15 +20,15 @@ from learners.changelog_service import ChangeLogService, ChangeSource
 from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import Sink, load_sink
-from raftkv import metrics
+from raftkv.core import metrics
 from raftkv.api import kv_pb2_grpc
-from raftkv.group_commit import PartitionFrontend
-from raftkv.node import GRPC_OPTIONS
-from raftkv.server import KVService
-from raftkv.client import Client, LearnerView
-from raftkv.errors import ConfigError, RaftKVError, Unavailable
-from raftkv.partitioning import replicas_for
-from raftkv.spec import ClusterSpec
+from raftkv.node.group_commit import PartitionFrontend
+from raftkv.node.process import GRPC_OPTIONS
+from raftkv.node.service import KVService
+from raftkv.client.sync_client import Client, LearnerView
+from raftkv.core.errors import ConfigError, RaftKVError, Unavailable
+from raftkv.core.partitioning import replicas_for
+from raftkv.core.spec import ClusterSpec
 
 log = logging.getLogger(__name__)
 

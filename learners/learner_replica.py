@@ -22,11 +22,11 @@ import pysyncobj.pickle
 
 from pysyncobj import replicated
 
-from raftkv import snapshot_file
-from raftkv.commands import Command, decode_proposal
-from raftkv.engine import Position
-from raftkv.spec import Tuning
-from raftkv.syncobj_replica import PartitionReplica
+from raftkv.raft import snapshot_file
+from raftkv.core.commands import Command, decode_proposal
+from raftkv.storage.engine import Position
+from raftkv.core.spec import Tuning
+from raftkv.raft.syncobj_replica import PartitionReplica
 
 _REGULAR = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: a call of a @replicated method
 

@@ -1,9 +1,9 @@
 """raftkv: a Raft-replicated, partitioned key-value store over RocksDB."""
 
-from raftkv.async_client import AsyncClient
-from raftkv.client import Client, NodeStatus, Read
-from raftkv.commands import CasResult, Delete, DeleteRange, Put
-from raftkv.errors import (
+from raftkv.client.async_client import AsyncClient
+from raftkv.client.sync_client import Client, NodeStatus, Read
+from raftkv.core.commands import CasResult, Delete, DeleteRange, Put
+from raftkv.core.errors import (
     ConfigError,
     CorruptData,
     InvalidRequest,

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from raftkv.local_cluster import LocalCluster
-from raftkv.local_cluster import free_port_block
-from raftkv.spec import build_spec, save_spec
+from raftkv.dev.local_cluster import LocalCluster
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.core.spec import build_spec, save_spec
 
 MEMBERS = 3
 ETCD3AIO = "etcd3aio==0.3.0"  # checked against protobuf 7 / grpcio 1.85 (its generated code is 6.31 gencode)

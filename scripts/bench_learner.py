@@ -91,9 +91,9 @@ import raftkv  # noqa: E402
 from learners.changelog_client import ChangeLogClient  # noqa: E402
 from raftkv.api import kv_pb2 as pb  # noqa: E402
 from raftkv.api import kv_pb2_grpc  # noqa: E402
-from raftkv.errors import Unavailable  # noqa: E402
-from raftkv.local_cluster import free_port_block  # noqa: E402
-from raftkv.partitioning import partition_for_key  # noqa: E402
+from raftkv.core.errors import Unavailable  # noqa: E402
+from raftkv.dev.local_cluster import free_port_block  # noqa: E402
+from raftkv.core.partitioning import partition_for_key  # noqa: E402
 
 
 @dataclass(frozen=True)

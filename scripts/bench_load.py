@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterator, Sequence
 
 import raftkv
-from raftkv.commands import Put
+from raftkv.core.commands import Put
 
 VALUE_BYTES = 100
 START_TIMEOUT = 60.0

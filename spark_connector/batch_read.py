@@ -16,7 +16,7 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from raftkv.client import Client
+from raftkv.client.sync_client import Client
 from spark_connector.columns import binary_column, to_arrow
 from spark_connector.key_filters import KeyScope, push_filters
 from spark_connector.options import ConnectorOptions

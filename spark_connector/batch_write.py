@@ -17,10 +17,10 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from raftkv.async_client import AsyncClient
-from raftkv.commands import Delete, Put
-from raftkv.errors import InvalidRequest, RaftKVError, Undetermined, Unavailable
-from raftkv.partitioning import partition_for_key
+from raftkv.client.async_client import AsyncClient
+from raftkv.core.commands import Delete, Put
+from raftkv.core.errors import InvalidRequest, RaftKVError, Undetermined, Unavailable
+from raftkv.core.partitioning import partition_for_key
 from spark_connector.columns import from_arrow
 from spark_connector.options import ConnectorOptions
 

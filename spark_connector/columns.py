@@ -10,7 +10,7 @@ from typing import Sequence
 import pyarrow as pa
 from pyspark.sql.types import BinaryType, BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
-from raftkv.errors import InvalidRequest
+from raftkv.core.errors import InvalidRequest
 
 NOT_UTF8 = "a stored key or value is not UTF-8 text; read it with key_format/value_format=binary"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource
 
-from raftkv.errors import ConfigError
+from raftkv.core.errors import ConfigError
 from spark_connector.batch_read import KVReader
 from spark_connector.batch_write import KVWriter
 from spark_connector.change_feed import ChangeFeedBatchReader, ChangeFeedStreamReader

@@ -22,8 +22,8 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
-from raftkv.engine import prefix_end
-from raftkv.partitioning import partition_for_key
+from raftkv.storage.engine import prefix_end
+from raftkv.core.partitioning import partition_for_key
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ import json
 from dataclasses import dataclass
 from typing import Mapping
 
-from raftkv.async_client import parse_endpoints
-from raftkv.engine import prefix_end
-from raftkv.errors import ConfigError
-from raftkv.spec import load_spec
+from raftkv.client.async_client import parse_endpoints
+from raftkv.storage.engine import prefix_end
+from raftkv.core.errors import ConfigError
+from raftkv.core.spec import load_spec
 
 FORMATS = ("binary", "string")
 CONSISTENCY_LEVELS = ("linearizable", "leader", "follower", "learner")

@@ -12,11 +12,11 @@ from typing import Callable
 import pytest
 
 from learners.changelog_client import ChangeLogClient
-from raftkv import snapshot_file
-from raftkv.client import Client
-from raftkv.errors import CorruptData
-from raftkv.local_cluster import LocalCluster, free_port_block
-from raftkv.spec import ClusterSpec, Tuning, build_spec, save_spec
+from raftkv.raft import snapshot_file
+from raftkv.client.sync_client import Client
+from raftkv.core.errors import CorruptData
+from raftkv.dev.local_cluster import LocalCluster, free_port_block
+from raftkv.core.spec import ClusterSpec, Tuning, build_spec, save_spec
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05):

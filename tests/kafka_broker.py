@@ -10,7 +10,7 @@ Also the change-feed tests' shared helpers: History (deterministic c/u/d event
 histories per raftkv partition), read_raw (every record to each partition's
 EOF, no dedup), validate (against learners/schema/change_event.v1.json).
 
-The broker itself is raftkv.dev_broker.TansuBroker; its docstring lists what
+The broker itself is raftkv.dev.broker.TansuBroker; its docstring lists what
 tansu 0.6.0 does differently from Kafka.
 """
 
@@ -26,7 +26,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from learners.change_event import SCHEMA_PATH, ChangeEvent
-from raftkv.dev_broker import TansuBroker
+from raftkv.dev.broker import TansuBroker
 
 
 

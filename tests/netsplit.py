@@ -15,7 +15,7 @@ import itertools
 import os
 import subprocess
 
-from raftkv.spec import ClusterSpec
+from raftkv.core.spec import ClusterSpec
 
 _counter = itertools.count()
 

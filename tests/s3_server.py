@@ -19,7 +19,7 @@ from typing import Iterator
 
 import boto3
 
-from raftkv.local_cluster import free_port_block
+from raftkv.dev.local_cluster import free_port_block
 from tests.conftest import wait_until
 
 

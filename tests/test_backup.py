@@ -17,10 +17,10 @@ from learners.change_event import ChangeEvent
 from learners.sinks.backup_sink import BackupSink
 from learners.sinks.base import DeliveryBatch, load_sink
 from raftkv import Client, ConfigError, CorruptData, Unavailable
-from raftkv.engine import ZERO, KeyRange, Position
-from raftkv.rocks_engine import RocksEngine
-from raftkv.spec import build_spec
-from raftkv.local_cluster import free_port_block
+from raftkv.storage.engine import ZERO, KeyRange, Position
+from raftkv.storage.rocks_engine import RocksEngine
+from raftkv.core.spec import build_spec
+from raftkv.dev.local_cluster import free_port_block
 from tests.conftest import wait_until
 from tests.s3_server import s3_server
 from tests.test_cli import assert_one_line_error, run

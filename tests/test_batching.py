@@ -1,11 +1,11 @@
-"""Tests for raftkv.batching.GroupCommit: the group commit policy."""
+"""Tests for raftkv.core.batching.GroupCommit: the group commit policy."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from raftkv.batching import GroupCommit
+from raftkv.core.batching import GroupCommit
 
 # An action is either ("add", size) or ("done",); "done" is skipped when nothing is in flight.
 actions = st.lists(

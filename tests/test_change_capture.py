@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learners.change_capture import EntryContext, PendingView, capture_entry, capture_snapshot
-from raftkv.commands import Batch, Cas, Delete, DeleteRange, Put, PutMany
-from raftkv.engine import KeyRange, MemoryEngine, Position
-from raftkv.state_machine import apply_proposal
+from raftkv.core.commands import Batch, Cas, Delete, DeleteRange, Put, PutMany
+from raftkv.storage.engine import KeyRange, MemoryEngine, Position
+from raftkv.core.state_machine import apply_proposal
 
 keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e"])
 values = st.sampled_from([b"1", b"2", b"3"])

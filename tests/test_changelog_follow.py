@@ -21,10 +21,10 @@ from learners.sinks.base import DeliveryBatch
 from learners.sinks.changelog_sink import ChangelogSink
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.client import Client
-from raftkv.errors import InvalidRequest
-from raftkv.local_cluster import free_port_block
-from raftkv.partitioning import partition_for_key
+from raftkv.client.sync_client import Client
+from raftkv.core.errors import InvalidRequest
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.core.partitioning import partition_for_key
 from tests.conftest import changelog_caught_up, wait_until
 from tests.kafka_broker import VALIDATOR
 

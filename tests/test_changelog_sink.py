@@ -7,7 +7,7 @@ import pytest
 from learners.change_event import ChangeEvent
 from learners.sinks.base import DeliveryBatch
 from learners.sinks.changelog_sink import ChangelogSink, plan_ends
-from raftkv.errors import ConfigError, InvalidRequest
+from raftkv.core.errors import ConfigError, InvalidRequest
 
 
 def event(partition: int, index: int, seq: int = 0, key: bytes = b"k") -> ChangeEvent:

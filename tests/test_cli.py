@@ -17,8 +17,8 @@ import pytest
 from raftkv import Client, InvalidRequest
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.partitioning import partition_for_key
-from raftkv.local_cluster import free_port_block, port_free
+from raftkv.core.partitioning import partition_for_key
+from raftkv.dev.local_cluster import free_port_block, port_free
 from tests.conftest import wait_until
 
 RAFTKV = [sys.executable, "-m", "raftkv"]

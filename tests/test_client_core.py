@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from raftkv.client_core import never_sent
+from raftkv.client.core import never_sent
 
 
 @pytest.mark.parametrize("code, details, expected", [

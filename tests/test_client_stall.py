@@ -13,7 +13,7 @@ import signal
 import time
 
 from raftkv import AsyncClient
-from raftkv.partitioning import partition_for_key
+from raftkv.core.partitioning import partition_for_key
 from tests.conftest import wait_until
 from tests.raft_admin import leader_of, transfer_leadership
 

@@ -8,8 +8,8 @@ import pytest
 from raftkv import Client, InvalidRequest
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.partitioning import partition_for_key
-from raftkv.commands import Delete, Put
+from raftkv.core.partitioning import partition_for_key
+from raftkv.core.commands import Delete, Put
 
 
 

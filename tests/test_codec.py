@@ -1,4 +1,4 @@
-"""Tests for raftkv.codec: gRPC messages <-> commands, and errors <-> results."""
+"""Tests for raftkv.api.convert: gRPC messages <-> commands, and errors <-> results."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.codec import (
+from raftkv.api.convert import (
     check_partition,
     command_from_op,
     consistency_from_name,
@@ -17,8 +17,8 @@ from raftkv.codec import (
     result_from_error,
     result_from_write,
 )
-from raftkv.commands import Batch, Cas, CasResult, Delete, DeleteRange, Limits, Put
-from raftkv.errors import (
+from raftkv.core.commands import Batch, Cas, CasResult, Delete, DeleteRange, Limits, Put
+from raftkv.core.errors import (
     ConfigError,
     CorruptData,
     InvalidRequest,
@@ -38,7 +38,7 @@ def part(key: bytes, partitions: int = P) -> int:
 
 
 def key_in(partition: int, avoid: tuple[bytes, ...] = ()) -> bytes:
-    """Some key of `partition` (independent of raftkv.partitioning)."""
+    """Some key of `partition` (independent of raftkv.core.partitioning)."""
     for i in range(1000):
         key = b"k%d" % i
         if zlib.crc32(key) % P == partition and key not in avoid:

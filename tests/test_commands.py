@@ -1,4 +1,4 @@
-"""Tests for raftkv.commands: the proposal encoding, command_size and check_command."""
+"""Tests for raftkv.core.commands: the proposal encoding, command_size and check_command."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import struct
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from raftkv.commands import (
+from raftkv.core.commands import (
     VERSION,
     Batch,
     Cas,
@@ -24,7 +24,7 @@ from raftkv.commands import (
     decode_proposal,
     encode_proposal,
 )
-from raftkv.errors import InvalidRequest
+from raftkv.core.errors import InvalidRequest
 
 # --- strategies -------------------------------------------------------------
 
@@ -235,7 +235,7 @@ LIMITS = Limits(max_key_bytes=8, max_value_bytes=16)
 
 
 def test_limits_defaults_match_the_spec_defaults():
-    from raftkv.spec import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
+    from raftkv.core.spec import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
 
     assert Limits() == Limits(max_key_bytes=DEFAULT_MAX_KEY_BYTES, max_value_bytes=DEFAULT_MAX_VALUE_BYTES)
 

@@ -15,9 +15,9 @@ from pyspark.sql.datasource import (
     StringStartsWith,
 )
 
-from raftkv.errors import ConfigError
-from raftkv.partitioning import partition_for_key
-from raftkv.spec import build_spec, save_spec
+from raftkv.core.errors import ConfigError
+from raftkv.core.partitioning import partition_for_key
+from raftkv.core.spec import build_spec, save_spec
 from spark_connector.key_filters import KeyScope, push_filters
 from spark_connector.options import parse_options
 

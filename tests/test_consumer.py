@@ -13,7 +13,7 @@ from learners.change_event import ChangeEvent
 from learners.consumer import FeedConsumer, tail
 from learners.sinks.base import DeliveryBatch
 from learners.sinks.kafka_sink import KafkaSink
-from raftkv.errors import Unavailable
+from raftkv.core.errors import Unavailable
 from tests.kafka_broker import FAST_CONSUMER, VALIDATOR, History, new_topic, read_raw, sink_options, tansu_fixture
 
 broker = tansu_fixture()

@@ -11,7 +11,7 @@ import pytest
 from raftkv import Client, Timeout, Unavailable, Undetermined
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.partitioning import partition_for_key
+from raftkv.core.partitioning import partition_for_key
 from tests.conftest import wait_for_compaction, wait_until
 
 

@@ -1,4 +1,4 @@
-"""Tests for raftkv.engine (MemoryEngine, KeyRange, prefix_end) and raftkv.rocks_engine.RocksEngine.
+"""Tests for raftkv.storage.engine (MemoryEngine, KeyRange, prefix_end) and raftkv.storage.rocks_engine.RocksEngine.
 
 The shared tests run against both engines: MemoryEngine is RocksEngine's twin,
 so the two must agree on every get, scan and write.
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from raftkv.commands import Delete, DeleteRange, Put
-from raftkv.engine import ZERO, KeyRange, MemoryEngine, Position, prefix_end
+from raftkv.core.commands import Delete, DeleteRange, Put
+from raftkv.storage.engine import ZERO, KeyRange, MemoryEngine, Position, prefix_end
 from raftkv.chaos.small_disk import SmallDisk
-from raftkv.errors import CorruptData, StorageFull
-from raftkv.rocks_engine import INSTALL_READY, RocksEngine, recover_interrupted_install
+from raftkv.core.errors import CorruptData, StorageFull
+from raftkv.storage.rocks_engine import INSTALL_READY, RocksEngine, recover_interrupted_install
 
 # --- prefix_end and KeyRange -------------------------------------------------
 

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from raftkv.commands import Put
-from raftkv.errors import StorageFull
-from raftkv.group_commit import PartitionFrontend
-from raftkv.syncobj_replica import Role
+from raftkv.core.commands import Put
+from raftkv.core.errors import StorageFull
+from raftkv.node.group_commit import PartitionFrontend
+from raftkv.raft.syncobj_replica import Role
 
 
 class FullLeader:

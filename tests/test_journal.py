@@ -1,4 +1,4 @@
-"""Tests for raftkv.journal.RaftJournal: format, recovery, durability modes and pysyncobj use."""
+"""Tests for raftkv.raft.journal.RaftJournal: format, recovery, durability modes and pysyncobj use."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.journal import MemoryJournal
 
-from raftkv.errors import CorruptData, StorageFull
-from raftkv.local_cluster import free_port_block
-from raftkv.journal import LOG_NAME, META_NAME, RaftJournal
+from raftkv.core.errors import CorruptData, StorageFull
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.raft.journal import LOG_NAME, META_NAME, RaftJournal
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_HEADER = b"RKVLOG\0\0" + struct.pack("<I", 1)
@@ -33,7 +33,7 @@ ENTRIES = [(b"first", 1, 1), (b"second entry", 2, 1), (b"third", 3, 2)]
 
 
 def record(command: bytes, idx: int, term: int) -> bytes:
-    """One log record, built from the layout documented in raftkv.journal."""
+    """One log record, built from the layout documented in raftkv.raft.journal."""
     idx_term = struct.pack("<QQ", idx, term)
     crc = zlib.crc32(idx_term + command)
     return struct.pack("<III", len(command), len(command) ^ 0xFFFFFFFF, crc) + idx_term + command
@@ -212,7 +212,7 @@ def test_truncated_tail_is_repaired(tmp_path: Path, cut: int, caplog) -> None:
     open_with(tmp_path, ENTRIES)._destroy()
     log = tmp_path / LOG_NAME
     os.truncate(log, log.stat().st_size - cut)
-    with caplog.at_level(logging.WARNING, logger="raftkv.journal"):
+    with caplog.at_level(logging.WARNING, logger="raftkv.raft.journal"):
         journal = RaftJournal(tmp_path, fsync=False)
     assert journal[:] == ENTRIES[:2]
     assert log.stat().st_size == record_offsets(ENTRIES)[2]
@@ -314,7 +314,7 @@ def test_entries_survive_kill_9(tmp_path: Path) -> None:
     script = (
         "import os, signal, sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from raftkv.journal import RaftJournal\n"
+        "from raftkv.raft.journal import RaftJournal\n"
         "journal = RaftJournal(sys.argv[1], fsync=False)\n"
         "for i in range(1, 101):\n"
         "    journal.add(b'command %d' % i, i, 1)\n"

@@ -14,7 +14,7 @@ import pytest
 
 from learners.change_event import SCHEMA_PATH, ChangeEvent
 from raftkv import Client, Timeout, Unavailable, Undetermined
-from raftkv.local_cluster import free_port_block
+from raftkv.dev.local_cluster import free_port_block
 from tests.conftest import wait_for_compaction, wait_until
 
 EXAMPLE_PLUGIN = Path(__file__).parent.parent / "examples" / "jsonl_sink"

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from raftkv import node as node_module
-from raftkv.errors import CorruptData
-from raftkv.node import Node
-from raftkv.spec import build_spec
+from raftkv.node import process as node_module
+from raftkv.core.errors import CorruptData
+from raftkv.node.process import Node
+from raftkv.core.spec import build_spec
 
 
 class Replica:

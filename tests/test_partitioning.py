@@ -1,4 +1,4 @@
-"""Tests for raftkv.partitioning: key -> partition and partition -> replicas."""
+"""Tests for raftkv.core.partitioning: key -> partition and partition -> replicas."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, strategies as st
 
-from raftkv.partitioning import partition_for_key, partitions_hosted_by, replicas_for
+from raftkv.core.partitioning import partition_for_key, partitions_hosted_by, replicas_for
 
 # Standard CRC-32 (IEEE 802.3, zlib / java.util.zip.CRC32 / Spark's crc32) check values.
 KNOWN_CRC32 = {

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from raftkv.retention import compaction_due
-from raftkv.spec import Tuning
+from raftkv.core.retention import compaction_due
+from raftkv.core.spec import Tuning
 
 TUNING = Tuning(compaction_min_entries=100, learner_retention_entries=1000, learner_retention_bytes=10**9)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from raftkv.server import _chain
+from raftkv.node.service import _chain
 
 
 def test_a_write_answered_after_its_request_was_cancelled_is_dropped_quietly():

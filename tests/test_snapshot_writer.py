@@ -9,12 +9,12 @@ from pathlib import Path
 
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE
 
-from raftkv import snapshot_file
-from raftkv.commands import Put, encode_proposal
-from raftkv.journal import RaftJournal
-from raftkv.local_cluster import free_port_block
-from raftkv.spec import Tuning
-from raftkv.syncobj_replica import PartitionReplica, Role
+from raftkv.raft import snapshot_file
+from raftkv.core.commands import Put, encode_proposal
+from raftkv.raft.journal import RaftJournal
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.core.spec import Tuning
+from raftkv.raft.syncobj_replica import PartitionReplica, Role
 
 
 def test_a_worker_that_finishes_before_pysyncobj_renames_still_leaves_the_new_snapshot(tmp_path):
@@ -92,7 +92,7 @@ def test_in_fsync_mode_the_snapshot_rename_is_durable_before_the_journal_is_comp
     """A power loss must not leave a journal compacted past the snapshot file on disk (which cannot be
     produced for real here: the order of the directory sync and the compaction is what is checked)."""
     events: list[str] = []
-    monkeypatch.setattr("raftkv.syncobj_replica.fsync_directory", lambda d: events.append(f"sync {Path(d).name}"))
+    monkeypatch.setattr("raftkv.raft.syncobj_replica.fsync_directory", lambda d: events.append(f"sync {Path(d).name}"))
 
     async def scenario():
         replica = PartitionReplica(partition=0, self_address=f"127.0.0.1:{free_port_block(1)}", peer_addresses=[],

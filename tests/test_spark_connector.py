@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from raftkv.client import Client
-from raftkv.commands import Put
-from raftkv.partitioning import partition_for_key
+from raftkv.client.sync_client import Client
+from raftkv.core.commands import Put
+from raftkv.core.partitioning import partition_for_key
 from tests.conftest import changelog_caught_up, wait_until
 from tests.spark_session import start_spark
 

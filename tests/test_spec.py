@@ -1,4 +1,4 @@
-"""Tests for raftkv.spec: building, saving, loading and validating the cluster spec."""
+"""Tests for raftkv.core.spec: building, saving, loading and validating the cluster spec."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import tomllib
 from hypothesis import given, settings, strategies as st
 
-from raftkv.errors import ConfigError
-from raftkv.spec import (
+from raftkv.core.errors import ConfigError
+from raftkv.core.spec import (
     DEFAULT_MAX_KEY_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
     Tuning,

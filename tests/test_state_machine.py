@@ -1,12 +1,12 @@
-"""Tests for raftkv.state_machine.apply_proposal, against a naive one-command-at-a-time model."""
+"""Tests for raftkv.core.state_machine.apply_proposal, against a naive one-command-at-a-time model."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from raftkv.commands import Batch, Cas, CasResult, Delete, DeleteRange, Put, PutMany
-from raftkv.engine import KeyRange, MemoryEngine, Position
-from raftkv.state_machine import Applied, apply_proposal
+from raftkv.core.commands import Batch, Cas, CasResult, Delete, DeleteRange, Put, PutMany
+from raftkv.storage.engine import KeyRange, MemoryEngine, Position
+from raftkv.core.state_machine import Applied, apply_proposal
 
 # --- the naive model ---------------------------------------------------------
 

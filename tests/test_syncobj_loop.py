@@ -8,9 +8,9 @@ import socket
 
 from pysyncobj.poller import POLL_EVENT_TYPE
 
-from raftkv.errors import StorageFull
-from raftkv import syncobj_loop
-from raftkv.syncobj_loop import LoopPoller, Ticker
+from raftkv.core.errors import StorageFull
+from raftkv.raft import syncobj_loop
+from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 
 
 def test_events_reach_the_current_owner_of_an_fd_and_closed_fds_unsubscribe_quietly():

@@ -1,4 +1,4 @@
-"""Tests for raftkv.syncobj_patches (pysyncobj follower AppendEntries fix).
+"""Tests for raftkv.raft.syncobj_patches (pysyncobj follower AppendEntries fix).
 
 The deterministic tests drive a single follower by calling its message handler
 directly with crafted append_entries messages, which reproduces delivery orders
@@ -28,8 +28,8 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
 
-from raftkv.local_cluster import free_port_block
-from raftkv.syncobj_patches import PatchedSyncObj
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.raft.syncobj_patches import PatchedSyncObj
 
 UPSTREAM_TRUNCATION_LOG = 'truncating already-applied log entries'
 NO_OP = pysyncobj._COMMAND_TYPE.NO_OP
@@ -154,7 +154,7 @@ PATCHED = pytest.param(PatchedSyncObj, id='PatchedSyncObj')
 # --------------------------------------------------------------------------- deterministic
 
 def test_version_pin_is_enforced(monkeypatch: pytest.MonkeyPatch) -> None:
-    import raftkv.syncobj_patches as patches
+    import raftkv.raft.syncobj_patches as patches
 
     monkeypatch.setattr(pysyncobj.version, 'VERSION', '0.3.18')
     with pytest.raises(RuntimeError, match=r'pysyncobj==0\.3\.17.*found 0\.3\.18'):

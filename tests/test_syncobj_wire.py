@@ -8,7 +8,7 @@ import zlib
 import pysyncobj.tcp_connection
 import pytest
 
-from raftkv.syncobj_wire import set_compression_level
+from raftkv.raft.syncobj_wire import set_compression_level
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from raftkv.chaos.history import Op
 from raftkv.chaos.workload import RegisterKeys, outcome
-from raftkv.errors import (
+from raftkv.core.errors import (
     CorruptData, InvalidRequest, NotLeader, StorageFull, Timeout, Unavailable, Undetermined,
 )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from learners.sinks.base import DeliveryBatch
-from raftkv.errors import ConfigError
+from raftkv.core.errors import ConfigError
 
 
 class JsonlSink:

@@ -32,10 +32,10 @@ from typing import Mapping
 from learners.backup_store import BackupInfo, BackupStore, parse_storage_options, partition_dir
 from learners.change_event import ChangeEvent
 from learners.sinks.base import DeliveryBatch
-from raftkv.commands import Delete, Mutation, Put
-from raftkv.engine import ZERO, Position
-from raftkv.errors import ConfigError, InvalidRequest, RaftKVError
-from raftkv.rocks_engine import RocksEngine
+from raftkv.core.commands import Delete, Mutation, Put
+from raftkv.storage.engine import ZERO, Position
+from raftkv.core.errors import ConfigError, InvalidRequest, RaftKVError
+from raftkv.storage.rocks_engine import RocksEngine
 
 log = logging.getLogger(__name__)
 

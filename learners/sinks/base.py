@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 from typing import Mapping, Protocol, Sequence
 
 from learners.change_event import ChangeEvent
-from raftkv.errors import ConfigError
+from raftkv.core.errors import ConfigError
 
 ENTRY_POINT_GROUP = "raftkv.sinks"
 

@@ -29,7 +29,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from learners.change_event import ChangeEvent
 from learners.sinks.base import DeliveryBatch
 from raftkv.api import kv_pb2 as pb
-from raftkv.errors import ConfigError, InvalidRequest
+from raftkv.core.errors import ConfigError, InvalidRequest
 
 _EVENT = struct.Struct(">cIQI")
 _PARTITION = struct.Struct(">cI")

@@ -52,7 +52,7 @@ position and consumers deduplicate by event id; a position too high would be a
 gap.
 
 Failures. Any Kafka error in deliver/flush aborts the transaction and raises
-raftkv.errors.Unavailable (one line); the pending batch is forgotten, so the
+raftkv.core.errors.Unavailable (one line); the pending batch is forgotten, so the
 learner may call deliver again with the same events. If the abort itself cannot
 complete (broker unreachable, or a commit is still in flight), the producer is
 dropped and the next deliver builds a new one: its init_transactions fences the
@@ -73,7 +73,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from learners.sinks.base import DeliveryBatch
-from raftkv.errors import ConfigError, Unavailable
+from raftkv.core.errors import ConfigError, Unavailable
 
 log = logging.getLogger("raftkv.learners.kafka")
 

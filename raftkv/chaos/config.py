@@ -7,8 +7,8 @@ from pathlib import Path
 
 from raftkv.chaos import netcut, small_disk
 from raftkv.chaos.nemesis import FAULTS, FaultChoice
-from raftkv.codec import CONSISTENCY_BY_NAME
-from raftkv.spec import Tuning
+from raftkv.api.convert import CONSISTENCY_BY_NAME
+from raftkv.core.spec import Tuning
 
 LEARNERS = ("kafka",)
 

@@ -15,8 +15,8 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.partitioning import replicas_for
-from raftkv.spec import ClusterSpec
+from raftkv.core.partitioning import replicas_for
+from raftkv.core.spec import ClusterSpec
 
 
 @dataclass(frozen=True)

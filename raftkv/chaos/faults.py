@@ -23,14 +23,14 @@ from raftkv.chaos.nemesis import FaultStep, resolve_targets
 from raftkv.chaos.netcut import NetCut
 from raftkv.chaos.small_disk import BALLAST_NAME, SmallDisk
 from raftkv.chaos.timeline import FaultRecord, Timeline
-from raftkv.client import Client
-from raftkv.errors import RaftKVError
-from raftkv.local_cluster import LocalCluster
-from raftkv.partitioning import replicas_for
+from raftkv.client.sync_client import Client
+from raftkv.core.errors import RaftKVError
+from raftkv.dev.local_cluster import LocalCluster
+from raftkv.core.partitioning import replicas_for
 
 START_TIMEOUT = 30.0  # for a restarted node to serve its API, or exit
 FLIPPED_BYTES = 8
-JOURNAL_HEADER_BYTES = 12  # raftkv.journal's file header: magic and version
+JOURNAL_HEADER_BYTES = 12  # raftkv.raft.journal's file header: magic and version
 SNAPSHOT_HEAD_BYTES = 4096  # a snapshot tar's first members: meta.json and the two base entries
 
 

@@ -27,8 +27,8 @@ import subprocess
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from raftkv.errors import ConfigError
-from raftkv.spec import ClusterSpec, NodeSpec
+from raftkv.core.errors import ConfigError
+from raftkv.core.spec import ClusterSpec, NodeSpec
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")  # nft resolves cgroup paths relative to this folder
 

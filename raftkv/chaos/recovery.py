@@ -7,11 +7,11 @@ import itertools
 import time
 from typing import Callable
 
-from raftkv.async_client import AsyncClient
-from raftkv.client import Client
-from raftkv.errors import RaftKVError
-from raftkv.partitioning import partition_for_key
-from raftkv.spec import ClusterSpec
+from raftkv.client.async_client import AsyncClient
+from raftkv.client.sync_client import Client
+from raftkv.core.errors import RaftKVError
+from raftkv.core.partitioning import partition_for_key
+from raftkv.core.spec import ClusterSpec
 
 WRITE_DEADLINE = 10.0  # seconds after healing by which every partition must take a write
 CATCH_UP_DEADLINE = 30.0

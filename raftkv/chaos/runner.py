@@ -38,11 +38,11 @@ from raftkv.chaos.set_check import check_set
 from raftkv.chaos.small_disk import SmallDisk
 from raftkv.chaos.timeline import FaultRecord, Timeline
 from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_set
-from raftkv.errors import ConfigError
-from raftkv.local_cluster import LocalCluster, free_port_block
-from raftkv.local_feed import LocalFeed
-from raftkv.partitioning import replicas_for
-from raftkv.spec import build_spec, load_spec, save_spec
+from raftkv.core.errors import ConfigError
+from raftkv.dev.local_cluster import LocalCluster, free_port_block
+from raftkv.dev.local_feed import LocalFeed
+from raftkv.core.partitioning import replicas_for
+from raftkv.core.spec import build_spec, load_spec, save_spec
 
 FEED_NAME = "chaos-feed"
 FINAL_READ_CLIENT = 1 << 30  # a client id no workload client reaches

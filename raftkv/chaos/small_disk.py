@@ -13,7 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from raftkv.errors import ConfigError
+from raftkv.core.errors import ConfigError
 
 BALLAST_NAME = "chaos-ballast"
 _CHUNK = 1 << 20

@@ -28,9 +28,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Sequence
 
-from raftkv.async_client import AsyncClient
+from raftkv.client.async_client import AsyncClient
 from raftkv.chaos.history import Op
-from raftkv.errors import InvalidRequest, NotLeader, StorageFull, Unavailable
+from raftkv.core.errors import InvalidRequest, NotLeader, StorageFull, Unavailable
 
 SET_NAME = "set"
 SET_PREFIX = b"s/"

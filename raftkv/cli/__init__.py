@@ -17,7 +17,7 @@ import sys
 import click
 
 from raftkv.cli.output import err_console
-from raftkv.errors import RaftKVError
+from raftkv.core.errors import RaftKVError
 
 COMMANDS = {  # command -> the module of raftkv.cli that defines it
     "backup": "backup", "chaos": "chaos", "cluster": "cluster", "dev": "dev", "feed": "feed",

@@ -15,9 +15,9 @@ from learners.backup_store import (
 )
 from raftkv.cli.options import config_option, json_option
 from raftkv.cli.output import console
-from raftkv.client import Client
-from raftkv.errors import ConfigError
-from raftkv.spec import load_spec
+from raftkv.client.sync_client import Client
+from raftkv.core.errors import ConfigError
+from raftkv.core.spec import load_spec
 
 
 

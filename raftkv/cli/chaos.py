@@ -18,8 +18,8 @@ from raftkv.chaos.config import LEARNERS, ChaosConfig
 from raftkv.chaos.nemesis import FAULTS, VARIANTS, parse_faults
 from raftkv.chaos.runner import ChaosReport, RunStatus, run_chaos
 from raftkv.cli.output import console, err_console
-from raftkv.codec import CONSISTENCY_BY_NAME
-from raftkv.errors import ConfigError
+from raftkv.api.convert import CONSISTENCY_BY_NAME
+from raftkv.core.errors import ConfigError
 
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 
 from raftkv.cli.output import console
-from raftkv.errors import ConfigError
+from raftkv.core.errors import ConfigError
 from raftkv.cli.options import topology_options
-from raftkv.spec import build_spec, save_spec
+from raftkv.core.spec import build_spec, save_spec
 
 
 

@@ -9,7 +9,7 @@ import click
 
 from raftkv.cli.options import config_option, consistency_option, endpoints_option, json_option, resolve_endpoints
 from raftkv.cli.output import console, err_console
-from raftkv.client import Client
+from raftkv.client.sync_client import Client
 
 
 

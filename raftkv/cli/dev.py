@@ -9,10 +9,10 @@ from pathlib import Path
 import click
 
 from raftkv.cli.output import console, err_console
-from raftkv.local_cluster import LocalCluster
-from raftkv.local_feed import LocalFeed
+from raftkv.dev.local_cluster import LocalCluster
+from raftkv.dev.local_feed import LocalFeed
 from raftkv.cli.options import topology_options
-from raftkv.spec import build_spec, load_spec, save_spec
+from raftkv.core.spec import build_spec, load_spec, save_spec
 
 
 

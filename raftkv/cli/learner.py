@@ -13,9 +13,9 @@ from rich.table import Table
 from learners import learner_process
 from raftkv.cli.options import config_option, endpoints_option, json_option, resolve_endpoints
 from raftkv.cli.output import console
-from raftkv.client import Client
-from raftkv.errors import ConfigError
-from raftkv.spec import load_spec
+from raftkv.client.sync_client import Client
+from raftkv.core.errors import ConfigError
+from raftkv.core.spec import load_spec
 
 
 

@@ -7,9 +7,9 @@ import logging
 
 import click
 
-from raftkv import node as node_process
+from raftkv.node import process as node_process
 from raftkv.cli.options import config_option
-from raftkv.spec import load_spec
+from raftkv.core.spec import load_spec
 
 
 

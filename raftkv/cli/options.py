@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from raftkv.spec import DURABILITY_MODES, load_spec
+from raftkv.core.spec import DURABILITY_MODES, load_spec
 
 config_option = click.option(
     "--config", "-c", "config", type=click.Path(dir_okay=False), default="raftkv-data/cluster.toml",

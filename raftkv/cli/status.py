@@ -9,7 +9,7 @@ from rich.table import Table
 
 from raftkv.cli.options import config_option, endpoints_option, json_option, resolve_endpoints
 from raftkv.cli.output import console
-from raftkv.client import Client, NodeStatus
+from raftkv.client.sync_client import Client, NodeStatus
 
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Iterator, Sequence, Union
 
-from raftkv.errors import InvalidRequest
+from raftkv.core.errors import InvalidRequest
 
 VERSION = 1
 

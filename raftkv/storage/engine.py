@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Protocol, Sequence
 
-from raftkv.commands import Delete, DeleteRange, Mutation, Put, PutMany
+from raftkv.core.commands import Delete, DeleteRange, Mutation, Put, PutMany
 
 
 @dataclass(frozen=True, slots=True)

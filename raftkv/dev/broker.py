@@ -50,7 +50,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from raftkv.local_cluster import free_port_block
+from raftkv.dev.local_cluster import free_port_block
 
 _log = logging.getLogger(__name__)
 

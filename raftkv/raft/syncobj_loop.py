@@ -26,7 +26,7 @@ import time
 import pysyncobj.syncobj
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 
-from raftkv.errors import StorageFull
+from raftkv.core.errors import StorageFull
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from raftkv.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Mutation, Put, PutMany
-from raftkv.learner_registry import MetaUpdates, is_learner_command, updates_for
+from raftkv.core.commands import Batch, Cas, CasResult, Command, Delete, DeleteRange, Mutation, Put, PutMany
+from raftkv.core.learner_registry import MetaUpdates, is_learner_command, updates_for
 
 Result = CasResult | None
 

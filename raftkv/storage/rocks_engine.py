@@ -38,9 +38,9 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from rocksdict import Checkpoint, DbClosedError, Options, Rdict, ReadOptions, WriteBatch
 
-from raftkv.commands import Delete, DeleteRange, Mutation, Put, PutMany
-from raftkv.engine import ZERO, KeyRange, Position
-from raftkv.errors import CorruptData, StorageFull
+from raftkv.core.commands import Delete, DeleteRange, Mutation, Put, PutMany
+from raftkv.storage.engine import ZERO, KeyRange, Position
+from raftkv.core.errors import CorruptData, StorageFull
 
 log = logging.getLogger(__name__)
 

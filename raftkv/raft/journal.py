@@ -40,7 +40,7 @@ from pathlib import Path
 
 from pysyncobj.journal import Journal
 
-from raftkv.errors import CorruptData, StorageFull
+from raftkv.core.errors import CorruptData, StorageFull
 
 Entry = tuple[bytes, int, int]
 

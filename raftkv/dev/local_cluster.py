@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from raftkv.client import Client
-from raftkv.errors import RaftKVError, Unavailable
-from raftkv.spec import ClusterSpec
+from raftkv.client.sync_client import Client
+from raftkv.core.errors import RaftKVError, Unavailable
+from raftkv.core.spec import ClusterSpec
 
 
 CommandWrapper = Callable[[str, Sequence[str]], list[str]]

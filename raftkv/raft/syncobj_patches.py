@@ -85,7 +85,7 @@ PINNED_PYSYNCOBJ_VERSION = '0.3.17'
 
 if pysyncobj.version.VERSION != PINNED_PYSYNCOBJ_VERSION:
     raise RuntimeError(
-        'raftkv.syncobj_patches requires pysyncobj==%s, found %s: the patch uses '
+        'raftkv.raft.syncobj_patches requires pysyncobj==%s, found %s: the patch uses '
         'pysyncobj private state; re-review SyncObj.__onMessageReceived before '
         'changing the pin' % (PINNED_PYSYNCOBJ_VERSION, pysyncobj.version.VERSION))
 

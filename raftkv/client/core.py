@@ -17,9 +17,9 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.batching import GroupCommit
-from raftkv.codec import error_from_result
-from raftkv.errors import NotLeader, RaftKVError, Timeout, Unavailable, Undetermined
+from raftkv.core.batching import GroupCommit
+from raftkv.api.convert import error_from_result
+from raftkv.core.errors import NotLeader, RaftKVError, Timeout, Unavailable, Undetermined
 
 
 # Columnar scan chunks are up to 4 MiB (server.COLUMNS_CHUNK_BYTES): above gRPC's default receive limit.

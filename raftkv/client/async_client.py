@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Iterable, Sequence
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.client_core import ClientCore, NodeStatus
-from raftkv.codec import consistency_from_name, op_from_command
-from raftkv.commands import (
+from raftkv.client.core import ClientCore, NodeStatus
+from raftkv.api.convert import consistency_from_name, op_from_command
+from raftkv.core.commands import (
     Batch,
     Cas,
     CasResult,
@@ -40,9 +40,9 @@ from raftkv.commands import (
     check_command,
     routing_keys,
 )
-from raftkv.engine import prefix_end
-from raftkv.errors import InvalidRequest
-from raftkv.partitioning import partition_for_key
+from raftkv.storage.engine import prefix_end
+from raftkv.core.errors import InvalidRequest
+from raftkv.core.partitioning import partition_for_key
 
 Bytes = bytes | str
 

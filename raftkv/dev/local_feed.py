@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from learners.learner_process import learner_folder
-from raftkv.client import Client
-from raftkv.dev_broker import TansuBroker
-from raftkv.spec import ClusterSpec
+from raftkv.client.sync_client import Client
+from raftkv.dev.broker import TansuBroker
+from raftkv.core.spec import ClusterSpec
 
 
 class LocalFeed:

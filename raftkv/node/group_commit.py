@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 from pysyncobj import FAIL_REASON
 
-from raftkv import metrics
-from raftkv.batching import GroupCommit
-from raftkv.commands import Command, command_size, encode_proposal
-from raftkv.errors import NotLeader, StorageFull, Undetermined, Unavailable
-from raftkv.syncobj_replica import NOT_APPLIED, PartitionReplica, Role
+from raftkv.core import metrics
+from raftkv.core.batching import GroupCommit
+from raftkv.core.commands import Command, command_size, encode_proposal
+from raftkv.core.errors import NotLeader, StorageFull, Undetermined, Unavailable
+from raftkv.raft.syncobj_replica import NOT_APPLIED, PartitionReplica, Role
 
 _BARRIER_SIZE = 1
 

@@ -22,8 +22,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftkv.engine import Position
-from raftkv.errors import CorruptData, StorageFull
+from raftkv.storage.engine import Position
+from raftkv.core.errors import CorruptData, StorageFull
 
 FORMAT = 1
 _ENTRY_HEAD = struct.Struct("<QQ")

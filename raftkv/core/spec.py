@@ -31,7 +31,7 @@ from pathlib import Path
 
 import tomli_w
 
-from raftkv.errors import ConfigError
+from raftkv.core.errors import ConfigError
 
 DURABILITY_MODES = ("default", "fsync")
 DEFAULT_MAX_KEY_BYTES = 4 * 1024
@@ -54,7 +54,7 @@ class Tuning:
     max_batch_ops: int = 4096
     max_batch_bytes: int = 2 * 1024 * 1024
     request_timeout: float = 10.0
-    wire_compression: int = 0  # zlib level of Raft messages; 0 on loopback/LAN (raftkv/syncobj_wire.py)
+    wire_compression: int = 0  # zlib level of Raft messages; 0 on loopback/LAN (raftkv/raft/syncobj_wire.py)
 
     def problems(self) -> list[str]:
         problems = []

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from raftkv.commands import LearnerCommand, LearnerProgress, RegisterLearner, RemoveLearner
+from raftkv.core.commands import LearnerCommand, LearnerProgress, RegisterLearner, RemoveLearner
 
 _LEARNER = b"learner/"
 _PROGRESS = b"progress/"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from raftkv.spec import Tuning
+from raftkv.core.spec import Tuning
 
 
 def compaction_due(

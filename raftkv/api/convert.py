@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.commands import (
+from raftkv.core.commands import (
     Batch,
     Cas,
     CasResult,
@@ -19,7 +19,7 @@ from raftkv.commands import (
     check_command,
     routing_keys,
 )
-from raftkv.errors import (
+from raftkv.core.errors import (
     InvalidRequest,
     NotLeader,
     RaftKVError,
@@ -28,7 +28,7 @@ from raftkv.errors import (
     Unavailable,
     Undetermined,
 )
-from raftkv.partitioning import partition_for_key
+from raftkv.core.partitioning import partition_for_key
 
 CONSISTENCY_BY_NAME = {
     "linearizable": pb.LINEARIZABLE,

@@ -36,19 +36,21 @@ from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic
 from pysyncobj.transport import TCPTransport
 
-from raftkv import metrics, snapshot_file
-from raftkv.commands import decode_proposal
-from raftkv.engine import Position
-from raftkv.errors import CorruptData
-from raftkv.journal import RaftJournal, fsync_directory
-from raftkv.learner_registry import learners_from
-from raftkv.retention import compaction_due
-from raftkv.rocks_engine import RocksEngine
-from raftkv.spec import Tuning
-from raftkv.state_machine import apply_proposal
-from raftkv.syncobj_loop import LoopPoller, Ticker
-from raftkv.syncobj_patches import PatchedSyncObj
-from raftkv.syncobj_wire import set_compression_level
+from raftkv.core import metrics
+
+from raftkv.raft import snapshot_file
+from raftkv.core.commands import decode_proposal
+from raftkv.storage.engine import Position
+from raftkv.core.errors import CorruptData
+from raftkv.raft.journal import RaftJournal, fsync_directory
+from raftkv.core.learner_registry import learners_from
+from raftkv.core.retention import compaction_due
+from raftkv.storage.rocks_engine import RocksEngine
+from raftkv.core.spec import Tuning
+from raftkv.core.state_machine import apply_proposal
+from raftkv.raft.syncobj_loop import LoopPoller, Ticker
+from raftkv.raft.syncobj_patches import PatchedSyncObj
+from raftkv.raft.syncobj_wire import set_compression_level
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ import socket
 import grpc
 from pysyncobj import SyncObjException
 
-from raftkv import metrics
+from raftkv.core import metrics
 from raftkv.api import kv_pb2_grpc
-from raftkv.errors import ConfigError, RaftKVError
-from raftkv.group_commit import PartitionFrontend
-from raftkv.partitioning import partitions_hosted_by, replicas_for
-from raftkv.server import KVService
-from raftkv.spec import ClusterSpec
-from raftkv.syncobj_replica import PartitionReplica, Role
+from raftkv.core.errors import ConfigError, RaftKVError
+from raftkv.node.group_commit import PartitionFrontend
+from raftkv.core.partitioning import partitions_hosted_by, replicas_for
+from raftkv.node.service import KVService
+from raftkv.core.spec import ClusterSpec
+from raftkv.raft.syncobj_replica import PartitionReplica, Role
 
 log = logging.getLogger(__name__)
 

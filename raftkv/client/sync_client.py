@@ -24,9 +24,9 @@ import threading
 from typing import Iterable, Iterator, Sequence
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.async_client import AsyncClient, Bytes, LearnerView, Read, scan_bounds
-from raftkv.client_core import NodeStatus
-from raftkv.commands import CasResult, Mutation
+from raftkv.client.async_client import AsyncClient, Bytes, LearnerView, Read, scan_bounds
+from raftkv.client.core import NodeStatus
+from raftkv.core.commands import CasResult, Mutation
 
 __all__ = ["Client", "LearnerView", "NodeStatus", "Read"]
 

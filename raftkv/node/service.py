@@ -12,18 +12,18 @@ from typing import Callable
 
 import grpc
 
-from raftkv import metrics
+from raftkv.core import metrics
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.client_core import never_sent
-from raftkv.codec import command_from_op, result_from_error, result_from_write
-from raftkv.commands import Limits
-from raftkv.engine import KeyRange
-from raftkv.errors import InvalidRequest, NotLeader, RaftKVError, Unavailable
-from raftkv.group_commit import PartitionFrontend
-from raftkv.learner_registry import learners_from
-from raftkv.spec import ClusterSpec
-from raftkv.syncobj_replica import Role
+from raftkv.client.core import never_sent
+from raftkv.api.convert import command_from_op, result_from_error, result_from_write
+from raftkv.core.commands import Limits
+from raftkv.storage.engine import KeyRange
+from raftkv.core.errors import InvalidRequest, NotLeader, RaftKVError, Unavailable
+from raftkv.node.group_commit import PartitionFrontend
+from raftkv.core.learner_registry import learners_from
+from raftkv.core.spec import ClusterSpec
+from raftkv.raft.syncobj_replica import Role
 
 log = logging.getLogger(__name__)
 

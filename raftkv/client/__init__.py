@@ -1,0 +1,1 @@
+"""The Python client: routing and retries (core), asyncio and blocking front ends."""

@@ -1,0 +1,1 @@
+"""A node process: its replicas, group commit and the gRPC service."""

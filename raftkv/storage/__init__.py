@@ -1,0 +1,1 @@
+"""Where a partition's state lives: the engine interface, and its RocksDB and in-memory engines."""
