@@ -81,7 +81,7 @@ class FeedPump:
 
     def lag(self) -> dict[int, int]:
         """Committed entries not yet delivered, per partition."""
-        return {p: max(0, r.raftLastApplied - r.engine.position.index) for p, r in self.replicas.items()}
+        return {p: max(0, r.group.last_applied - r.engine.position.index) for p, r in self.replicas.items()}
 
     def lag_seconds(self) -> dict[int, float]:
         """Per partition: how long since the feed last had every committed entry (0 while it has)."""
@@ -125,10 +125,10 @@ class FeedPump:
         return prepared, events
 
     async def _resync(self, replica: LearnerReplica) -> None:
-        meta = replica.pending_snapshot
-        index, term = meta.last_entry[1], meta.last_entry[2]
+        snapshot = replica.pending_snapshot
+        index, term = snapshot.last.index, snapshot.last.term
         with tempfile.TemporaryDirectory(dir=replica.folder, prefix="resync-") as tmp:
-            checkpoint = await asyncio.to_thread(snapshot_file.extract_db, replica.snapshot_path(), Path(tmp))
+            checkpoint = await asyncio.to_thread(snapshot_file.extract_db, snapshot.path, Path(tmp))
             theirs = RocksEngine(checkpoint.parent)  # opens <tmp>/db
             try:
                 ctx = EntryContext(self.cluster, replica.partition, index, term, int(self.clock() * 1000))
@@ -137,7 +137,7 @@ class FeedPump:
                 theirs.close()
             await self._deliver(events, {replica.partition: index})
             replica.engine.install(checkpoint)
-        replica.mark_snapshot_installed(meta)
+        replica.mark_snapshot_installed(snapshot)
         self.resyncs += 1
         log.info("partition %d re-synced from a snapshot at index %d (%d events)", replica.partition, index,
                  len(events))

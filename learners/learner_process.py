@@ -1,6 +1,6 @@
 """A learner process: readonly replicas of some partitions, a sink, and the feed pump.
 
-Like a node, everything runs on one asyncio loop: the replicas' pysyncobj
+Like a node, everything runs on one asyncio loop: the replicas' Raft
 ticks (see raftkv.raft.syncobj_loop) and the pump; sink calls run in a worker
 thread.
 """
@@ -25,6 +25,7 @@ from raftkv.api import kv_pb2_grpc
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.process import GRPC_OPTIONS
 from raftkv.node.service import KVService
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.client.sync_client import Client, LearnerView
 from raftkv.core.errors import ConfigError, RaftKVError, Unavailable
 from raftkv.core.partitioning import replicas_for
@@ -93,8 +94,10 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     try:
         for p in partitions:
             voters = [spec.node(n).raft_address(p) for n in replicas_for(p, spec.node_ids, spec.replication)]
-            replicas[p] = LearnerReplica(partition=p, voter_addresses=voters, folder=folder / f"p{p:04d}",
-                                         tuning=spec.tuning, loop=loop)
+            config = GroupConfig(partition=p, self_address=None, peers=tuple(voters), folder=folder / f"p{p:04d}",
+                                 fsync=False, tuning=spec.tuning)  # a learner can always fetch again from the voters
+            replicas[p] = LearnerReplica(p, config.folder,
+                                         open_group=lambda copy, config=config: SyncObjGroup(config, copy, loop))
         if metrics_port:
             metrics.serve("127.0.0.1", metrics_port)
         if api_port:

@@ -9,7 +9,7 @@ import pytest
 from raftkv.core.commands import Put
 from raftkv.core.errors import StorageFull
 from raftkv.node.group_commit import PartitionFrontend
-from raftkv.raft.syncobj_replica import Role
+from raftkv.raft.group import Role
 
 
 class FullLeader:

@@ -14,7 +14,8 @@ from raftkv.core.spec import build_spec
 
 
 class Replica:
-    raftCurrentTerm = raftCommitIndex = applied_index = 1
+    applied_index = 1
+    group = SimpleNamespace(term=1, commit_index=1)
 
     def __init__(self, fails: bool):
         self.fails = fails

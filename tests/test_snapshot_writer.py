@@ -7,29 +7,37 @@ import os
 import shutil
 from pathlib import Path
 
-from pysyncobj import FAIL_REASON, SERIALIZER_STATE
+from pysyncobj import SERIALIZER_STATE
 
 from raftkv.raft import snapshot_file
 from raftkv.core.commands import Put, encode_proposal
 from raftkv.raft.journal import RaftJournal
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.core.spec import Tuning
-from raftkv.raft.syncobj_replica import PartitionReplica, Role
+from raftkv.node.replica import PartitionReplica
+from raftkv.raft.group import Outcome, Role
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+
+
+def single_voter(folder: Path, fsync: bool = False) -> PartitionReplica:
+    config = GroupConfig(partition=0, self_address=f"127.0.0.1:{free_port_block(1)}", peers=(), folder=folder,
+                         fsync=fsync, tuning=Tuning())
+    loop = asyncio.get_running_loop()
+    return PartitionReplica(0, folder, Tuning(), open_group=lambda sm: SyncObjGroup(config, sm, loop))
 
 
 def test_a_worker_that_finishes_before_pysyncobj_renames_still_leaves_the_new_snapshot(tmp_path):
     async def scenario():
-        replica = PartitionReplica(partition=0, self_address=f"127.0.0.1:{free_port_block(1)}", peer_addresses=[],
-                                   folder=tmp_path / "p0", fsync=False, tuning=Tuning(),
-                                   loop=asyncio.get_running_loop())
+        replica = single_voter(tmp_path / "p0")
+        group = replica.group
         try:
-            snapshot = replica.conf.fullDumpFile
+            snapshot = str(group._snapshot_path)
             for last in (5, 9):
                 tmp = snapshot + ".tmp"
-                replica._write_snapshot(tmp, ((b"x", last, 1), (b"y", last - 1, 1), set()))
-                await asyncio.wrap_future(replica._snapshot_job)  # the worker is done first...
+                group._write_snapshot(tmp, ((b"x", last, 1), (b"y", last - 1, 1), set()))
+                await asyncio.wrap_future(group._snapshot_job)  # the worker is done first...
                 os.replace(tmp, snapshot)  # ...then pysyncobj renames its placeholder (Serializer.serialize)
-                assert replica._snapshot_state() == SERIALIZER_STATE.SUCCESS
+                assert group._snapshot_state() == SERIALIZER_STATE.SUCCESS
                 assert snapshot_file.read_meta(snapshot).last_entry[1] == last
         finally:
             replica.close()
@@ -43,20 +51,20 @@ def test_a_restart_between_the_snapshot_rename_and_the_journal_compaction_keeps_
     journal_dir = folder / "journal"
 
     async def run(proposals: int, compact_after: int | None = None, journal_before_compaction: Path | None = None):
-        replica = PartitionReplica(partition=0, self_address=f"127.0.0.1:{free_port_block(1)}", peer_addresses=[],
-                                   folder=folder, fsync=False, tuning=Tuning(), loop=asyncio.get_running_loop())
+        replica = single_voter(folder)
+        journal = replica.group._journal
         try:
             await until(lambda: replica.role == Role.LEADER)
             for i in range(proposals):
                 done = asyncio.get_running_loop().create_future()
                 replica.propose(encode_proposal([Put(b"k%03d" % i, b"v")]),
                                 lambda result, reason, done=done: done.set_result(reason))
-                assert await done == FAIL_REASON.SUCCESS
+                assert await done == Outcome.APPLIED
                 if i == compact_after:
                     shutil.copytree(journal_dir, journal_before_compaction)  # what a kill would have left
-                    replica.forceLogCompaction()
-                    await until(lambda: replica._SyncObj__raftLog[0][1] > 1)  # snapshot renamed, journal compacted
-            return replica._SyncObj__raftLog[:]
+                    replica.group.compact()
+                    await until(lambda: journal[0][1] > 1)  # snapshot renamed, journal compacted
+            return journal[:]
         finally:
             replica.close()
 
@@ -92,13 +100,11 @@ def test_in_fsync_mode_the_snapshot_rename_is_durable_before_the_journal_is_comp
     """A power loss must not leave a journal compacted past the snapshot file on disk (which cannot be
     produced for real here: the order of the directory sync and the compaction is what is checked)."""
     events: list[str] = []
-    monkeypatch.setattr("raftkv.raft.syncobj_replica.fsync_directory", lambda d: events.append(f"sync {Path(d).name}"))
+    monkeypatch.setattr("raftkv.raft.syncobj_group.fsync_directory", lambda d: events.append(f"sync {Path(d).name}"))
 
     async def scenario():
-        replica = PartitionReplica(partition=0, self_address=f"127.0.0.1:{free_port_block(1)}", peer_addresses=[],
-                                   folder=tmp_path / "p0", fsync=True, tuning=Tuning(),
-                                   loop=asyncio.get_running_loop())
-        journal = replica._SyncObj__raftLog
+        replica = single_voter(tmp_path / "p0", fsync=True)
+        journal = replica.group._journal
         compact = journal.deleteEntriesTo
         monkeypatch.setattr(journal, "deleteEntriesTo", lambda to: (events.append("compact"), compact(to)))
         try:
@@ -107,7 +113,7 @@ def test_in_fsync_mode_the_snapshot_rename_is_durable_before_the_journal_is_comp
                 done = asyncio.get_running_loop().create_future()
                 replica.propose(encode_proposal([Put(b"k%d" % i, b"v")]), lambda r, reason: done.set_result(reason))
                 await done
-            replica.forceLogCompaction()
+            replica.group.compact()
             await until(lambda: "compact" in events)
         finally:
             replica.close()

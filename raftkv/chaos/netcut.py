@@ -1,6 +1,6 @@
 """Network partitions between node processes on loopback: one cgroup v2 per node, nftables rules by cgroup.
 
-On loopback every connection's source address is 127.0.0.1, and pysyncobj
+On loopback every connection's source address is 127.0.0.1, and a Raft member
 connects from the greater "host:port" to the smaller, so rules on ports alone
 can only isolate the replica with the smallest address. Instead each node
 process runs in a cgroup of its own (`command_for` starts it there, before it

@@ -1,6 +1,6 @@
 """When a voter compacts its Raft log. Pure.
 
-pysyncobj always compacts up to its last applied entry, and a learner needs
+A Raft group always compacts up to its last applied entry, and a learner needs
 every entry after its delivered index. A learner that is connected and keeps
 up has already received those entries into its own journal, so compacting
 behind it is harmless, even though its reported progress always lags a

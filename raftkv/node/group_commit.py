@@ -16,13 +16,12 @@ import asyncio
 import itertools
 from dataclasses import dataclass
 
-from pysyncobj import FAIL_REASON
-
 from raftkv.core import metrics
 from raftkv.core.batching import GroupCommit
 from raftkv.core.commands import Command, command_size, encode_proposal
 from raftkv.core.errors import NotLeader, StorageFull, Undetermined, Unavailable
-from raftkv.raft.syncobj_replica import NOT_APPLIED, PartitionReplica, Role
+from raftkv.node.replica import PartitionReplica
+from raftkv.raft.group import Outcome, Role
 
 _BARRIER_SIZE = 1
 
@@ -103,7 +102,7 @@ class PartitionFrontend:
             return  # timed out earlier; the late answer changes nothing we can still report
         batch, timer = entry
         timer.cancel()
-        if reason == FAIL_REASON.SUCCESS:
+        if reason == Outcome.APPLIED:
             writes = iter(results or ())
             for p in batch:
                 if not p.future.done():
@@ -121,7 +120,7 @@ class PartitionFrontend:
             return Undetermined(f"partition {self.partition}: no commit within {self._timeout:.1f}s; the write may or may not apply")
         if isinstance(reason, Exception):
             return Unavailable(f"partition {self.partition}: {reason}")
-        if reason in NOT_APPLIED:
+        if reason == Outcome.REJECTED:
             return self.not_leader()
         return Undetermined(f"partition {self.partition}: leadership changed while the write was in flight")
 

@@ -1,7 +1,7 @@
 """A node process: the replicas this node hosts, the gRPC API and metrics.
 
 Everything runs on one asyncio loop (the main thread): the gRPC API, group
-commit, and every replica's pysyncobj ticks (see `syncobj_loop`). Only gRPC's
+commit, and every replica's Raft ticks (see `raftkv.raft.syncobj_loop`). Only gRPC's
 and RocksDB's own threads run beside it.
 """
 
@@ -13,7 +13,6 @@ import signal
 import socket
 
 import grpc
-from pysyncobj import SyncObjException
 
 from raftkv.core import metrics
 from raftkv.api import kv_pb2_grpc
@@ -22,7 +21,9 @@ from raftkv.node.group_commit import PartitionFrontend
 from raftkv.core.partitioning import partitions_hosted_by, replicas_for
 from raftkv.node.service import KVService
 from raftkv.core.spec import ClusterSpec
-from raftkv.raft.syncobj_replica import PartitionReplica, Role
+from raftkv.node.replica import PartitionReplica
+from raftkv.raft.group import AddressInUse, Role
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 
 log = logging.getLogger(__name__)
 
@@ -87,25 +88,29 @@ class Node:
         peers = [self.spec.node(i).raft_address(p) for i in self.replicas_of(p) if i != self.me.id]
         frontend: PartitionFrontend | None = None
 
-        def on_state_changed(old: int, new: int) -> None:  # inside a tick, on the loop
+        def on_role_changed(old: Role, new: Role) -> None:  # inside a tick, on the loop
             metrics.LEADER_CHANGES.labels(p).inc()
             metrics.IS_LEADER.labels(p).set(1 if new == Role.LEADER else 0)
             if old == Role.LEADER and frontend is not None:
                 loop.call_soon(frontend.on_leadership_lost)
 
+        folder = self.me.data_dir / f"p{p:04d}"
+        config = GroupConfig(
+            partition=p,
+            self_address=self.me.raft_address(p),
+            peers=tuple(peers),
+            folder=folder,
+            fsync=self.spec.durability == "fsync",
+            tuning=self.spec.tuning,
+            on_role_changed=on_role_changed,
+        )
         try:
             replica = PartitionReplica(
-                partition=p,
-                self_address=self.me.raft_address(p),
-                peer_addresses=peers,
-                folder=self.me.data_dir / f"p{p:04d}",
-                fsync=self.spec.durability == "fsync",
-                tuning=self.spec.tuning,
-                loop=loop,
-                on_state_changed=on_state_changed,
+                p, folder, self.spec.tuning,
+                open_group=lambda state_machine: SyncObjGroup(config, state_machine, loop),
                 on_corrupt=lambda error: loop.call_soon_threadsafe(self._fail, error),
             )
-        except SyncObjException:
+        except AddressInUse:
             raise ConfigError(
                 f"cannot listen on {self.me.raft_address(p)} (Raft port of partition {p}): the port is in use",
                 source=f"node {self.me.id} raft_port_base",
@@ -144,8 +149,8 @@ class Node:
                     r.maybe_compact()
                 except Exception:  # one partition's trouble (a full disk) must not stop the others' compaction
                     log.exception("partition %d: housekeeping failed", p)
-                metrics.TERM.labels(p).set(r.raftCurrentTerm)
-                metrics.COMMIT_INDEX.labels(p).set(r.raftCommitIndex)
+                metrics.TERM.labels(p).set(r.group.term)
+                metrics.COMMIT_INDEX.labels(p).set(r.group.commit_index)
                 metrics.APPLIED_INDEX.labels(p).set(r.applied_index)
             await asyncio.sleep(1.0)
 

@@ -23,7 +23,6 @@ from raftkv.core.errors import InvalidRequest, NotLeader, RaftKVError, Unavailab
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.core.learner_registry import learners_from
 from raftkv.core.spec import ClusterSpec
-from raftkv.raft.syncobj_replica import Role
 
 log = logging.getLogger(__name__)
 
@@ -198,14 +197,14 @@ class KVService(kv_pb2_grpc.KVServicer):
             hosted.append(
                 pb.PartitionStatus(
                     partition=p,
-                    role=Role.NAMES.get(r.role, "unknown"),
+                    role=r.role.label,
                     leader=frontend.not_leader().leader_hint or "",
-                    term=r.raftCurrentTerm,
-                    commit_index=r.raftCommitIndex,
+                    term=r.group.term,
+                    commit_index=r.group.commit_index,
                     applied_index=r.applied_index,
-                    last_log_index=r.last_log_index,
+                    last_log_index=r.group.last_log_index,
                     replicas=self._replicas_of(p),
-                    has_quorum=r.hasQuorum,
+                    has_quorum=r.group.has_quorum,
                     learners=[
                         pb.LearnerStatus(name=i.name, sink=i.sink, options=i.options, progress=i.progress)
                         for i in learners_from(r.engine.meta_items()).values()

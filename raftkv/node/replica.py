@@ -1,0 +1,129 @@
+"""A voter's replica of one partition: a Raft group over a RocksDB state machine.
+
+Every committed proposal is applied by `state_machine.apply_proposal` and
+written with its Raft position in one atomic engine write, so the engine's
+position says exactly which entries it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from raftkv.core import metrics
+from raftkv.core.commands import decode_proposal
+from raftkv.core.errors import CorruptData
+from raftkv.core.learner_registry import learners_from
+from raftkv.core.retention import compaction_due
+from raftkv.core.spec import Tuning
+from raftkv.core.state_machine import apply_proposal
+from raftkv.raft import snapshot_file
+from raftkv.raft.group import Entry, ProposalCallback, RaftGroup, Role, Snapshot, StateMachine
+from raftkv.storage.engine import Position
+from raftkv.storage.rocks_engine import RocksEngine
+
+log = logging.getLogger(__name__)
+
+
+class KVStateMachine:
+    """The partition's key-value state: what a voter's Raft group applies entries to."""
+
+    def __init__(self, partition: int, engine: RocksEngine, folder: Path):
+        self.partition = partition
+        self.engine = engine
+        self._folder = folder
+        self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
+
+    @property
+    def position(self) -> Position:
+        return self.engine.position
+
+    def apply(self, entry: Entry):
+        started = time.perf_counter()
+        applied = apply_proposal(self.engine.get, decode_proposal(entry.payload), self.engine.meta_get)
+        self.engine.write(applied.mutations, Position(entry.index, entry.term), applied.meta)
+        self._apply_seconds.observe(time.perf_counter() - started)
+        return applied.results
+
+    def checkpoint(self, dest: Path, last: Position) -> Position:
+        return self.engine.checkpoint(dest)
+
+    def restore(self, snapshot: Snapshot) -> None:
+        if snapshot.position.index > self.engine.position.index:
+            with tempfile.TemporaryDirectory(dir=self._folder, prefix="install-") as tmp:
+                self.engine.install(snapshot_file.extract_db(snapshot.path, Path(tmp)))
+            log.info("partition %d installed a snapshot at index %d", self.partition, snapshot.position.index)
+
+    def flush(self) -> None:
+        self.engine.flush()
+
+
+class PartitionReplica:
+    """The replica a node serves a partition from: its engine and its Raft group."""
+
+    def __init__(self, partition: int, folder: Path, tuning: Tuning,
+                 open_group: Callable[[StateMachine], RaftGroup],
+                 on_corrupt: Callable[[CorruptData], None] | None = None):
+        self.partition = partition
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.engine = RocksEngine(self.folder, on_corrupt=on_corrupt)
+        self._tuning = tuning
+        self._last_compaction = time.monotonic()
+        self._stepped_aside = 0.0  # when this leader last handed leadership on for want of disk space
+        try:
+            self.group = open_group(KVStateMachine(partition, self.engine, self.folder))
+        except BaseException:
+            self.engine.close()
+            raise
+
+    def propose(self, payload: bytes, callback: ProposalCallback) -> None:
+        self.group.propose(payload, callback)
+
+    @property
+    def role(self) -> Role:
+        return self.group.role
+
+    @property
+    def leader_address(self) -> str | None:
+        return self.group.leader
+
+    @property
+    def applied_index(self) -> int:
+        """The index the local state reflects: Raft's no-op entries advance it without
+        touching the engine, and after a restart the engine is ahead until the replay catches up."""
+        return max(self.group.last_applied, self.engine.position.index)
+
+    def maybe_compact(self) -> None:
+        """Compact the log when the retention policy allows (called about once a second)."""
+        now = time.monotonic()
+        if compaction_due(
+            entries=self.group.log_entries,
+            size_bytes=self.group.log_bytes,
+            seconds_since_last=now - self._last_compaction,
+            applied=self.group.last_applied,
+            learner_progress=[i.progress for i in learners_from(self.engine.meta_items()).values()],
+            learners_streaming=self.group.learners_caught_up(),
+            tuning=self._tuning,
+        ):
+            self.group.compact()
+            self._last_compaction = now
+
+    @property
+    def storage_full(self) -> bool:
+        """This replica cannot write: its log or its database found the disk full."""
+        return self.group.log_full or self.engine.broken
+
+    def step_aside(self) -> None:
+        """A leader that cannot write hands leadership to its most caught-up follower (at most once a
+        second; refused when no connected follower has every entry)."""
+        if self.role == Role.LEADER and time.monotonic() - self._stepped_aside >= 1.0:
+            self._stepped_aside = time.monotonic()
+            self.group.transfer_leadership()
+
+    def close(self) -> None:
+        self.group.close()
+        self.engine.close()

@@ -1,0 +1,143 @@
+"""What a replica needs from Raft, and what Raft needs from a replica.
+
+`RaftGroup` is one member of one Raft group (in the spirit of hashicorp/raft's
+`NewRaft(conf, fsm, ...)`): the caller proposes opaque payloads, reads the
+group's state, compacts, hands leadership on and changes membership. The group
+calls back into a `StateMachine` it was given: to apply a committed entry, to
+checkpoint the state for a snapshot and to restore one.
+
+`syncobj_group.SyncObjGroup` implements it over pysyncobj, `memory_group` in
+memory for deterministic scenario tests. Everything outside `raftkv.raft`
+sees only these types.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from raftkv.storage.engine import Position
+
+
+class Role(enum.IntEnum):
+    FOLLOWER = 0
+    CANDIDATE = 1
+    LEADER = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class Outcome(enum.Enum):
+    """How a proposal ended."""
+
+    APPLIED = "applied"  # committed and applied; the callback has the state machine's result
+    REJECTED = "rejected"  # certainly never applied (not the leader, queue full, shutting down)
+    UNKNOWN = "unknown"  # leadership changed while it was in flight: it may or may not apply
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A committed log entry. `payload` is None for Raft's own entries (no-ops, membership)."""
+
+    index: int
+    term: int
+    payload: bytes | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot file: the state machine's checkpoint and the Raft entry it covers up to."""
+
+    path: Path
+    position: Position  # where the checkpointed state stands
+    last: Position  # the last log entry the snapshot replaces
+
+
+ProposalCallback = Callable[[Any, Outcome], None]
+
+
+class StateMachine(Protocol):
+    """What a group drives. All calls come on the group's thread (the node's event loop),
+    except `checkpoint`'s result being written to a file."""
+
+    @property
+    def position(self) -> Position:
+        """The last entry reflected in the state: entries at or below it are not applied again."""
+
+    def apply(self, entry: Entry) -> Any:
+        """Apply a committed entry with a payload; the result goes to the proposer's callback."""
+
+    def checkpoint(self, dest: Path, last: Position) -> Position:
+        """Write a consistent copy of the state to `dest` for a snapshot covering the log up to
+        `last`, and return the position it reflects. Raise to refuse (no snapshot this time)."""
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """A leader sent a snapshot: replace the state with it (or stash it to do so later)."""
+
+    def flush(self) -> None:
+        """Make the state durable: the log is about to drop entries it covers."""
+
+
+class RaftGroup(Protocol):
+    """One member of a Raft group. Not thread-safe: call it on the thread it ticks on."""
+
+    @property
+    def role(self) -> Role: ...
+
+    @property
+    def leader(self) -> str | None:
+        """The leader's Raft address, as this member believes."""
+
+    @property
+    def term(self) -> int: ...
+
+    @property
+    def commit_index(self) -> int: ...
+
+    @property
+    def last_applied(self) -> int:
+        """The last committed entry handed to the state machine (or skipped as already in it)."""
+
+    @property
+    def last_log_index(self) -> int: ...
+
+    @property
+    def has_quorum(self) -> bool:
+        """This member is connected to a majority of the voters (itself included)."""
+
+    @property
+    def log_entries(self) -> int: ...
+
+    @property
+    def log_bytes(self) -> int: ...
+
+    @property
+    def log_full(self) -> bool:
+        """The log's disk is full: this member can append nothing."""
+
+    def learners_caught_up(self) -> int:
+        """On the leader: connected learners that hold every applied entry."""
+
+    def propose(self, payload: bytes, callback: ProposalCallback) -> None: ...
+
+    def committed_entries(self, after: int, limit: int) -> list[Entry]:
+        """Committed entries after index `after`, at most `limit`; LookupError if compacted away."""
+
+    def compact(self) -> None:
+        """Snapshot the state machine and drop the log it covers (asynchronously)."""
+
+    def transfer_leadership(self, to: str | None = None) -> None: ...
+
+    def add_member(self, address: str, callback: ProposalCallback) -> None: ...
+
+    def remove_member(self, address: str, callback: ProposalCallback) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class AddressInUse(Exception):
+    """The group's Raft address cannot be bound."""

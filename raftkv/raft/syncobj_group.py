@@ -1,0 +1,439 @@
+"""`RaftGroup` over pysyncobj: one member of a partition's Raft group.
+
+This is where our parts are wired into pysyncobj (docs/pysyncobj.md lists every override):
+- the Raft log is our `RaftJournal` (checksummed, fsync-able), plugged in
+  through pysyncobj's module-level `createJournal`;
+- in fsync mode the transport syncs the journal before any message leaves, so
+  an entry is durable before a follower acknowledges it or a leader counts
+  itself, at one fsync per group commit;
+- log compaction writes the state machine's checkpoint into a snapshot file
+  (`snapshot_file`), never pysyncobj's pickle of the whole object, and never
+  with fork;
+- every committed proposal goes to the `StateMachine` with its index and
+  term; entries at or below the state machine's position are skipped, so
+  replaying the journal after a restart is idempotent;
+- the follower's AppendEntries handling is `PatchedSyncObj`'s.
+
+pysyncobj is driven by composition: `_Member` is the SyncObj subclass, and
+everything else only holds a `SyncObjGroup`. Groups run on the node's asyncio
+loop (`syncobj_loop`), not on threads of their own: `propose`, its callback
+and every pysyncobj call happen on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Callable
+
+import pysyncobj.pickle
+import pysyncobj.syncobj
+from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf, SyncObjException, replicated
+from pysyncobj.monotonic import monotonic
+from pysyncobj.transport import TCPTransport
+
+from raftkv.core import metrics
+from raftkv.core.errors import CorruptData
+from raftkv.core.spec import Tuning
+from raftkv.raft import snapshot_file
+from raftkv.raft.group import AddressInUse, Entry, Outcome, ProposalCallback, Role, Snapshot, StateMachine
+from raftkv.raft.journal import RaftJournal, fsync_directory
+from raftkv.raft.syncobj_loop import LoopPoller, Ticker
+from raftkv.raft.syncobj_patches import PatchedSyncObj
+from raftkv.raft.syncobj_wire import set_compression_level
+from raftkv.storage.engine import Position
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    partition: int
+    self_address: str | None  # None: a learner (pysyncobj's readonly node), which never votes
+    peers: tuple[str, ...]  # the voters other than this member
+    folder: Path
+    fsync: bool
+    tuning: Tuning
+    on_role_changed: Callable[[Role, Role], None] | None = None
+    membership_changes: bool = False  # pysyncobj's dynamicMembershipChange (add_member, remove_member)
+
+
+@dataclass(frozen=True)
+class _JournalConfig:
+    """Passed as SyncObjConf.journalFile; our createJournal hook builds a RaftJournal from it."""
+
+    directory: Path
+    fsync: bool
+
+
+_upstream_create_journal = pysyncobj.syncobj.createJournal
+
+
+def _create_journal(journal_file):
+    if isinstance(journal_file, _JournalConfig):
+        return RaftJournal(journal_file.directory, fsync=journal_file.fsync)
+    return _upstream_create_journal(journal_file)
+
+
+pysyncobj.syncobj.createJournal = _create_journal
+
+
+class _SyncingTransport(TCPTransport):
+    """Syncs a dirty journal before sending, so nothing is acknowledged before it is durable."""
+
+    def send(self, node, message):
+        self._syncObj.sync_journal()
+        return super().send(node, message)
+
+
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+NEVER = 10**12
+_REGULAR = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: a call of a @replicated method
+
+# pysyncobj reasons after which the proposal was certainly not applied; any other failure may
+# have been (leadership changed while it was in flight).
+_NOT_APPLIED = {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED, FAIL_REASON.NOT_LEADER,
+                FAIL_REASON.REQUEST_DENIED}
+
+
+def _outcome(reason: int) -> Outcome:
+    if reason == FAIL_REASON.SUCCESS:
+        return Outcome.APPLIED
+    return Outcome.REJECTED if reason in _NOT_APPLIED else Outcome.UNKNOWN
+
+
+@cache
+def _snapshot_writer() -> ThreadPoolExecutor:
+    """One thread per process writes snapshot files, one at a time."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="raftkv-snapshot")
+
+
+def _check_snapshot(path: Path) -> None:
+    """Refuse to start on a damaged snapshot file.
+
+    pysyncobj loads it on the first tick and only logs a failure: the replica would then run with
+    a compacted journal and no base to apply it on, and never apply another entry. An empty file
+    is the placeholder of a snapshot a crash interrupted (the journal was not compacted yet).
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        snapshot_file.read_meta(path)
+    except CorruptData as exc:
+        raise CorruptData(f"{exc}; stop the node, move {path.parent} away and restart it so the partition "
+                          "re-syncs from its peers") from None
+
+
+def _payload_of(command: bytes) -> bytes | None:
+    """The proposal in a journal entry; None for pysyncobj's own entries (no-ops, membership)."""
+    if not command or command[0] != _REGULAR:
+        return None
+    call = pysyncobj.pickle.loads(command[1:])  # (method id, args) of `_Member._apply`: args == (payload,)
+    return call[1][0]
+
+
+class _Member(PatchedSyncObj):
+    """The pysyncobj side of a group. Everything it decides is delegated to its `SyncObjGroup`.
+
+    Attributes are set before `SyncObj.__init__`: pysyncobj snapshots every attribute created after it.
+    """
+
+    def __init__(self, group: SyncObjGroup, self_address, peers, conf):
+        self._group = group
+        super().__init__(self_address, list(peers), conf, transportClass=_SyncingTransport)
+
+    @replicated
+    def _apply(self, payload: bytes):
+        return self._group._apply_committed(payload)
+
+    def sync_journal(self) -> None:
+        self._group.sync_journal()
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        """pysyncobj's snapshot load, after compacting the journal to the snapshot at start-up.
+
+        At start-up pysyncobj keeps the journal only if its first two entries are the
+        snapshot's last two, and otherwise clears it down to them. But the snapshot file
+        is renamed into place before the journal is compacted (`_snapshot_state`), so a
+        replica killed in between restarts with a journal that begins earlier, and
+        pysyncobj would drop every entry after the snapshot, acknowledged ones
+        included. Found by the chaos harness: a write acknowledged just before
+        `kill all` survived only on the old leader, which had already applied it.
+        """
+        if not clearJournal:
+            self._group._compact_journal_to_snapshot()
+        PatchedSyncObj._SyncObj__loadDumpFile(self, clearJournal)
+
+    def _snapshotLastEntry(self):
+        """The received snapshot's last entry, read without installing it (see PatchedSyncObj)."""
+        try:
+            return snapshot_file.read_meta(self.conf.fullDumpFile).last_entry
+        except CorruptData:
+            return None
+
+
+class SyncObjGroup:
+    """A `RaftGroup` backed by pysyncobj, ticked on `loop`."""
+
+    def __init__(self, config: GroupConfig, state_machine: StateMachine, loop: asyncio.AbstractEventLoop):
+        self.config = config
+        self.partition = config.partition
+        self._sm = state_machine
+        folder = Path(config.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._snapshot_path = folder / "raft.snapshot"
+        self._next_snapshot = folder / "raft.snapshot.next"
+        _check_snapshot(self._snapshot_path)
+        self._snapshot_job: Future | None = None
+        self._fsyncs = metrics.JOURNAL_FSYNCS.labels(config.partition)
+        tuning = config.tuning
+        set_compression_level(tuning.wire_compression)
+        poller = LoopPoller(loop)
+        on_role_changed = config.on_role_changed
+        conf = SyncObjConf(
+            autoTick=False,  # ticked on the node's event loop, see syncobj_loop
+            pollerType=poller,
+            appendEntriesUseBatch=False,  # we batch ourselves (group commit); pysyncobj's batching adds ~100 ms
+            appendEntriesBatchSizeBytes=4 * tuning.max_batch_bytes,  # > any entry: never the chunked path
+            sendBufferSize=SOCKET_BUFFER_BYTES,  # pysyncobj's 64 KiB makes big appends trickle out
+            recvBufferSize=SOCKET_BUFFER_BYTES,
+            journalFile=_JournalConfig(folder / "journal", config.fsync),
+            fullDumpFile=str(self._snapshot_path),
+            serializer=self._write_snapshot,
+            serializeChecker=self._snapshot_state,
+            deserializer=self._read_snapshot,
+            useFork=False,
+            bindAddress=config.self_address,  # pysyncobj would otherwise listen on 0.0.0.0
+            maxBindRetries=3,
+            bindRetryTime=0.2,
+            raftMinTimeout=tuning.election_timeout_min,
+            raftMaxTimeout=tuning.election_timeout_max,
+            appendEntriesPeriod=tuning.heartbeat_period,
+            leaderFallbackTimeout=tuning.leader_fallback_timeout,
+            connectionTimeout=max(3.5, tuning.election_timeout_max),
+            connectionRetryTime=tuning.connection_retry_seconds,
+            # the owner decides when to compact (`compact`)
+            logCompactionMinEntries=NEVER,
+            logCompactionMinTime=NEVER,
+            commandsWaitLeader=False,
+            dynamicMembershipChange=config.membership_changes,
+            onStateChanged=None if on_role_changed is None else lambda old, new: on_role_changed(Role(old), Role(new)),
+        )
+        try:
+            self._member = _Member(self, config.self_address, config.peers, conf)
+        except SyncObjException as exc:
+            if "BindError" in str(exc):
+                raise AddressInUse(config.self_address) from None
+            raise
+        self._journal: RaftJournal = self._member._SyncObj__raftLog
+        self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2))
+        self._ticker.start()
+
+    # -- state ------------------------------------------------------------
+
+    @property
+    def role(self) -> Role:
+        return Role(self._member._SyncObj__raftState)
+
+    @property
+    def leader(self) -> str | None:
+        leader = self._member._getLeader()
+        return leader.address if leader is not None else None
+
+    @property
+    def term(self) -> int:
+        return self._member.raftCurrentTerm
+
+    @property
+    def commit_index(self) -> int:
+        return self._member.raftCommitIndex
+
+    @property
+    def last_applied(self) -> int:
+        return self._member.raftLastApplied
+
+    @property
+    def last_log_index(self) -> int:
+        return self._journal[-1][1]
+
+    @property
+    def has_quorum(self) -> bool:
+        return self._member.hasQuorum
+
+    @property
+    def log_entries(self) -> int:
+        return len(self._journal)
+
+    @property
+    def log_bytes(self) -> int:
+        return self._journal.size_bytes
+
+    @property
+    def log_full(self) -> bool:
+        return self._journal.full
+
+    def learners_caught_up(self) -> int:
+        if self.role != Role.LEADER:
+            return 0
+        match = self._member._SyncObj__raftMatchIndex
+        applied = self.last_applied
+        return sum(1 for node in self._member.readonlyNodes if match.get(node, 0) >= applied - 1)
+
+    def committed_entries(self, after: int, limit: int) -> list[Entry]:
+        journal = self._journal
+        first = journal[0][1]
+        last = min(self.last_applied, journal[-1][1])
+        if after + 1 < first:
+            raise LookupError(f"partition {self.partition}: entries after {after} were compacted away")
+        return [Entry(index, term, _payload_of(command))
+                for command, index, term in journal[after + 1 - first: min(last, after + limit) + 1 - first]]
+
+    # -- commands ---------------------------------------------------------
+
+    def propose(self, payload: bytes, callback: ProposalCallback) -> None:
+        """Append an encoded proposal; `callback(result, outcome)` runs once it is applied or failed."""
+        self._member._apply(payload, callback=lambda result, reason: callback(result, _outcome(reason)))
+        self._ticker.soon()
+
+    def compact(self) -> None:
+        self._member.forceLogCompaction()
+        self._ticker.soon()
+
+    def transfer_leadership(self, to: str | None = None) -> None:
+        """Best effort: pysyncobj refuses when no connected follower holds every entry."""
+        self._member.transferLeadership(to)
+        self._ticker.soon()
+
+    def add_member(self, address: str, callback: ProposalCallback) -> None:
+        self._member.addNodeToCluster(address, callback=lambda result, reason: callback(result, _outcome(reason)))
+        self._ticker.soon()
+
+    def remove_member(self, address: str, callback: ProposalCallback) -> None:
+        self._member.removeNodeFromCluster(address, callback=lambda result, reason: callback(result, _outcome(reason)))
+        self._ticker.soon()
+
+    def close(self) -> None:
+        self._ticker.stop()
+        self._member.destroy()  # with autoTick off this closes sockets and the journal at once
+
+    # -- called by pysyncobj ----------------------------------------------
+
+    def _apply_committed(self, payload: bytes):
+        index = self._member.raftLastApplied + 1  # pysyncobj increments it right after this call
+        if index <= self._sm.position.index:
+            return None
+        self.sync_journal()  # a single-member leader commits without sending, so no send synced it
+        term = self._journal[index - self._journal[0][1]][2]
+        return self._sm.apply(Entry(index, term, payload))
+
+    def sync_journal(self) -> None:
+        """fsync mode: make every journal write so far durable (one fdatasync for all of them)."""
+        if self._journal.dirty:
+            self._journal.sync()
+            self._fsyncs.inc()
+
+    def _write_snapshot(self, tmp_filename: str, data) -> None:
+        """pysyncobj's serializer. A failure is recorded as a failed job as well as raised.
+
+        pysyncobj swallows the exception and marks itself busy until the checker answers
+        SUCCESS or FAILED; answering NOT_SERIALIZING instead would wedge it for good: no more
+        compaction, and no snapshot ever sent to a replica that needs one.
+        """
+        try:
+            self._snapshot_job = self._start_snapshot(tmp_filename, data)
+        except Exception as exc:
+            failed: Future = Future()
+            failed.set_exception(exc)
+            self._snapshot_job = failed
+            raise
+
+    def _start_snapshot(self, tmp_filename: str, data) -> Future:
+        """Checkpoint now (hard links, milliseconds); write the file on a thread.
+
+        The group shares the node's event loop, so writing a large tar here would stall every
+        partition's heartbeats. pysyncobj renames `tmp_filename` over the snapshot file as soon as
+        this returns, so it gets a hard link of the current snapshot (or an empty file) and the
+        new file replaces the snapshot when complete. Until then `_snapshot_state` (pysyncobj's
+        serializeChecker) answers SERIALIZING, which keeps pysyncobj from compacting the journal
+        or sending the snapshot file.
+        """
+        last_entry, prev_entry, cluster = data
+        fsync = self.config.fsync
+        if fsync:  # the journal will drop entries the state must then cover
+            self._sm.flush()
+        work = Path(tempfile.mkdtemp(dir=self.config.folder, prefix="checkpoint-"))
+        try:
+            meta = snapshot_file.Meta(
+                partition=self.partition,
+                position=self._sm.checkpoint(work / "db", Position(last_entry[1], last_entry[2])),
+                last_entry=last_entry,
+                prev_entry=prev_entry,
+                cluster=sorted(node.address for node in cluster),
+            )
+            # Renaming a hard link over its own inode is a no-op that leaves the link behind.
+            Path(tmp_filename).unlink(missing_ok=True)
+            if self._snapshot_path.exists():
+                os.link(self._snapshot_path, tmp_filename)
+            else:
+                open(tmp_filename, "wb").close()
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        return _snapshot_writer().submit(self._finish_snapshot, work, meta, fsync)
+
+    def _finish_snapshot(self, work: Path, meta: snapshot_file.Meta, fsync: bool) -> None:
+        """On the worker thread: write the tar beside the snapshot (renamed in `_snapshot_state`)."""
+        try:
+            snapshot_file.write(self._next_snapshot, work / "db", meta, fsync=fsync)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _snapshot_state(self) -> int:
+        job = self._snapshot_job
+        if job is None:
+            return SERIALIZER_STATE.NOT_SERIALIZING
+        if not job.done():
+            return SERIALIZER_STATE.SERIALIZING
+        self._snapshot_job = None
+        if job.exception() is not None:
+            log.warning("partition %d: no snapshot this time: %s", self.partition, job.exception())
+            return SERIALIZER_STATE.FAILED
+        # Here, not on the worker: pysyncobj renames its placeholder over the snapshot file right
+        # after the serializer returns, and a fast worker finishing first would see its new file
+        # replaced by the old one while the journal is compacted past it. A replica needing a
+        # snapshot would then get the old one again and again, and never catch up.
+        os.replace(self._next_snapshot, self._snapshot_path)
+        if self.config.fsync:  # durable before pysyncobj compacts the journal past the old one
+            fsync_directory(self.config.folder)
+        return SERIALIZER_STATE.SUCCESS
+
+    def _compact_journal_to_snapshot(self) -> None:
+        try:
+            meta = snapshot_file.read_meta(self._snapshot_path)
+        except (CorruptData, FileNotFoundError):
+            return  # nothing to align with: pysyncobj's own load decides
+        journal = self._journal
+        first = journal[0][1] if len(journal) else None
+        prev_index = meta.prev_entry[1]
+        if first is None or not first < prev_index <= journal[-1][1] - 1:
+            return
+        at = prev_index - first
+        if journal[at] == meta.prev_entry and journal[at + 1] == meta.last_entry:
+            journal.deleteEntriesTo(at)
+            log.info("partition %d: journal compacted to its snapshot at index %d on start-up (the last run "
+                     "ended between the two)", self.partition, meta.last_entry[1])
+
+    def _read_snapshot(self, filename: str):
+        meta = snapshot_file.read_meta(filename)
+        if meta.partition != self.partition:
+            raise ValueError(f"snapshot {filename} is of partition {meta.partition}, not {self.partition}")
+        last = Position(meta.last_entry[1], meta.last_entry[2])
+        self._sm.restore(Snapshot(Path(filename), meta.position, last))
+        return meta.last_entry, meta.prev_entry, meta.cluster
