@@ -13,6 +13,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.partitioning import partition_for_key
 from tests.conftest import wait_for_compaction, wait_until
+from tests.raft_admin import statuses
 
 
 def leaders(client: Client) -> dict[int, str]:
@@ -174,6 +175,9 @@ def test_fsync_mode_syncs_the_journal_once_per_group_commit_on_every_replica(mak
     with Client(cluster.endpoints) as kv:
         for i in range(50):
             kv.put(b"k%d" % i, b"v")  # sequential: one group commit (one Raft entry) each
+    # a commit needs only one follower: the other may still be receiving the last entries
+    wait_until(lambda: len({ps.last_log_index for _, ps in statuses(cluster.endpoints)}) == 1
+               and len(statuses(cluster.endpoints)) == 3, 30, "every replica to hold every entry")
     synced = {node: count - before[node] for node, count in journal_fsyncs(cluster).items()}
     if durability == "fsync":
         # each replica synced before acknowledging (followers) or sending (leader) every entry
