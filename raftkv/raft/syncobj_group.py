@@ -375,7 +375,7 @@ class SyncObjGroup:
                 position=self._sm.checkpoint(work / "db", Position(last_entry[1], last_entry[2])),
                 last_entry=last_entry,
                 prev_entry=prev_entry,
-                cluster=sorted(node.address for node in cluster),
+                cluster=sorted(node.address for node in cluster if node is not None),  # a learner has no address
             )
             # Renaming a hard link over its own inode is a no-op that leaves the link behind.
             Path(tmp_filename).unlink(missing_ok=True)
