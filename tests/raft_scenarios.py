@@ -1,0 +1,291 @@
+"""Scenario scripts for a Raft group, run against the in-memory twin and against pysyncobj.
+
+A script (tests/testdata/raft/*.txt) is a list of blocks, in the style of
+etcd-io/raft's interaction tests:
+
+    put n1 a 1
+    ----
+    applied
+
+Commands: `start n1 n2 n3`, `elect n1`, `put n1 KEY VALUE` (wait for the
+outcome), `put-async n1 KEY VALUE` (propose, don't wait), `stop n2`,
+`restart n2`, `compact n1` (until its log no longer holds the first entries),
+`stabilize` (until every running member applied everything the leader
+has), `state` (role and data of each running member) and `check` (every
+applied put is on every running member, and they all hold the same data).
+Outputs name no terms or indexes: how many elections a real group needs
+depends on timing, what it holds must not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from raftkv.core.spec import Tuning
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.raft import snapshot_file
+from raftkv.raft.group import Entry, Outcome, Role, Snapshot
+from raftkv.raft.memory_group import Disk, MemoryGroup
+from raftkv.raft.memory_network import MemoryNetwork
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from raftkv.storage.engine import Position
+
+DEADLINE = 30.0
+
+
+class DictStateMachine:
+    """Payloads are b"KEY=VALUE"; the checkpoint is a JSON file."""
+
+    def __init__(self):
+        self.data: dict[str, str] = {}
+        self.position = Position(0, 0)
+
+    def apply(self, entry: Entry):
+        key, value = entry.payload.decode().split("=", 1)
+        self.data[key] = value
+        self.position = Position(entry.index, entry.term)
+        return key
+
+    def checkpoint(self, dest: Path, last: Position) -> Position:
+        dest.mkdir(parents=True)
+        state = {"data": self.data, "index": self.position.index, "term": self.position.term}
+        (dest / "state.json").write_text(json.dumps(state))
+        return self.position
+
+    def restore(self, snapshot: Snapshot) -> None:
+        if snapshot.position.index <= self.position.index:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            state = json.loads((snapshot_file.extract_db(snapshot.path, Path(tmp)) / "state.json").read_text())
+        self.data, self.position = state["data"], Position(state["index"], state["term"])
+
+    def flush(self) -> None:
+        pass
+
+
+@dataclass
+class Member:
+    group: object
+    machine: DictStateMachine
+    running: bool = True
+
+
+@dataclass
+class Driver:
+    """What both twins share: members by name, and what each put ended as."""
+
+    folder: Path
+    members: dict[str, Member] = field(default_factory=dict)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # "key=value" -> outcome
+
+    def running(self) -> dict[str, Member]:
+        return {name: m for name, m in sorted(self.members.items()) if m.running}
+
+    def leader(self) -> str | None:
+        leaders = [n for n, m in self.running().items() if m.group.role == Role.LEADER]
+        return leaders[0] if len(leaders) == 1 else None
+
+    def propose(self, name: str, key: str, value: str) -> None:
+        item = f"{key}={value}"
+        self.outcomes[item] = None
+
+        def done(result, outcome: Outcome) -> None:
+            self.outcomes[item] = outcome
+
+        self.members[name].group.propose(item.encode(), done)
+
+    def settled(self) -> bool:
+        leader = self.leader()
+        if leader is None:
+            return False
+        group = self.members[leader].group
+        return group.commit_index == group.last_log_index and all(
+            m.group.last_applied == group.commit_index for m in self.running().values())
+
+    def state(self) -> list[str]:
+        return [f"{name} {m.group.role.label} " + " ".join(f"{k}={v}" for k, v in sorted(m.machine.data.items()))
+                for name, m in self.running().items()]
+
+    def check(self) -> list[str]:
+        problems = []
+        datas = {name: m.machine.data for name, m in self.running().items()}
+        if len({json.dumps(d, sort_keys=True) for d in datas.values()}) > 1:
+            problems.append(f"members differ: {datas}")
+        for item, outcome in self.outcomes.items():
+            key, value = item.split("=", 1)
+            for name, data in datas.items():
+                if outcome == Outcome.APPLIED and data.get(key) != value:
+                    problems.append(f"{name} lost applied {item}")
+                if outcome == Outcome.REJECTED and data.get(key) == value:
+                    problems.append(f"{name} holds rejected {item}")
+        return problems or ["ok"]
+
+
+class TwinDriver(Driver):
+    def __init__(self, folder: Path):
+        super().__init__(folder)
+        self.net = MemoryNetwork(seed=1)
+        self.disks: dict[str, Disk] = {}
+
+    async def start(self, names: list[str]) -> None:
+        for name in names:
+            (self.folder / name).mkdir()
+            self.disks[name] = Disk(self.folder / name, voters=frozenset(names))
+            self._open(name)
+
+    def _open(self, name: str) -> None:
+        machine = DictStateMachine()
+        self.members[name] = Member(MemoryGroup(name, self.disks[name], machine, self.net), machine)
+
+    async def until(self, condition) -> bool:
+        for _ in range(200):
+            if condition():
+                return True
+            self.net.tick()
+        return condition()
+
+    async def elect(self, name: str) -> None:
+        self.members[name].group.campaign()
+        self.net.stabilize()
+        await self.until(lambda: self.leader() is not None)
+
+    async def put(self, name: str, key: str, value: str, wait: bool) -> None:
+        self.propose(name, key, value)
+        self.net.stabilize()
+        if wait:
+            await self.until(lambda: self.outcomes[f"{key}={value}"] is not None)
+
+    async def stop(self, name: str) -> None:
+        self.members[name].group.close()
+        self.members[name].running = False
+
+    async def restart(self, name: str) -> None:
+        self._open(name)
+
+    async def compact(self, name: str) -> None:
+        self.members[name].group.compact()
+
+    async def stabilize(self) -> None:
+        await self.until(self.settled)
+
+    async def close(self) -> None:
+        pass
+
+
+class RealDriver(Driver):
+    """pysyncobj groups on loopback ports, all ticked on this test's event loop."""
+
+    def __init__(self, folder: Path):
+        super().__init__(folder)
+        self.configs: dict[str, GroupConfig] = {}
+
+    async def start(self, names: list[str]) -> None:
+        port = free_port_block(len(names))
+        addresses = {name: f"127.0.0.1:{port + i}" for i, name in enumerate(names)}
+        for name in names:
+            self.configs[name] = GroupConfig(
+                partition=0, self_address=addresses[name], peers=tuple(a for n, a in addresses.items() if n != name),
+                folder=self.folder / name, fsync=False, tuning=Tuning())
+            self._open(name)
+
+    def _open(self, name: str) -> None:
+        machine = DictStateMachine()
+        group = SyncObjGroup(self.configs[name], machine, asyncio.get_running_loop())
+        self.members[name] = Member(group, machine)
+
+    async def until(self, condition) -> bool:
+        deadline = asyncio.get_running_loop().time() + DEADLINE
+        while not condition():
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def elect(self, name: str) -> None:
+        target = self.configs[name].self_address
+
+        def elected() -> bool:
+            leader = self.leader()
+            if leader is not None and leader != name:
+                self.members[leader].group.transfer_leadership(target)
+            return leader == name and self.members[name].group.has_quorum
+
+        await self.until(elected)
+
+    async def put(self, name: str, key: str, value: str, wait: bool) -> None:
+        self.propose(name, key, value)
+        if wait:
+            await self.until(lambda: self.outcomes[f"{key}={value}"] is not None)
+
+    async def stop(self, name: str) -> None:
+        self.members[name].group.close()
+        self.members[name].running = False
+
+    async def restart(self, name: str) -> None:
+        self._open(name)
+
+    async def compact(self, name: str) -> None:
+        group = self.members[name].group
+        group.compact()
+        await self.until(lambda: _compacted(group))
+
+    async def stabilize(self) -> None:
+        await self.until(self.settled)
+
+    async def close(self) -> None:
+        for member in self.running().values():
+            member.group.close()
+
+
+def _compacted(group) -> bool:
+    try:
+        group.committed_entries(0, 1)
+    except LookupError:
+        return True
+    return False
+
+
+async def run(script: str, driver: Driver) -> str:
+    """The script with each block's output replaced by what `driver` printed."""
+    out = []
+    try:
+        for block in script.strip().split("\n\n"):
+            command = block.split("\n----\n")[0].strip()
+            out.append(f"{command}\n----\n" + "\n".join(await _run_command(driver, command)))
+    finally:
+        await driver.close()
+    return "\n\n".join(out) + "\n"
+
+
+async def _run_command(driver: Driver, command: str) -> list[str]:
+    lines = [line for line in command.splitlines() if not line.startswith("#")]
+    verb, *args = lines[-1].split()
+    if verb == "start":
+        await driver.start(args)
+    elif verb == "elect":
+        await driver.elect(args[0])
+        return [f"leader {driver.leader()}"]
+    elif verb in ("put", "put-async"):
+        await driver.put(args[0], args[1], args[2], wait=verb == "put")
+        if verb == "put":
+            outcome = driver.outcomes[f"{args[1]}={args[2]}"]
+            return [outcome.value if outcome else "pending"]
+    elif verb == "stop":
+        await driver.stop(args[0])
+    elif verb == "restart":
+        await driver.restart(args[0])
+    elif verb == "compact":
+        await driver.compact(args[0])
+    elif verb == "stabilize":
+        await driver.stabilize()
+    elif verb == "state":
+        return driver.state()
+    elif verb == "check":
+        return driver.check()
+    else:
+        raise ValueError(f"unknown command {verb!r}")
+    return ["ok"]
