@@ -19,6 +19,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.batching import GroupCommit
 from raftkv.api.convert import error_from_result
+from raftkv.api.rpc_errors import never_sent
 from raftkv.core.errors import NotLeader, RaftKVError, Timeout, Unavailable, Undetermined
 
 
@@ -39,17 +40,6 @@ class _TransportError(Exception):
     def __init__(self, never_sent: bool, detail: str):
         self.never_sent = never_sent
         super().__init__(detail)
-
-
-def never_sent(exc: grpc.aio.AioRpcError) -> bool:
-    """The call failed before the server could have received it: the channel never connected.
-
-    Only gRPC's "failed to connect to all addresses" says so. Other UNAVAILABLE details, such as
-    "Connection reset by peer" or "Socket closed" (a node killed mid-request), come after the
-    request may have been delivered: a write that failed so must be Undetermined, never retried.
-    """
-    return (exc.code() == grpc.StatusCode.UNAVAILABLE
-            and "failed to connect to all addresses" in (exc.details() or "").lower())
 
 
 STALLED_AFTER = 0.1  # s: a request out this long may wait on a partition without a leader

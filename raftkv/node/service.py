@@ -15,7 +15,7 @@ import grpc
 from raftkv.core import metrics
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.client.core import never_sent
+from raftkv.api.rpc_errors import never_sent
 from raftkv.api.convert import command_from_op, result_from_error, result_from_write
 from raftkv.core.commands import Limits
 from raftkv.storage.engine import KeyRange

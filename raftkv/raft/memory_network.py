@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from raftkv.raft.memory_group import MemoryGroup
+
+class Member(Protocol):
+    closed: bool
+
+    def receive(self, src: str, message: dict) -> None: ...
+
+    def tick(self) -> None: ...
 
 
 class MemoryNetwork:
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
-        self.members: dict[str, MemoryGroup] = {}
+        self.members: dict[str, Member] = {}
         self.queue: deque[tuple[str, str, dict]] = deque()
         self._cut: set[str] = set()
 

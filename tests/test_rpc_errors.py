@@ -1,11 +1,11 @@
-"""The client core's transport decisions (routing and retries are tested through real nodes)."""
+"""Whether a failed gRPC call may have reached the other side."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from raftkv.client.core import never_sent
+from raftkv.api.rpc_errors import never_sent
 
 
 @pytest.mark.parametrize("code, details, expected", [
