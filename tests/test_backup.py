@@ -167,11 +167,11 @@ def test_periodic_export_follows_new_writes(tmp_path):
 
 
 @pytest.mark.parametrize("options, named", [
-    ({"url": " "}, "url: required"),
+    ({"url": " "}, "option 'url' is required"),
     ({"url": "nope://bucket"}, "url"),
-    ({"keep": "0"}, "keep: must be at least 1"),
-    ({"interval_seconds": "soon"}, "interval_seconds: expected a number"),
-    ({"kepp": "3"}, "unknown option(s) kepp"),
+    ({"keep": "0"}, "option 'keep': must be at least 1"),
+    ({"interval_seconds": "soon"}, "option 'interval_seconds': expected a number"),
+    ({"kepp": "3"}, "unknown option 'kepp'"),
 ])
 def test_invalid_options_name_the_option(tmp_path, options, named):
     config = {"url": (tmp_path / "b").as_uri(), "work_dir": str(tmp_path / "w"), **options}

@@ -69,9 +69,10 @@ def test_retention_trims_old_entries_and_a_read_of_them_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("config, message", [
-    ({}, "needs path=DIR"),
-    ({"path": "x", "retain_entries": "many"}, "retain_entries must be a whole number"),
-    ({"path": "x", "retain_entries": "0"}, "retain_entries must be at least 1"),
+    ({}, "option 'path' is required: path=DIR"),
+    ({"path": "x", "retain_entries": "many"}, "option 'retain_entries': expected an integer, got 'many'"),
+    ({"path": "x", "retain_entries": "0"}, "option 'retain_entries': must be at least 1"),
+    ({"path": "x", "retain": "5"}, "unknown option 'retain'"),
 ])
 def test_bad_options_are_named(tmp_path, config, message):
     if "path" in config:

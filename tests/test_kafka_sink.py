@@ -15,7 +15,8 @@ from confluent_kafka.admin import AdminClient
 
 from learners.consumer import FeedConsumer
 from learners.sinks.base import DeliveryBatch, load_sink
-from learners.sinks.kafka_sink import EVENT_ID_HEADER, POSITIONS_SUFFIX, KafkaSink
+from learners.sinks.kafka_options import POSITIONS_SUFFIX
+from learners.sinks.kafka_sink import EVENT_ID_HEADER, KafkaSink
 from raftkv.core.errors import ConfigError, Unavailable
 from tests.kafka_broker import (FAST_CONSUMER, History, TansuBroker, new_topic, read_raw, sink_options,
                                 tansu_fixture, validate)

@@ -32,6 +32,7 @@ from typing import Mapping
 from learners.backup_store import BackupInfo, BackupStore, parse_storage_options, partition_dir
 from learners.change_event import ChangeEvent
 from learners.sinks.base import DeliveryBatch
+from learners.sinks.options import OptionReader
 from raftkv.core.commands import Delete, Mutation, Put
 from raftkv.storage.engine import ZERO, Position
 from raftkv.core.errors import ConfigError, InvalidRequest, RaftKVError
@@ -39,51 +40,31 @@ from raftkv.storage.rocks_engine import RocksEngine
 
 log = logging.getLogger(__name__)
 
-_OPTIONS = ("url", "work_dir", "learner", "interval_seconds", "keep")
 _STORAGE_PREFIX = "storage."
 _CLUSTER_FILE = "cluster"
 _EXPORT_PREFIX = "export-"
 
 
 @dataclass(frozen=True)
-class BackupSettings:
+class BackupOptions:
     url: str
     work_dir: Path
-    interval_seconds: float
-    keep: int
-    storage_options: dict
+    interval_seconds: float = 300.0
+    keep: int = 7
+    storage_options: dict = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, config: Mapping[str, str]) -> BackupSettings:
+    def parse(cls, config: Mapping[str, str]) -> BackupOptions:
         """Validate every option; one ConfigError names each problem by option."""
-        problems = []
-        unknown = sorted(k for k in config if k not in _OPTIONS and not k.startswith(_STORAGE_PREFIX))
-        if unknown:
-            problems.append(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(_OPTIONS)}, storage.<key>")
-        url = config.get("url", "").strip()
-        if not url:
-            problems.append("url: required (file:///path or s3://bucket/prefix)")
-        interval = _number(config, "interval_seconds", "300", float, 0, problems)
-        keep = _number(config, "keep", "7", int, 1, problems)
-        if problems:
-            raise ConfigError(problems, source="backup sink")
-        work_dir = config.get("work_dir") or f"./raftkv-backup-work/{config.get('learner') or 'backup'}"
-        storage = parse_storage_options(
-            (k[len(_STORAGE_PREFIX):], v) for k, v in config.items() if k.startswith(_STORAGE_PREFIX)
-        )
+        read = OptionReader(config, "backup sink", {"url", "work_dir", "interval_seconds", "keep"},
+                            prefixes=(_STORAGE_PREFIX,))
+        url = read.text("url", required="file:///path or s3://bucket/prefix")
+        interval = read.number("interval_seconds", 300.0, 0)
+        keep = read.integer("keep", 7, 1)
+        work_dir = read.text("work_dir") or f"./raftkv-backup-work/{read.text('learner') or 'backup'}"
+        read.done()
+        storage = parse_storage_options(read.prefixed(_STORAGE_PREFIX).items())
         return cls(url, Path(work_dir), interval, keep, storage)
-
-
-def _number(config: Mapping[str, str], name: str, default: str, kind: type, minimum: float, problems: list[str]):
-    text = config.get(name, default)
-    try:
-        value = kind(text)
-    except ValueError:
-        problems.append(f"{name}: expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-        return None
-    if value < minimum:
-        problems.append(f"{name}: must be at least {minimum}, got {text!r}")
-    return value
 
 
 @dataclass
@@ -108,9 +89,9 @@ class BackupSink:
     # -- Sink protocol ------------------------------------------------------
 
     def open(self, config: Mapping[str, str]) -> None:
-        self.settings = BackupSettings.parse(config)
-        self._store = BackupStore(self.settings.url, self.settings.storage_options, source="backup sink url")
-        self._work = self.settings.work_dir
+        self.options = BackupOptions.parse(config)
+        self._store = BackupStore(self.options.url, self.options.storage_options, source="backup sink url")
+        self._work = self.options.work_dir
         self._work.mkdir(parents=True, exist_ok=True)
         for leftover in self._work.glob(_EXPORT_PREFIX + "*"):  # checkpoints of an export a crash interrupted
             shutil.rmtree(leftover)
@@ -118,7 +99,7 @@ class BackupSink:
         self._cluster = cluster_file.read_text() if cluster_file.exists() else ""
         for folder in sorted(self._work.glob("p[0-9][0-9][0-9][0-9]")):
             self._engines[int(folder.name[1:])] = RocksEngine(folder)
-        if self.settings.interval_seconds > 0:
+        if self.options.interval_seconds > 0:
             self._exporter = threading.Thread(target=self._export_periodically, name="backup-export", daemon=True)
             self._exporter.start()
 
@@ -176,7 +157,7 @@ class BackupSink:
                 checkpoints = self._checkpoint_all(work)
                 now = datetime.now(timezone.utc)
                 info = self._store.export(self._cluster, checkpoints, now)
-                self._store.prune(self.settings.keep, now)
+                self._store.prune(self.options.keep, now)
             finally:
                 shutil.rmtree(work)
             self._last_exported = info.positions
@@ -184,16 +165,16 @@ class BackupSink:
 
     def _export_periodically(self) -> None:
         """Export every interval, unless nothing was flushed since the last export."""
-        while not self._stopping.wait(self.settings.interval_seconds):
+        while not self._stopping.wait(self.options.interval_seconds):
             positions = self._positions()
             if not positions or positions == self._last_exported:
                 continue
             try:
                 info = self.export_now()
             except RaftKVError as exc:
-                log.warning("backup export failed, retrying in %ss: %s", self.settings.interval_seconds, exc)
+                log.warning("backup export failed, retrying in %ss: %s", self.options.interval_seconds, exc)
                 continue
-            log.info("exported backup %s (%d bytes) to %s", info.id, info.total_bytes, self.settings.url)
+            log.info("exported backup %s (%d bytes) to %s", info.id, info.total_bytes, self.options.url)
 
     def _checkpoint_all(self, work: Path) -> dict[int, tuple[Path, Position]]:
         """A checkpoint per partition, each exactly the state at its position (hard links: milliseconds)."""

@@ -4,6 +4,11 @@ A sink makes delivered events durable together with the Raft index each
 partition reached, and reports that position back on `recover`, so a learner
 resumes at index + 1 after any crash. Progress moves only after `flush`.
 
+A sink reads its options (text, from `--sink-option KEY=VALUE`) into a frozen
+dataclass of its own with `learners.sinks.options.OptionReader`, which names
+every bad option in one ConfigError. Every sink also receives `learner`, its
+learner's name. `memory_sink.MemorySink` is the in-memory twin for tests.
+
 Sinks register under the entry-point group `raftkv.sinks`:
 
     [options.entry_points]

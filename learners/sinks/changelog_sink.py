@@ -21,6 +21,7 @@ trimmed history gets an error, never a silent gap.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
@@ -28,8 +29,9 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from learners.change_event import ChangeEvent
 from learners.sinks.base import DeliveryBatch
+from learners.sinks.options import OptionReader
 from raftkv.api import kv_pb2 as pb
-from raftkv.core.errors import ConfigError, InvalidRequest
+from raftkv.core.errors import InvalidRequest
 
 _EVENT = struct.Struct(">cIQI")
 _PARTITION = struct.Struct(">cI")
@@ -70,18 +72,25 @@ def plan_ends(pending: Mapping[int, list[tuple[int, int]]], max_rows: int) -> di
     return ends
 
 
+@dataclass(frozen=True)
+class ChangelogOptions:
+    path: Path
+    retain_entries: int = DEFAULT_RETAIN_ENTRIES
+
+    @classmethod
+    def parse(cls, config: Mapping[str, str]) -> ChangelogOptions:
+        read = OptionReader(config, "changelog sink", {"path", "retain_entries"})
+        path = read.text("path", required="path=DIR, where the events are kept")
+        retain = read.integer("retain_entries", DEFAULT_RETAIN_ENTRIES, 1)
+        read.done()
+        return cls(Path(path), retain)
+
+
 class ChangelogSink:
     def open(self, config: Mapping[str, str]) -> None:
-        if not config.get("path"):
-            raise ConfigError("the changelog sink needs path=DIR", source="--sink-option")
-        try:
-            self.retain_entries = int(config.get("retain_entries", DEFAULT_RETAIN_ENTRIES))
-        except ValueError:
-            raise ConfigError(f"retain_entries must be a whole number, not {config['retain_entries']!r}",
-                              source="--sink-option") from None
-        if self.retain_entries < 1:
-            raise ConfigError("retain_entries must be at least 1", source="--sink-option")
-        path = Path(config["path"])
+        self.options = ChangelogOptions.parse(config)
+        self.retain_entries = self.options.retain_entries
+        path = self.options.path
         path.mkdir(parents=True, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)

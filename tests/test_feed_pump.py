@@ -1,0 +1,113 @@
+"""The feed pump over the in-memory Raft twin and the memory sink: one process, no timing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from learners.feed_pump import FeedPump
+from learners.learner_replica import LearnerReplica
+from learners.sinks.memory_sink import MemorySink
+from raftkv.core.commands import Delete, Put, encode_proposal
+from raftkv.core.errors import Unavailable
+from raftkv.core.spec import Tuning
+from raftkv.node.replica import PartitionReplica
+from raftkv.raft.group import Outcome, Role
+from raftkv.raft.memory_group import Disk, MemoryGroup
+from raftkv.raft.memory_network import MemoryNetwork
+
+
+class Feed:
+    """One voter (n1) and one learner (l1) of partition 0, and the learner's pump into a MemorySink."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path = tmp_path
+        self.net = MemoryNetwork(seed=0)
+        self.disks = {name: Disk(tmp_path / name, voters=frozenset({"n1"})) for name in ("n1", "l1")}
+        for disk in self.disks.values():
+            disk.folder.mkdir()
+        self.voter = PartitionReplica(0, tmp_path / "n1", Tuning(), open_group=self._group("n1"))
+        self.voter.group.campaign()
+        assert self.voter.role == Role.LEADER
+        self.sink = MemorySink()
+        self.sink.open({"learner": "l1"})
+        self.open_learner()
+
+    def _group(self, name: str):
+        return lambda state_machine: MemoryGroup(name, self.disks[name], state_machine, self.net)
+
+    def open_learner(self) -> None:
+        self.learner = LearnerReplica(0, self.tmp_path / "l1", open_group=self._group("l1"))
+        self.pump = FeedPump("test", {0: self.learner}, self.sink, clock=lambda: 1.0)
+        self.pump.delivered_before_start = self.sink.recover()
+
+    def write(self, *commands) -> None:
+        outcome = []
+        self.voter.propose(encode_proposal(list(commands)), lambda result, o: outcome.append(o))
+        self.net.tick()
+        assert outcome == [Outcome.APPLIED]
+
+    def pump_all(self) -> None:
+        self.net.tick()
+        while asyncio.run(self.pump.step()):
+            pass
+
+    def close(self) -> None:
+        self.learner.close()
+        self.voter.close()
+
+
+@pytest.fixture
+def feed(tmp_path):
+    feed = Feed(tmp_path)
+    yield feed
+    feed.close()
+
+
+def ops(sink: MemorySink) -> list[tuple]:
+    return [(e.op, e.key, e.before, e.after) for e in sink.events]
+
+
+def test_committed_writes_reach_the_sink_as_events_and_only_then_the_copy(feed):
+    feed.write(Put(b"a", b"1"))
+    feed.write(Put(b"a", b"2"), Put(b"b", b"1"))
+    feed.write(Delete(b"a"))
+    feed.pump_all()
+    assert ops(feed.sink) == [("c", b"a", None, b"1"), ("u", b"a", b"1", b"2"), ("c", b"b", None, b"1"),
+                              ("d", b"a", b"2", None)]
+    assert feed.sink.positions == {0: feed.voter.group.last_applied}
+    assert feed.learner.engine.position.index == feed.voter.group.last_applied
+    assert feed.learner.engine.get(b"b") == b"1" and feed.learner.engine.get(b"a") is None
+
+
+def test_a_failed_delivery_leaves_the_copy_behind_and_the_retry_delivers_each_event_once(feed):
+    feed.write(Put(b"a", b"1"))
+    feed.net.tick()
+    before = feed.learner.engine.position
+    feed.sink.fail_next = 1
+    with pytest.raises(Unavailable):
+        asyncio.run(feed.pump.step())
+    assert feed.learner.engine.position == before and feed.sink.events == []
+    feed.pump_all()
+    assert ops(feed.sink) == [("c", b"a", None, b"1")]
+
+
+def test_a_learner_that_missed_compacted_entries_resyncs_from_a_snapshot_as_r_events(feed):
+    feed.write(Put(b"a", b"1"), Put(b"b", b"1"))
+    feed.pump_all()
+    feed.learner.close()  # down while the voter moves on and compacts its log past it
+    feed.write(Put(b"b", b"2"), Put(b"c", b"1"))
+    feed.write(Delete(b"a"))
+    feed.voter.group.compact()
+    with pytest.raises(LookupError):
+        feed.voter.group.committed_entries(0, 1)
+    feed.open_learner()
+    feed.pump_all()
+    assert feed.pump.resyncs == 1
+    resync = [(e.op, e.key, e.before, e.after) for e in feed.sink.events if e.snapshot]
+    assert sorted(resync) == [("d", b"a", b"1", None), ("r", b"b", b"1", b"2"), ("r", b"c", None, b"1")]
+    assert feed.learner.engine.get(b"b") == b"2" and feed.learner.engine.get(b"a") is None
+    feed.write(Put(b"d", b"1"))  # and the live feed goes on after the snapshot
+    feed.pump_all()
+    assert ops(feed.sink)[-1] == ("c", b"d", None, b"1")
