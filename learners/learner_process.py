@@ -26,6 +26,7 @@ from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.process import GRPC_OPTIONS
 from raftkv.node.service import KVService
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from raftkv.client.async_client import AsyncClient
 from raftkv.client.sync_client import Client, LearnerView
 from raftkv.core.errors import ConfigError, RaftKVError, Unavailable
 from raftkv.core.partitioning import replicas_for
@@ -88,7 +89,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         loop.add_signal_handler(sig, stop.set)
     sink = load_sink(sink_name)
     await _open_sink(sink, {"learner": name, **sink_options}, stop)
-    client = Client([n.api_address for n in spec.nodes], timeout=5.0)
+    client = AsyncClient([n.api_address for n in spec.nodes], timeout=5.0)
     replicas: dict[int, LearnerReplica] = {}
     server: grpc.aio.Server | None = None
     try:
@@ -113,7 +114,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         for replica in replicas.values():
             replica.close()
         sink.close()
-        client.close()
+        await client.close()
 
 
 async def _open_sink(sink: Sink, options: dict[str, str], stop: asyncio.Event) -> None:
@@ -145,7 +146,7 @@ async def _publish(pump: FeedPump, stop: asyncio.Event) -> None:
         await asyncio.sleep(1.0)
 
 
-async def _report_progress(client: Client, name: str, replicas: dict[int, LearnerReplica], stop: asyncio.Event,
+async def _report_progress(client: AsyncClient, name: str, replicas: dict[int, LearnerReplica], stop: asyncio.Event,
                            every: float = 1.0) -> None:
     """Tell the voters how far the sink has durably got; they replicate it and retain the log for us."""
     reported: dict[int, int] = {}
@@ -154,7 +155,7 @@ async def _report_progress(client: Client, name: str, replicas: dict[int, Learne
         changed = {p: i for p, i in delivered.items() if i > reported.get(p, 0)}
         if changed:
             try:
-                await asyncio.to_thread(client.report_progress, name, changed)
+                await client.report_progress(name, changed)
                 reported.update(changed)
             except RaftKVError as exc:
                 log.warning("could not report progress (%s); will retry", exc)

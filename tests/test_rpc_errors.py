@@ -5,7 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from raftkv.api.rpc_errors import never_sent
+from raftkv.api.rpc_errors import error_metadata, error_of, never_sent
+from raftkv.core.errors import NotLeader, Unavailable
 
 
 @pytest.mark.parametrize("code, details, expected", [
@@ -23,3 +24,14 @@ def test_only_a_channel_that_never_connected_means_the_request_was_never_sent(co
     whose leader was killed mid-request ("Connection reset by peer") was retried and applied twice
     (a cas then saw its own effect undone: a register read an older write after a newer one)."""
     assert never_sent(grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)) is expected
+
+
+def test_the_error_a_server_attaches_comes_back_as_the_same_error():
+    def failed(error):
+        return grpc.aio.AioRpcError(grpc.StatusCode.FAILED_PRECONDITION, grpc.aio.Metadata(),
+                                    grpc.aio.Metadata(*error_metadata(error)), str(error))
+
+    back = error_of(failed(NotLeader(3, "n2")), partition=3)
+    assert isinstance(back, NotLeader) and back.leader_hint == "n2" and back.partition == 3
+    assert isinstance(error_of(failed(Unavailable("no leader yet")), 3), Unavailable)
+    assert error_of(grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata()), 3) is None

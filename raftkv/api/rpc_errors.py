@@ -1,8 +1,12 @@
-"""What a failed gRPC call says about whether the other side may have received it."""
+"""What a failed gRPC call says: whether the other side may have received it, and the error it sent."""
 
 from __future__ import annotations
 
 import grpc
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.api.convert import error_from_result, result_from_error
+from raftkv.core.errors import RaftKVError
 
 
 def never_sent(exc: grpc.aio.AioRpcError) -> bool:
@@ -14,3 +18,21 @@ def never_sent(exc: grpc.aio.AioRpcError) -> bool:
     """
     return (exc.code() == grpc.StatusCode.UNAVAILABLE
             and "failed to connect to all addresses" in (exc.details() or "").lower())
+
+
+# A call the server ends with an error carries the error as a `Result` in this trailing
+# metadata entry (a streaming call has no response message to hold it), beside the gRPC
+# status and a human-readable detail for clients that do not look.
+ERROR_KEY = "raftkv-error-bin"
+
+
+def error_metadata(error: RaftKVError) -> tuple[tuple[str, bytes], ...]:
+    return ((ERROR_KEY, result_from_error(error).SerializeToString()),)
+
+
+def error_of(exc: grpc.aio.AioRpcError, partition: int) -> RaftKVError | None:
+    """The error the server attached to a failed call (None: it attached none)."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == ERROR_KEY:
+            return error_from_result(pb.Result.FromString(value), partition)
+    return None

@@ -1,17 +1,20 @@
-"""The client's asyncio core: routing table, per-node coalescing, retries.
+"""The client's asyncio core: per-node coalescing, and the one retry loop.
 
-Runs on the event loop the sync `raftkv.Client` owns (one thread). Each node
-gets one `_Link` per consistency level, which coalesces the operations bound
-for it into Execute requests with the same `GroupCommit` policy the server
-uses for proposals. `ClientCore.execute` routes one operation to its
-partition's leader, re-routes on NotLeader or a connection failure, and
-retries until the deadline.
+Runs on the event loop of the `AsyncClient` (for the sync `raftkv.Client`, a
+loop thread of its own). Each node gets one `_Link` per consistency level,
+which coalesces the operations bound for it into Execute requests with the
+same `GroupCommit` policy the server uses for proposals. Executes, scans and
+split-key requests all go through `_retrying`: where to send comes from the
+pure `routing.RoutingTable`, whether and when to try again from the pure
+`retry.decide`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
 
@@ -19,12 +22,15 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.batching import GroupCommit
 from raftkv.api.convert import error_from_result
-from raftkv.api.rpc_errors import never_sent
-from raftkv.core.errors import NotLeader, RaftKVError, Timeout, Unavailable, Undetermined
+from raftkv.api.rpc_errors import error_of, never_sent
+from raftkv.client.retry import decide
+from raftkv.client.routing import RoutingTable
+from raftkv.core.errors import NotLeader, RaftKVError, Unavailable, Undetermined
 
 
 # Columnar scan chunks are up to 4 MiB (server.COLUMNS_CHUNK_BYTES): above gRPC's default receive limit.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -106,21 +112,21 @@ class _Link:
 
 
 class ClientCore:
-    """Everything that runs on the client's event loop."""
+    """Everything that runs on the client's event loop: transport, and the one retry loop."""
 
     def __init__(self, endpoints: list[str], timeout: float, max_batch_ops: int, max_in_flight: int):
-        self.endpoints = list(endpoints)
+        self.routing = RoutingTable(list(endpoints))
         self.timeout = timeout
         self.max_batch_ops = max_batch_ops
         self.max_in_flight = max_in_flight
-        self.partitions = 0
-        self.addresses: dict[str, str] = {}  # node id -> api address
-        self.leaders: dict[int, str] = {}  # partition -> node id
-        self.replicas: dict[int, tuple[str, ...]] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, kv_pb2_grpc.KVStub] = {}
         self._links: dict[tuple[str, int], _Link] = {}
         self._refreshing: asyncio.Task | None = None
+
+    @property
+    def partitions(self) -> int:
+        return self.routing.partitions
 
     def stub(self, address: str) -> kv_pb2_grpc.KVStub:
         if address not in self._stubs:
@@ -143,148 +149,102 @@ class ClientCore:
     async def refresh(self) -> None:
         """Re-learn nodes and leaders; concurrent callers share one refresh."""
         if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.ensure_future(self._refresh())
+            self._refreshing = asyncio.ensure_future(self.statuses(timeout=min(2.0, self.timeout)))
         await asyncio.shield(self._refreshing)
 
-    async def _refresh(self) -> None:
-        statuses = await self.statuses(timeout=min(2.0, self.timeout))
-        best_term: dict[int, int] = {}
-        for status in statuses:
-            if not status.reachable:
-                continue
-            for ps in status.partitions:
-                self.replicas[ps.partition] = tuple(ps.replicas)
-                if ps.leader and ps.term >= best_term.get(ps.partition, -1):
-                    best_term[ps.partition] = ps.term
-                    self.leaders[ps.partition] = ps.leader
-
     async def statuses(self, timeout: float) -> list[NodeStatus]:
-        addresses = dict.fromkeys(list(self.addresses.values()) + self.endpoints)
+        addresses = self.routing.known_addresses()
         replies = await asyncio.gather(
             *(self.stub(a).Status(pb.StatusRequest(), timeout=timeout) for a in addresses), return_exceptions=True
         )
+        answered = [r for r in replies if not isinstance(r, BaseException)]
+        self.routing.learn(answered)
         result = []
         for address, reply in zip(addresses, replies):
             if isinstance(reply, BaseException):
                 detail = reply.details() if isinstance(reply, grpc.aio.AioRpcError) else str(reply)
-                node_id = next((i for i, a in self.addresses.items() if a == address), "?")
-                result.append(NodeStatus(node_id, address, False, error=detail or type(reply).__name__))
-                continue
-            self.partitions = reply.partitions
-            self.addresses.update({n.id: n.api_address for n in reply.nodes})
-            result.append(NodeStatus(reply.node_id, address, True, tuple(reply.hosted)))
-        if not any(s.reachable for s in result):
+                result.append(NodeStatus(self.routing.node_of(address), address, False,
+                                         error=detail or type(reply).__name__))
+            else:
+                result.append(NodeStatus(reply.node_id, address, True, tuple(reply.hosted)))
+        if not answered:
             raise Unavailable(
                 "no node answered at " + ", ".join(addresses) + "; check the endpoints and that the nodes are running"
             )
         return result
 
-    def target(self, partition: int, attempt: int, consistency: int = pb.LINEARIZABLE) -> str:
-        """The address to send a partition's operations to.
-
-        Follower reads go to the first endpoint the client was given (a nearby
-        replica or a learner; it forwards what it cannot serve), the rest to leaders.
-        """
-        if consistency == pb.FOLLOWER and attempt == 1:
-            return self.endpoints[0]
-        leader = self.leaders.get(partition)
-        if leader in self.addresses:
-            return self.addresses[leader]
-        candidates = [self.addresses[n] for n in self.replicas.get(partition, ()) if n in self.addresses]
-        candidates = candidates or list(self.addresses.values()) or self.endpoints
-        return candidates[attempt % len(candidates)]
+    async def _retrying(self, partition: int, consistency: int, is_write: bool, what: str,
+                        attempt_at: Callable[[str], Awaitable[T]]) -> T:
+        """`attempt_at(address)` until it succeeds, the error is final, or the deadline passes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        if not self.routing.partitions:
+            await self.refresh()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await attempt_at(self.routing.target(partition, attempt, consistency == pb.FOLLOWER))
+            except RaftKVError as error:
+                hinted = isinstance(error, NotLeader) and self.routing.hinted(partition, error.leader_hint)
+                decision = decide(error, attempt=attempt, now=loop.time(), deadline=deadline, is_write=is_write,
+                                  hinted_new_leader=hinted, what=what, timeout=self.timeout)
+            if not decision.retry:
+                raise decision.error
+            if decision.follow_hint:
+                continue
+            self.routing.forget_leader(partition)
+            await asyncio.sleep(decision.delay)
+            with contextlib.suppress(Unavailable):
+                await self.refresh()
 
     # -- operations -------------------------------------------------------
 
     async def execute(self, op: pb.Op, consistency: int, is_write: bool) -> pb.Result:
         """Send one operation to its partition's leader, re-routing and retrying until the deadline."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
-        if not self.partitions:
-            await self.refresh()
-        last_error: Exception | None = None
-        attempt = 0
-        while True:
-            attempt += 1
-            address = self.target(op.partition, attempt, consistency)
+
+        async def at(address: str) -> pb.Result:
             try:
                 # No per-op timer: the request carrying the op has the gRPC deadline `timeout`.
                 result = await self.link(address, consistency).submit(op)
             except _TransportError as exc:
                 if is_write and not exc.never_sent:
                     raise Undetermined(f"lost the connection to {address} after sending the write: {exc}") from None
-                error: RaftKVError = Unavailable(f"{address}: {exc}")
-            else:
-                error = error_from_result(result, op.partition)
-                if error is None:
-                    return result
-            if not isinstance(error, (NotLeader, Unavailable, Timeout, Undetermined)) or (
-                is_write and isinstance(error, Undetermined)
-            ):
+                raise Unavailable(f"{address}: {exc}") from None
+            error = error_from_result(result, op.partition)
+            if error is not None:
                 raise error
-            last_error = error
-            hint = error.leader_hint if isinstance(error, NotLeader) else None
-            if hint and hint != self.leaders.get(op.partition):
-                self.leaders[op.partition] = hint
-                continue
-            self.leaders.pop(op.partition, None)
-            await asyncio.sleep(min(0.02 * attempt, 0.3))
-            if loop.time() >= deadline:
-                raise self._give_up(is_write, maybe_sent=False, last_error=last_error)
-            try:
-                await self.refresh()
-            except Unavailable:
-                pass
+            return result
 
-    def _give_up(self, is_write: bool, maybe_sent: bool, last_error: Exception | None) -> RaftKVError:
-        why = f" (last error: {last_error})" if last_error else ""
-        if not is_write:
-            return Timeout(f"read did not complete within {self.timeout}s{why}")
-        if maybe_sent:
-            return Undetermined(f"write not confirmed within {self.timeout}s{why}")
-        return Unavailable(f"no leader accepted the write within {self.timeout}s{why}")
+        return await self._retrying(op.partition, consistency, is_write, "write" if is_write else "read", at)
 
     async def split_keys(self, request: pb.SplitKeysRequest) -> pb.SplitKeysResponse:
         """Asked of the partition's replicas in turn; any one's keys will do (they are only boundaries)."""
-        if not self.partitions:
-            await self.refresh()
-        details = ""
-        for attempt in range(1, 4):
-            try:
-                return await self.stub(self.target(request.partition, attempt)).SplitKeys(request, timeout=self.timeout)
-            except grpc.aio.AioRpcError as exc:
-                details = exc.details() or exc.code().name
-        raise Unavailable(f"no replica of partition {request.partition} answered for its split keys: {details}")
 
-    async def scan_partition(self, partition: int, request: pb.ScanRequest):
+        async def at(address: str) -> pb.SplitKeysResponse:
+            try:
+                return await self.stub(address).SplitKeys(request, timeout=self.timeout)
+            except grpc.aio.AioRpcError as exc:
+                raise Unavailable(f"{address}: {exc.details() or exc.code().name}") from None
+
+        return await self._retrying(request.partition, pb.LINEARIZABLE, False,
+                                    f"split keys of partition {request.partition}", at)
+
+    async def scan_partition(self, partition: int, request: pb.ScanRequest) -> AsyncIterator[pb.ScanChunk]:
         """Chunks of one partition's scan, all from one view; retried only before the first chunk."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
-        if not self.partitions:
-            await self.refresh()
-        attempt = 0
-        while True:
-            attempt += 1
-            address = self.target(partition, attempt, request.consistency)
+
+        async def at(address: str) -> tuple[str, grpc.aio.UnaryStreamCall, pb.ScanChunk]:
             call = self.stub(address).Scan(request, timeout=None)
             try:
-                first = True
-                async for chunk in call:
-                    first = False
-                    yield chunk
-                return
+                return address, call, await call.read()
             except grpc.aio.AioRpcError as exc:
-                if not first:
-                    raise Unavailable(f"scan of partition {partition} broke off at {address}: {exc.details()}") from None
-                details = exc.details() or ""
-                if details.startswith("NOT_LEADER:") and (hint := details.split(":")[1]) and hint != self.leaders.get(partition):
-                    self.leaders[partition] = hint
-                else:
-                    self.leaders.pop(partition, None)
-                    if loop.time() >= deadline:
-                        raise Unavailable(f"scan of partition {partition} found no serving replica: {details}") from None
-                    await asyncio.sleep(min(0.02 * attempt, 0.3))
-                    try:
-                        await self.refresh()
-                    except Unavailable:
-                        pass
+                raise error_of(exc, partition) or Unavailable(f"{address}: {exc.details()}") from None
+
+        address, call, chunk = await self._retrying(partition, request.consistency, False,
+                                                    f"scan of partition {partition}", at)
+        while chunk is not grpc.aio.EOF:
+            yield chunk
+            try:
+                chunk = await call.read()
+            except grpc.aio.AioRpcError as exc:
+                raise Unavailable(f"scan of partition {partition} broke off at {address}: {exc.details()}") from None

@@ -15,7 +15,7 @@ import grpc
 from raftkv.core import metrics
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.api.rpc_errors import never_sent
+from raftkv.api.rpc_errors import error_metadata, never_sent
 from raftkv.api.convert import command_from_op, result_from_error, result_from_write
 from raftkv.core.commands import Limits
 from raftkv.storage.engine import KeyRange
@@ -162,10 +162,9 @@ class KVService(kv_pb2_grpc.KVServicer):
                 await frontend.barrier()
             elif request.consistency == pb.LEADER and not frontend.is_leader:
                 raise frontend.not_leader()
-        except NotLeader as error:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"NOT_LEADER:{error.leader_hint or ''}:{error}")
         except RaftKVError as error:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+            code = grpc.StatusCode.FAILED_PRECONDITION if isinstance(error, NotLeader) else grpc.StatusCode.UNAVAILABLE
+            await context.abort(code, str(error), trailing_metadata=error_metadata(error))
         key_range = KeyRange(request.start, request.end if request.HasField("end") else None, request.limit)
         applied_index = frontend.replica.applied_index  # nothing applies between these two lines
         _, items = frontend.replica.engine.scan(key_range)
