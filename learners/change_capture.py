@@ -2,61 +2,28 @@
 
 The learner applies entries to its copy only after their events are durably
 delivered (docs/learners.md), so a batch of entries is computed against a
-`PendingView`: the copy as of the last flush plus the mutations of the
-entries already computed in this batch.
+pending view (`raftkv.core.overlay.Overlay`): the copy as of the last flush
+plus the mutations of the entries already computed in this batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from learners.change_event import ChangeEvent
-from raftkv.core.commands import Command, Delete, DeleteRange, Mutation, Put, PutMany, single_mutations
+from raftkv.core.command_kinds import single_mutations
+from raftkv.core.commands import Command, Delete, DeleteRange, Put, PutMany
+from raftkv.core.overlay import Overlay
 from raftkv.storage.engine import Engine, KeyRange
 from raftkv.core.state_machine import apply_proposal
 
 Emit = Callable[[str, bytes, bytes | None, bytes | None], None]  # (op, key, before, after) -> one event
 
 
-@dataclass
-class PendingView:
-    """The copy plus mutations not yet written to it."""
-
-    engine: Engine
-    values: dict[bytes, bytes | None] = field(default_factory=dict)
-    ranges: list[tuple[bytes, bytes]] = field(default_factory=list)
-    mutations: list[Mutation] = field(default_factory=list)
-
-    def get(self, key: bytes) -> bytes | None:
-        if key in self.values:
-            return self.values[key]
-        if self.ranges and any(start <= key < end for start, end in self.ranges):
-            return None
-        return self.engine.get(key)
-
-    def items_in(self, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Live keys in [start, end) in this view, in key order."""
-        _, stored = self.engine.scan(KeyRange(start, end))
-        keys = {k for k, _ in stored} | {k for k in self.values if start <= k < end}
-        for key in sorted(keys):
-            value = self.get(key)
-            if value is not None:
-                yield key, value
-
-    def apply(self, m: Mutation) -> None:
-        self.mutations.append(m)
-        if isinstance(m, Put):
-            self.values[m.key] = m.value
-        elif isinstance(m, PutMany):
-            self.values.update(m.pairs())
-        elif isinstance(m, Delete):
-            self.values[m.key] = None
-        elif m.start < m.end:
-            self.ranges.append((m.start, m.end))
-            for key in self.values:
-                if m.start <= key < m.end:
-                    self.values[key] = None
+def pending_view(engine: Engine) -> Overlay:
+    """The copy plus the mutations of the entries computed since its last write (`.mutations`)."""
+    return Overlay(engine.get, lambda start, end: engine.scan(KeyRange(start, end))[1])
 
 
 @dataclass(frozen=True)
@@ -68,7 +35,7 @@ class EntryContext:
     ts_ms: int
 
 
-def capture_entry(view: PendingView, commands: Sequence[Command], ctx: EntryContext) -> list[ChangeEvent]:
+def capture_entry(view: Overlay, commands: Sequence[Command], ctx: EntryContext) -> list[ChangeEvent]:
     """The events of one committed entry; applies its mutations to `view`."""
     events: list[ChangeEvent] = []
 
@@ -77,14 +44,14 @@ def capture_entry(view: PendingView, commands: Sequence[Command], ctx: EntryCont
                                   len(events), False, ctx.ts_ms))
 
     for m in apply_proposal(view.get, commands).mutations:
-        if isinstance(m, PutMany) and _capture_bulk(view, m, event):
+        if type(m) is PutMany and _capture_bulk(view, m, event):
             continue
         for single in single_mutations([m]):
             _capture_single(view, single, event)
     return events
 
 
-def _capture_bulk(view: PendingView, m: PutMany, event: Emit) -> bool:
+def _capture_bulk(view: Overlay, m: PutMany, event: Emit) -> bool:
     """A PutMany of distinct keys in one pass, kept whole for the copy; False if a key repeats.
 
     Every row's before-image then comes from before the PutMany, which is what
@@ -97,22 +64,23 @@ def _capture_bulk(view: PendingView, m: PutMany, event: Emit) -> bool:
     for key, value in zip(keys, values):
         before = get(key)
         event("c" if before is None else "u", key, before, value)
-    view.apply(m)
+    view.record(m)
     return True
 
 
-def _capture_single(view: PendingView, m: Put | Delete | DeleteRange, event: Emit) -> None:
-    if isinstance(m, Put):
+def _capture_single(view: Overlay, m: Put | Delete | DeleteRange, event: Emit) -> None:
+    kind = type(m)
+    if kind is Put:
         before = view.get(m.key)
         event("c" if before is None else "u", m.key, before, m.value)
-    elif isinstance(m, Delete):
+    elif kind is Delete:
         before = view.get(m.key)
         if before is not None:  # deleting an absent key changes nothing
             event("d", m.key, before, None)
     else:
         for key, before in list(view.items_in(m.start, m.end)):
             event("d", key, before, None)
-    view.apply(m)
+    view.record(m)
 
 
 def capture_snapshot(copy: Engine, snapshot: Engine, ctx: EntryContext) -> list[ChangeEvent]:

@@ -7,7 +7,7 @@ worker thread. Each step:
 1. a partition with a stashed snapshot is handled alone: its `r` diff is
    delivered and flushed, then the snapshot is installed;
 2. otherwise up to `max_entries` committed entries per partition are turned
-   into events against a PendingView, delivered, flushed, and then written to
+   into events against a pending view, delivered, flushed, and then written to
    the copies with their positions.
 
 Events at or below the position the sink recovered at start-up are computed
@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from learners.change_capture import EntryContext, PendingView, capture_entry, capture_snapshot
+from learners.change_capture import EntryContext, capture_entry, capture_snapshot, pending_view
 from learners.change_event import ChangeEvent
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import DeliveryBatch, Sink
+from raftkv.core.overlay import Overlay
 from raftkv.raft import snapshot_file
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
@@ -43,7 +44,7 @@ COMPACT_AFTER_ENTRIES = 5000
 @dataclass
 class _Prepared:
     replica: LearnerReplica
-    view: PendingView
+    view: Overlay
     last: Position
 
 
@@ -114,7 +115,7 @@ class FeedPump:
             entries = replica.committed_entries(position.index, self.max_entries)
             if not entries:
                 continue
-            view = PendingView(replica.engine)
+            view = pending_view(replica.engine)
             for index, term, commands in entries:
                 ctx = EntryContext(self.cluster, partition, index, term, now_ms)
                 captured = capture_entry(view, commands, ctx)

@@ -16,8 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from raftkv.core.commands import Command, decode_proposal
-from raftkv.raft.group import Entry, RaftGroup, Role, Snapshot, StateMachine
+from raftkv.core.commands import Command
+from raftkv.core.log_codec import decode_proposal
+from raftkv.node.replica import Replica
+from raftkv.raft.group import Entry, RaftGroup, Snapshot, StateMachine
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
 
@@ -49,35 +51,19 @@ class _FeedStateMachine:
         self.engine.flush()
 
 
-class LearnerReplica:
+class LearnerReplica(Replica):
     def __init__(self, partition: int, folder: Path, open_group: Callable[[StateMachine], RaftGroup]):
-        self.partition = partition
-        self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self.engine = RocksEngine(self.folder)
-        self._copy = _FeedStateMachine(self.engine)
-        try:
-            self.group = open_group(self._copy)
-        except BaseException:
-            self.engine.close()
-            raise
+        self._copy: _FeedStateMachine | None = None
+        super().__init__(partition, folder, open_group, self._feed_state_machine)
 
-    @property
-    def role(self) -> Role:
-        return self.group.role
-
-    @property
-    def leader_address(self) -> str | None:
-        return self.group.leader
+    def _feed_state_machine(self, engine: RocksEngine) -> _FeedStateMachine:
+        self._copy = _FeedStateMachine(engine)
+        return self._copy
 
     @property
     def applied_index(self) -> int:
         """What reads from this learner reflect: the copy, which waits for the sink."""
         return self.engine.position.index
-
-    @property
-    def storage_full(self) -> bool:
-        return self.group.log_full or self.engine.broken
 
     @property
     def pending_snapshot(self) -> Snapshot | None:
@@ -103,7 +89,3 @@ class LearnerReplica:
         """The pump calls this once it has delivered what the log holds."""
         if self.group.log_entries > entries:
             self.group.compact()
-
-    def close(self) -> None:
-        self.group.close()
-        self.engine.close()

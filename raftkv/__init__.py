@@ -4,14 +4,7 @@ from raftkv.client.async_client import AsyncClient
 from raftkv.client.sync_client import Client, NodeStatus, Read
 from raftkv.core.commands import CasResult, Delete, DeleteRange, Put
 from raftkv.core.errors import (
-    ConfigError,
-    CorruptData,
-    InvalidRequest,
-    NotLeader,
-    RaftKVError,
-    StorageFull,
-    Timeout,
-    Unavailable,
+    ConfigError, CorruptData, InvalidRequest, NotLeader, RaftKVError, StorageFull, Timeout, Unavailable,
     Undetermined,
 )
 

@@ -106,6 +106,27 @@ class Driver:
         return group.commit_index == group.last_log_index and all(
             m.group.last_applied == group.commit_index for m in self.running().values())
 
+    async def put(self, name: str, key: str, value: str, wait: bool) -> None:
+        self.propose(name, key, value)
+        self._deliver()
+        if wait:
+            await self.until(lambda: self.outcomes[f"{key}={value}"] is not None)
+
+    async def stop(self, name: str) -> None:
+        self.members[name].group.close()
+        self.members[name].running = False
+
+    async def restart(self, name: str) -> None:
+        self._open(name)
+
+    async def compact(self, name: str) -> None:
+        group = self.members[name].group
+        group.compact()
+        await self.until(lambda: _compacted(group))
+
+    async def stabilize(self) -> None:
+        await self.until(self.settled)
+
     def state(self) -> list[str]:
         return [f"{name} {m.group.role.label} " + " ".join(f"{k}={v}" for k, v in sorted(m.machine.data.items()))
                 for name, m in self.running().items()]
@@ -153,24 +174,8 @@ class TwinDriver(Driver):
         self.net.stabilize()
         await self.until(lambda: self.leader() is not None)
 
-    async def put(self, name: str, key: str, value: str, wait: bool) -> None:
-        self.propose(name, key, value)
+    def _deliver(self) -> None:
         self.net.stabilize()
-        if wait:
-            await self.until(lambda: self.outcomes[f"{key}={value}"] is not None)
-
-    async def stop(self, name: str) -> None:
-        self.members[name].group.close()
-        self.members[name].running = False
-
-    async def restart(self, name: str) -> None:
-        self._open(name)
-
-    async def compact(self, name: str) -> None:
-        self.members[name].group.compact()
-
-    async def stabilize(self) -> None:
-        await self.until(self.settled)
 
     async def close(self) -> None:
         pass
@@ -216,25 +221,8 @@ class RealDriver(Driver):
 
         await self.until(elected)
 
-    async def put(self, name: str, key: str, value: str, wait: bool) -> None:
-        self.propose(name, key, value)
-        if wait:
-            await self.until(lambda: self.outcomes[f"{key}={value}"] is not None)
-
-    async def stop(self, name: str) -> None:
-        self.members[name].group.close()
-        self.members[name].running = False
-
-    async def restart(self, name: str) -> None:
-        self._open(name)
-
-    async def compact(self, name: str) -> None:
-        group = self.members[name].group
-        group.compact()
-        await self.until(lambda: _compacted(group))
-
-    async def stabilize(self) -> None:
-        await self.until(self.settled)
+    def _deliver(self) -> None:
+        """Messages go out on the loop by themselves."""
 
     async def close(self) -> None:
         for member in self.running().values():

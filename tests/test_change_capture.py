@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learners.change_capture import EntryContext, PendingView, capture_entry, capture_snapshot
+from learners.change_capture import EntryContext, capture_entry, capture_snapshot, pending_view
 from raftkv.core.commands import Batch, Cas, Delete, DeleteRange, Put, PutMany
 from raftkv.storage.engine import KeyRange, MemoryEngine, Position
 from raftkv.core.state_machine import apply_proposal
@@ -34,7 +34,7 @@ def test_events_replay_to_what_the_voters_apply(initial, batch):
     copy, voter = MemoryEngine(), MemoryEngine()
     for engine in (copy, voter):
         engine.write([Put(k, v) for k, v in initial.items()], Position(1, 1))
-    view = PendingView(copy)
+    view = pending_view(copy)
     replayed = dict(initial)
     for index, proposal in enumerate(batch, start=2):
         events = capture_entry(view, proposal, ctx(index))
@@ -71,13 +71,13 @@ def test_snapshot_diff_turns_the_copy_into_the_snapshot(mine, theirs):
 def test_a_put_many_becomes_one_event_per_row_with_before_images():
     engine = MemoryEngine()
     engine.write([Put(b"a", b"old")], Position(1, 1))
-    view = PendingView(engine)
+    view = pending_view(engine)
     events = capture_entry(view, [PutMany.of([b"a", b"b"], [b"new", b"1"])], EntryContext("c", 0, 2, 1, 0))
     assert [(e.op, e.key, e.before, e.after, e.seq) for e in events] == [
         ("u", b"a", b"old", b"new", 0), ("c", b"b", None, b"1", 1)]
 
 
 def test_a_key_repeated_in_a_put_many_sees_its_own_earlier_row():
-    view = PendingView(MemoryEngine())
+    view = pending_view(MemoryEngine())
     events = capture_entry(view, [PutMany.of([b"a", b"a"], [b"1", b"2"])], EntryContext("c", 0, 2, 1, 0))
     assert [(e.op, e.before, e.after) for e in events] == [("c", None, b"1"), ("u", b"1", b"2")]

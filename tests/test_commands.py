@@ -1,4 +1,4 @@
-"""Tests for raftkv.core.commands: the proposal encoding, command_size and check_command."""
+"""Tests for raftkv.core.commands and log_codec: the proposal encoding, routing keys and check_command."""
 
 from __future__ import annotations
 
@@ -9,21 +9,16 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from raftkv.core.commands import (
-    VERSION,
     Batch,
     Cas,
     Delete,
     DeleteRange,
-    DecodeError,
     Limits,
     Put,
     PutMany,
-    check_command,
-    routing_keys,
-    command_size,
-    decode_proposal,
-    encode_proposal,
 )
+from raftkv.core.command_kinds import DecodeError, check_command, encode_command, routing_keys
+from raftkv.core.log_codec import VERSION, decode_proposal, encode_proposal
 from raftkv.core.errors import InvalidRequest
 
 # --- strategies -------------------------------------------------------------
@@ -46,7 +41,7 @@ command_lists = st.lists(commands, max_size=8)
 
 def boundaries(cmds: list) -> list[int]:
     """Offsets in the encoding at which each command ends (1 = after the version byte)."""
-    return list(itertools.accumulate((command_size(c) for c in cmds), initial=1))
+    return list(itertools.accumulate((len(encode_command(c)) for c in cmds), initial=1))
 
 
 # --- encode / decode --------------------------------------------------------
@@ -105,14 +100,9 @@ def test_batch_layout_is_tag_count_then_its_mutations():
     )
 
 
-@given(commands)
-def test_command_size_equals_the_commands_encoded_size(command):
-    assert command_size(command) == len(encode_proposal([command])) - 1
-
-
 @given(command_lists)
-def test_encoded_size_is_one_version_byte_plus_command_sizes(cmds):
-    assert len(encode_proposal(cmds)) == 1 + sum(command_size(c) for c in cmds)
+def test_a_proposal_is_the_version_byte_then_each_command_as_encode_command_gives_it(cmds):
+    assert encode_proposal(cmds) == bytes([VERSION]) + b"".join(encode_command(c) for c in cmds)
 
 
 @pytest.mark.parametrize("bad", [Cas(b"k", None, b"v"), Batch((Put(b"k", b"v"),))])
@@ -363,7 +353,7 @@ def test_put_many_checks_its_columns_and_routes_by_every_key():
     command = PutMany.of([b"a", b"bb"], [b"1", b""])
     assert list(command.pairs()) == [(b"a", b"1"), (b"bb", b"")]
     assert routing_keys(command) == [b"a", b"bb"]
-    assert command_size(command) == len(encode_proposal([command])) - 1
+    assert encode_command(command) == encode_proposal([command])[1:]
     check_command(command, Limits())
     for bad, message in [
         (PutMany.of([b""], [b"v"]), "key must not be empty"),

@@ -9,7 +9,8 @@ import pytest
 from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
 from learners.sinks.memory_sink import MemorySink
-from raftkv.core.commands import Delete, Put, encode_proposal
+from raftkv.core.commands import Delete, Put
+from raftkv.core.log_codec import encode_proposal
 from raftkv.core.errors import Unavailable
 from raftkv.core.spec import Tuning
 from raftkv.node.replica import PartitionReplica

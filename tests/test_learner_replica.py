@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from learners.learner_replica import LearnerReplica
-from raftkv.core.commands import Put, encode_proposal
+from raftkv.core.commands import Put
+from raftkv.core.log_codec import encode_proposal
 from raftkv.core.spec import Tuning
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.node.replica import PartitionReplica

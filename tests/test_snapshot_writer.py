@@ -10,7 +10,8 @@ from pathlib import Path
 from pysyncobj import SERIALIZER_STATE
 
 from raftkv.raft import snapshot_file
-from raftkv.core.commands import Put, encode_proposal
+from raftkv.core.commands import Put
+from raftkv.core.log_codec import encode_proposal
 from raftkv.raft.journal import RaftJournal
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.core.spec import Tuning

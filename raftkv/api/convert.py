@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from raftkv.api import kv_pb2 as pb
 from raftkv.core.commands import (
-    Batch,
-    Cas,
-    CasResult,
-    Command,
-    Delete,
-    DeleteRange,
-    LearnerProgress,
-    Limits,
-    Put,
-    PutMany,
-    RegisterLearner,
-    RemoveLearner,
-    check_command,
-    routing_keys,
+    Batch, Cas, CasResult, Command, Delete, DeleteRange, LearnerProgress, Limits, Put, PutMany,
+    RegisterLearner, RemoveLearner,
 )
-from raftkv.core.errors import (
-    InvalidRequest,
-    NotLeader,
-    RaftKVError,
-    StorageFull,
-    Timeout,
-    Unavailable,
-    Undetermined,
-)
+from raftkv.core.command_kinds import check_command, kind_of, routing_keys, tag_of
+from raftkv.core.errors import InvalidRequest, NotLeader, RaftKVError, StorageFull, Timeout, Unavailable, Undetermined
 from raftkv.core.partitioning import partition_for_key
 
 CONSISTENCY_BY_NAME = {
@@ -47,43 +30,52 @@ def consistency_from_name(name: str) -> int:
         ) from None
 
 
+# Each command kind's protobuf form, keyed by its log tag (raftkv.core.commands.KINDS): the Op field
+# that carries it, and the conversions both ways.
+_PROTO: dict[int, tuple[str, Callable[[Any], Any], Callable[[Any], Command]]] = {
+    tag_of(Put): ("put", lambda c: pb.Put(key=c.key, value=c.value), lambda m: Put(m.key, m.value)),
+    tag_of(Delete): ("delete", lambda c: pb.Delete(key=c.key), lambda m: Delete(m.key)),
+    tag_of(DeleteRange): ("delete_range", lambda c: pb.DeleteRange(start=c.start, end=c.end),
+                                         lambda m: DeleteRange(m.start, m.end)),
+    tag_of(Cas): (
+        "cas", lambda c: pb.Cas(key=c.key, expected=c.expected, new=c.new),
+        lambda m: Cas(m.key, m.expected if m.HasField("expected") else None, m.new if m.HasField("new") else None)),
+    tag_of(Batch): ("batch", lambda c: pb.Batch(ops=[_mutation_message(op) for op in c.ops]),
+                             lambda m: Batch(tuple(_mutation(op) for op in m.ops))),
+    tag_of(PutMany): (
+        "put_many", lambda c: pb.Columns(keys=c.keys, key_offsets=c.key_offsets, values=c.values,
+                                         value_offsets=c.value_offsets),
+        lambda m: PutMany(m.keys, m.key_offsets, m.values, m.value_offsets)),
+    tag_of(RegisterLearner): (
+        "register_learner", lambda c: pb.RegisterLearner(name=c.name, sink=c.sink, options=dict(c.options)),
+        lambda m: RegisterLearner(m.name, m.sink, tuple(sorted(m.options.items())))),
+    tag_of(RemoveLearner): ("remove_learner", lambda c: pb.RemoveLearner(name=c.name),
+                                     lambda m: RemoveLearner(m.name)),
+    tag_of(LearnerProgress): ("learner_progress", lambda c: pb.LearnerProgress(name=c.name, index=c.index),
+                                          lambda m: LearnerProgress(m.name, m.index)),
+}
+_FROM_FIELD = {name: from_message for name, _, from_message in _PROTO.values()}
+_MUTATION_FIELDS = ("put", "delete", "delete_range")
+
+
 def _mutation(m: pb.Mutation) -> Put | Delete | DeleteRange:
     kind = m.WhichOneof("op")
-    if kind == "put":
-        return Put(m.put.key, m.put.value)
-    if kind == "delete":
-        return Delete(m.delete.key)
-    if kind == "delete_range":
-        return DeleteRange(m.delete_range.start, m.delete_range.end)
-    raise InvalidRequest("a batch operation has no put, delete or delete_range set")
+    if kind not in _MUTATION_FIELDS:
+        raise InvalidRequest("a batch operation has no put, delete or delete_range set")
+    return _FROM_FIELD[kind](getattr(m, kind))
+
+
+def _mutation_message(m: Put | Delete | DeleteRange) -> pb.Mutation:
+    name, to_message, _ = _PROTO[kind_of(m).tag]
+    return pb.Mutation(**{name: to_message(m)})
 
 
 def command_from_op(op: pb.Op, partitions: int, limits: Limits) -> Command:
     """The write command an Op carries, validated against limits and its partition."""
     kind = op.WhichOneof("op")
-    if kind == "put":
-        command: Command = Put(op.put.key, op.put.value)
-    elif kind == "delete":
-        command = Delete(op.delete.key)
-    elif kind == "delete_range":
-        command = DeleteRange(op.delete_range.start, op.delete_range.end)
-    elif kind == "cas":
-        c = op.cas
-        command = Cas(c.key, c.expected if c.HasField("expected") else None, c.new if c.HasField("new") else None)
-    elif kind == "batch":
-        command = Batch(tuple(_mutation(m) for m in op.batch.ops))
-    elif kind == "put_many":
-        c = op.put_many
-        command = PutMany(c.keys, c.key_offsets, c.values, c.value_offsets)
-    elif kind == "register_learner":
-        r = op.register_learner
-        command = RegisterLearner(r.name, r.sink, tuple(sorted(r.options.items())))
-    elif kind == "remove_learner":
-        command = RemoveLearner(op.remove_learner.name)
-    elif kind == "learner_progress":
-        command = LearnerProgress(op.learner_progress.name, op.learner_progress.index)
-    else:
+    if kind not in _FROM_FIELD:
         raise InvalidRequest(f"operation {kind or 'with nothing set'} is not a write")
+    command = _FROM_FIELD[kind](getattr(op, kind))
     check_command(command, limits)
     check_partition(command, op.partition, partitions)
     return command
@@ -101,35 +93,8 @@ def check_partition(command: Command, partition: int, partitions: int) -> None:
 
 
 def op_from_command(command: Command, partition: int) -> pb.Op:
-    if isinstance(command, Put):
-        return pb.Op(partition=partition, put=pb.Put(key=command.key, value=command.value))
-    if isinstance(command, Delete):
-        return pb.Op(partition=partition, delete=pb.Delete(key=command.key))
-    if isinstance(command, DeleteRange):
-        return pb.Op(partition=partition, delete_range=pb.DeleteRange(start=command.start, end=command.end))
-    if isinstance(command, Cas):
-        return pb.Op(partition=partition, cas=pb.Cas(key=command.key, expected=command.expected, new=command.new))
-    if isinstance(command, Batch):
-        return pb.Op(partition=partition, batch=pb.Batch(ops=[_mutation_message(m) for m in command.ops]))
-    if isinstance(command, PutMany):
-        columns = pb.Columns(keys=command.keys, key_offsets=command.key_offsets, values=command.values,
-                             value_offsets=command.value_offsets)
-        return pb.Op(partition=partition, put_many=columns)
-    if isinstance(command, RegisterLearner):
-        learner = pb.RegisterLearner(name=command.name, sink=command.sink, options=dict(command.options))
-        return pb.Op(partition=partition, register_learner=learner)
-    if isinstance(command, RemoveLearner):
-        return pb.Op(partition=partition, remove_learner=pb.RemoveLearner(name=command.name))
-    progress = pb.LearnerProgress(name=command.name, index=command.index)
-    return pb.Op(partition=partition, learner_progress=progress)
-
-
-def _mutation_message(m: Put | Delete | DeleteRange) -> pb.Mutation:
-    if isinstance(m, Put):
-        return pb.Mutation(put=pb.Put(key=m.key, value=m.value))
-    if isinstance(m, Delete):
-        return pb.Mutation(delete=pb.Delete(key=m.key))
-    return pb.Mutation(delete_range=pb.DeleteRange(start=m.start, end=m.end))
+    name, to_message, _ = _PROTO[kind_of(command).tag]
+    return pb.Op(partition=partition, **{name: to_message(command)})
 
 
 _CODE_BY_ERROR = (

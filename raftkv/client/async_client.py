@@ -24,22 +24,10 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.client.core import ClientCore, NodeStatus
 from raftkv.api.convert import consistency_from_name, op_from_command
 from raftkv.core.commands import (
-    Batch,
-    Cas,
-    CasResult,
-    Command,
-    Delete,
-    DeleteRange,
-    LearnerProgress,
-    Limits,
-    Mutation,
-    Put,
-    PutMany,
-    RegisterLearner,
-    RemoveLearner,
-    check_command,
-    routing_keys,
+    Batch, Cas, CasResult, Command, Delete, DeleteRange, LearnerProgress, Limits, Mutation, Put, PutMany,
+    RegisterLearner, RemoveLearner,
 )
+from raftkv.core.command_kinds import check_command, routing_keys
 from raftkv.storage.engine import prefix_end
 from raftkv.core.errors import InvalidRequest
 from raftkv.core.partitioning import partition_for_key

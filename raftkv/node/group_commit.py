@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 from raftkv.core import metrics
 from raftkv.core.batching import GroupCommit
-from raftkv.core.commands import Command, command_size, encode_proposal
+from raftkv.core.command_kinds import encode_command
+from raftkv.core.commands import Command
 from raftkv.core.errors import NotLeader, StorageFull, Undetermined, Unavailable
+from raftkv.core.log_codec import join_proposal
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
 
@@ -28,7 +30,7 @@ _BARRIER_SIZE = 1
 
 @dataclass(slots=True)
 class _Pending:
-    command: Command | None  # None: a read barrier
+    encoded: bytes | None  # the command as the log holds it (encoded once, here); None: a read barrier
     future: asyncio.Future
 
 
@@ -60,7 +62,8 @@ class PartitionFrontend:
         return NotLeader(self.partition, self._leader_id_of(self.replica.leader_address))
 
     def submit(self, command: Command) -> asyncio.Future:
-        return self._enqueue(_Pending(command, self._loop.create_future()), command_size(command))
+        encoded = encode_command(command)
+        return self._enqueue(_Pending(encoded, self._loop.create_future()), len(encoded))
 
     def barrier(self) -> asyncio.Future:
         return self._enqueue(_Pending(None, self._loop.create_future()), _BARRIER_SIZE)
@@ -81,7 +84,7 @@ class PartitionFrontend:
 
     def _propose(self, batch: list[_Pending]) -> None:
         proposal_id = next(self._ids)
-        payload = encode_proposal([p.command for p in batch if p.command is not None])
+        payload = join_proposal(p.encoded for p in batch if p.encoded is not None)
         timer = self._loop.call_later(self._timeout, self._finish, proposal_id, None, None)
         self._in_flight[proposal_id] = (batch, timer)
         metrics.PROPOSALS.labels(self.partition).inc()
@@ -106,7 +109,7 @@ class PartitionFrontend:
             writes = iter(results or ())
             for p in batch:
                 if not p.future.done():
-                    p.future.set_result(next(writes) if p.command is not None else None)
+                    p.future.set_result(next(writes) if p.encoded is not None else None)
         else:
             error = self._error_for(reason)
             for p in batch:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from raftkv.core import metrics
-from raftkv.core.commands import decode_proposal
+from raftkv.core.log_codec import decode_proposal
 from raftkv.core.errors import CorruptData
 from raftkv.core.learner_registry import learners_from
 from raftkv.core.retention import compaction_due
@@ -61,27 +61,21 @@ class KVStateMachine:
         self.engine.flush()
 
 
-class PartitionReplica:
-    """The replica a node serves a partition from: its engine and its Raft group."""
+class Replica:
+    """A partition's RocksDB database and the Raft group that drives the state machine over it."""
 
-    def __init__(self, partition: int, folder: Path, tuning: Tuning,
-                 open_group: Callable[[StateMachine], RaftGroup],
+    def __init__(self, partition: int, folder: Path, open_group: Callable[[StateMachine], RaftGroup],
+                 state_machine: Callable[[RocksEngine], StateMachine],
                  on_corrupt: Callable[[CorruptData], None] | None = None):
         self.partition = partition
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.engine = RocksEngine(self.folder, on_corrupt=on_corrupt)
-        self._tuning = tuning
-        self._last_compaction = time.monotonic()
-        self._stepped_aside = 0.0  # when this leader last handed leadership on for want of disk space
         try:
-            self.group = open_group(KVStateMachine(partition, self.engine, self.folder))
+            self.group = open_group(state_machine(self.engine))
         except BaseException:
             self.engine.close()
             raise
-
-    def propose(self, payload: bytes, callback: ProposalCallback) -> None:
-        self.group.propose(payload, callback)
 
     @property
     def role(self) -> Role:
@@ -90,6 +84,31 @@ class PartitionReplica:
     @property
     def leader_address(self) -> str | None:
         return self.group.leader
+
+    @property
+    def storage_full(self) -> bool:
+        """This replica cannot write: its log or its database found the disk full."""
+        return self.group.log_full or self.engine.broken
+
+    def close(self) -> None:
+        self.group.close()
+        self.engine.close()
+
+
+class PartitionReplica(Replica):
+    """The replica a node serves a partition from: a voter applying every committed entry."""
+
+    def __init__(self, partition: int, folder: Path, tuning: Tuning,
+                 open_group: Callable[[StateMachine], RaftGroup],
+                 on_corrupt: Callable[[CorruptData], None] | None = None):
+        self._tuning = tuning
+        self._last_compaction = time.monotonic()
+        self._stepped_aside = 0.0  # when this leader last handed leadership on for want of disk space
+        super().__init__(partition, folder, open_group,
+                         lambda engine: KVStateMachine(partition, engine, Path(folder)), on_corrupt)
+
+    def propose(self, payload: bytes, callback: ProposalCallback) -> None:
+        self.group.propose(payload, callback)
 
     @property
     def applied_index(self) -> int:
@@ -112,18 +131,9 @@ class PartitionReplica:
             self.group.compact()
             self._last_compaction = now
 
-    @property
-    def storage_full(self) -> bool:
-        """This replica cannot write: its log or its database found the disk full."""
-        return self.group.log_full or self.engine.broken
-
     def step_aside(self) -> None:
         """A leader that cannot write hands leadership to its most caught-up follower (at most once a
         second; refused when no connected follower has every entry)."""
         if self.role == Role.LEADER and time.monotonic() - self._stepped_aside >= 1.0:
             self._stepped_aside = time.monotonic()
             self.group.transfer_leadership()
-
-    def close(self) -> None:
-        self.group.close()
-        self.engine.close()

@@ -13,7 +13,8 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Protocol, Sequence
 
-from raftkv.core.commands import Delete, DeleteRange, Mutation, Put, PutMany
+from raftkv.core.command_kinds import write_mutation
+from raftkv.core.commands import Mutation
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,23 @@ def prefix_end(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes((stripped[-1] + 1,))
 
 
+class _DictWriter:
+    """`commands.Writer` over a dict."""
+
+    def __init__(self, data: dict[bytes, bytes]):
+        self.data = data
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.data[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.data.pop(key, None)
+
+    def delete_range(self, start: bytes, end: bytes) -> None:
+        for key in [k for k in self.data if start <= k < end]:
+            del self.data[key]
+
+
 class MemoryEngine:
     """A dict-backed Engine for tests; same semantics as RocksEngine."""
 
@@ -103,17 +121,9 @@ class MemoryEngine:
                     self._meta.pop(key, None)
                 else:
                     self._meta[key] = value
+            writer = _DictWriter(self._data)
             for m in mutations:
-                if isinstance(m, Put):
-                    self._data[m.key] = m.value
-                elif isinstance(m, Delete):
-                    self._data.pop(m.key, None)
-                elif isinstance(m, PutMany):
-                    self._data.update(m.pairs())
-                elif isinstance(m, DeleteRange):
-                    rng = KeyRange(m.start, m.end)
-                    for k in [k for k in self._data if rng.contains(k)]:
-                        del self._data[k]
+                write_mutation(m, writer)
             self._position = position
 
     def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:

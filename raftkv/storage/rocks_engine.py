@@ -38,7 +38,8 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from rocksdict import Checkpoint, DbClosedError, Options, Rdict, ReadOptions, WriteBatch
 
-from raftkv.core.commands import Delete, DeleteRange, Mutation, Put, PutMany
+from raftkv.core.command_kinds import write_mutation
+from raftkv.core.commands import Mutation
 from raftkv.storage.engine import ZERO, KeyRange, Position
 from raftkv.core.errors import CorruptData, StorageFull
 
@@ -171,15 +172,7 @@ class RocksEngine:
               meta: Mapping[bytes, bytes | None] | None = None) -> None:
         wb = WriteBatch(raw_mode=True)
         for m in mutations:
-            if isinstance(m, Put):
-                wb.put(m.key, m.value)
-            elif isinstance(m, Delete):
-                wb.delete(m.key)
-            elif isinstance(m, PutMany):
-                for key, value in m.pairs():
-                    wb.put(key, value)
-            elif isinstance(m, DeleteRange) and m.start < m.end:  # RocksDB fails the whole DB on end < start
-                wb.delete_range(m.start, m.end)
+            write_mutation(m, wb)
         with self._lock:
             if self._broken:
                 self._reopen()
