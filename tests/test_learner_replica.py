@@ -8,7 +8,6 @@ from learners.learner_replica import LearnerReplica
 from raftkv.core.commands import Put
 from raftkv.core.log_codec import encode_proposal
 from raftkv.core.spec import Tuning
-from raftkv.dev.local_cluster import free_port_block
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup

@@ -109,3 +109,19 @@ def extract_db(filename: str | Path, dest: Path) -> Path:
     except tarfile.TarError as exc:
         raise CorruptData(f"snapshot {filename} is corrupt or unreadable ({exc})") from None
     return dest / "db"
+
+
+def check(path: Path) -> None:
+    """Refuse to start on a damaged snapshot file.
+
+    pysyncobj loads it on the first tick and only logs a failure: the replica would then run with
+    a compacted journal and no base to apply it on, and never apply another entry. An empty file
+    is the placeholder of a snapshot a crash interrupted (the journal was not compacted yet).
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        read_meta(path)
+    except CorruptData as exc:
+        raise CorruptData(f"{exc}; stop the node, move {path.parent} away and restart it so the partition "
+                          "re-syncs from its peers") from None

@@ -34,10 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 import pysyncobj.pickle
-import pysyncobj.syncobj
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf, SyncObjException, replicated
-from pysyncobj.monotonic import monotonic
-from pysyncobj.transport import TCPTransport
 
 from raftkv.core import metrics
 from raftkv.core.errors import CorruptData
@@ -45,6 +42,7 @@ from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import AddressInUse, Entry, Outcome, ProposalCallback, Role, Snapshot, StateMachine
 from raftkv.raft.journal import RaftJournal, fsync_directory
+from raftkv.raft.syncobj_journal import JournalConfig, SyncingTransport
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 from raftkv.raft.syncobj_patches import PatchedSyncObj
 from raftkv.raft.syncobj_wire import set_compression_level
@@ -63,34 +61,6 @@ class GroupConfig:
     tuning: Tuning
     on_role_changed: Callable[[Role, Role], None] | None = None
     membership_changes: bool = False  # pysyncobj's dynamicMembershipChange (add_member, remove_member)
-
-
-@dataclass(frozen=True)
-class _JournalConfig:
-    """Passed as SyncObjConf.journalFile; our createJournal hook builds a RaftJournal from it."""
-
-    directory: Path
-    fsync: bool
-
-
-_upstream_create_journal = pysyncobj.syncobj.createJournal
-
-
-def _create_journal(journal_file):
-    if isinstance(journal_file, _JournalConfig):
-        return RaftJournal(journal_file.directory, fsync=journal_file.fsync)
-    return _upstream_create_journal(journal_file)
-
-
-pysyncobj.syncobj.createJournal = _create_journal
-
-
-class _SyncingTransport(TCPTransport):
-    """Syncs a dirty journal before sending, so nothing is acknowledged before it is durable."""
-
-    def send(self, node, message):
-        self._syncObj.sync_journal()
-        return super().send(node, message)
 
 
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
@@ -115,22 +85,6 @@ def _snapshot_writer() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="raftkv-snapshot")
 
 
-def _check_snapshot(path: Path) -> None:
-    """Refuse to start on a damaged snapshot file.
-
-    pysyncobj loads it on the first tick and only logs a failure: the replica would then run with
-    a compacted journal and no base to apply it on, and never apply another entry. An empty file
-    is the placeholder of a snapshot a crash interrupted (the journal was not compacted yet).
-    """
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    try:
-        snapshot_file.read_meta(path)
-    except CorruptData as exc:
-        raise CorruptData(f"{exc}; stop the node, move {path.parent} away and restart it so the partition "
-                          "re-syncs from its peers") from None
-
-
 def _payload_of(command: bytes) -> bytes | None:
     """The proposal in a journal entry; None for pysyncobj's own entries (no-ops, membership)."""
     if not command or command[0] != _REGULAR:
@@ -147,7 +101,7 @@ class _Member(PatchedSyncObj):
 
     def __init__(self, group: SyncObjGroup, self_address, peers, conf):
         self._group = group
-        super().__init__(self_address, list(peers), conf, transportClass=_SyncingTransport)
+        super().__init__(self_address, list(peers), conf, transportClass=SyncingTransport)
 
     @replicated
     def _apply(self, payload: bytes):
@@ -190,7 +144,7 @@ class SyncObjGroup:
         folder.mkdir(parents=True, exist_ok=True)
         self._snapshot_path = folder / "raft.snapshot"
         self._next_snapshot = folder / "raft.snapshot.next"
-        _check_snapshot(self._snapshot_path)
+        snapshot_file.check(self._snapshot_path)
         self._snapshot_job: Future | None = None
         self._fsyncs = metrics.JOURNAL_FSYNCS.labels(config.partition)
         tuning = config.tuning
@@ -204,7 +158,7 @@ class SyncObjGroup:
             appendEntriesBatchSizeBytes=4 * tuning.max_batch_bytes,  # > any entry: never the chunked path
             sendBufferSize=SOCKET_BUFFER_BYTES,  # pysyncobj's 64 KiB makes big appends trickle out
             recvBufferSize=SOCKET_BUFFER_BYTES,
-            journalFile=_JournalConfig(folder / "journal", config.fsync),
+            journalFile=JournalConfig(folder / "journal", config.fsync),
             fullDumpFile=str(self._snapshot_path),
             serializer=self._write_snapshot,
             serializeChecker=self._snapshot_state,
