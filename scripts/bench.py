@@ -289,6 +289,12 @@ def start_run(args: argparse.Namespace, default, quick, prefix: str, width: int)
     return config, console, data_dir
 
 
+def drop_data_dir(args: argparse.Namespace, data_dir: Path) -> None:
+    """At the end of a run: a temp data dir goes, unless --keep-data; a --data-dir stays."""
+    if args.data_dir is None and not args.keep_data:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config, console, data_dir = start_run(args, Config(), QUICK, "raftkv-bench-", width=150)
@@ -304,8 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print("[red]interrupted; every started process has been stopped[/red]")
         return 130
     finally:
-        if args.data_dir is None and not args.keep_data:
-            shutil.rmtree(data_dir, ignore_errors=True)
+        drop_data_dir(args, data_dir)
     evaluated = [evaluate(row, results, config) for row in rows(config)]
     console.print(table(evaluated, ceiling, config))
     elapsed = time.monotonic() - started

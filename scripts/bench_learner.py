@@ -49,7 +49,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, fields
@@ -60,7 +59,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import NOISY_CORES, comparison_table, header, start_run, verdict  # noqa: E402
+from bench import NOISY_CORES, comparison_table, drop_data_dir, header, start_run, verdict  # noqa: E402
 from bench_clusters import ensure_etcd, ensure_etcd3aio, etcd_version, raftkv_cluster  # noqa: E402
 from bench_host import machine, versions  # noqa: E402
 
@@ -187,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print("[red]interrupted; every started process has been stopped[/red]")
         return 130
     finally:
-        if args.data_dir is None and not args.keep_data:
-            shutil.rmtree(data_dir, ignore_errors=True)
+        drop_data_dir(args, data_dir)
     loads = f"{host['load_average']} before, {_load_average()} after"
     console.print(table(raftkv_up, etcd_up, lags, config, loads))
     elapsed = time.monotonic() - started_at

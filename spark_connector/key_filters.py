@@ -11,14 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pyspark.sql.datasource import (
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    IsNotNull,
-    LessThan,
-    LessThanOrEqual,
+    EqualTo, Filter, GreaterThan, GreaterThanOrEqual, In, IsNotNull, LessThan, LessThanOrEqual,
     StringStartsWith,
 )
 

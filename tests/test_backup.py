@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from learners.backup_store import LATEST, list_backups, parse_storage_options, partition_dir, restore, restore_targets
+from learners.backup_restore import restore, restore_targets
+from learners.backup_store import LATEST, list_backups, parse_storage_options, partition_dir
 from learners.change_event import ChangeEvent
 from learners.sinks.backup_sink import BackupSink
 from learners.sinks.base import DeliveryBatch, load_sink

@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import pytest
 from pyspark.sql.datasource import (
-    CaseInsensitiveDict,
-    EqualTo,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    IsNotNull,
-    LessThan,
-    LessThanOrEqual,
+    CaseInsensitiveDict, EqualTo, GreaterThan, GreaterThanOrEqual, In, IsNotNull, LessThan, LessThanOrEqual,
     StringStartsWith,
 )
 

@@ -10,9 +10,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from learners.backup_store import (
-    LATEST, BackupInfo, BackupStore, backup_cluster, list_backups, parse_storage_options, restore,
-)
+from learners.backup_restore import backup_cluster, restore
+from learners.backup_store import LATEST, BackupInfo, BackupStore, list_backups, parse_storage_options
 from raftkv.cli.options import config_option, json_option
 from raftkv.cli.output import console
 from raftkv.client.sync_client import Client

@@ -1,0 +1,284 @@
+"""The RocksDB engine alone: restarts, views, checkpoints and installs, recovery, a full disk, damaged files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from raftkv.core.commands import Delete, DeleteRange, Put
+from raftkv.storage.engine import KeyRange, Position
+from raftkv.chaos.small_disk import SmallDisk
+from raftkv.core.errors import CorruptData, StorageFull
+from raftkv.storage.rocks_engine import INSTALL_READY, RocksEngine, recover_interrupted_install
+from tests.test_engine import scan
+
+
+def test_rocks_data_and_position_survive_close_and_reopen(tmp_path):
+    e = RocksEngine(tmp_path / "p")
+    e.write([Put(b"a", b"1"), Put(b"b", b"2")], Position(7, 3))
+    e.write([Delete(b"b")], Position(8, 3))
+    e.close()
+    e = RocksEngine(tmp_path / "p")
+    try:
+        assert e.position == Position(8, 3)
+        assert scan(e) == [(b"a", b"1")]
+    finally:
+        e.close()
+
+
+def test_rocks_position_is_not_visible_as_a_user_key(tmp_path):
+    e = RocksEngine(tmp_path / "p")
+    try:
+        e.write([], Position(1, 1))
+        assert e.get(b"position") is None
+        assert scan(e) == []
+    finally:
+        e.close()
+
+
+def test_rocks_scan_sees_one_consistent_view_despite_later_writes(tmp_path):
+    e = RocksEngine(tmp_path / "p")
+    try:
+        e.write([Put(b"a", b"1"), Put(b"b", b"2"), Put(b"c", b"3")], Position(1, 1))
+        pos, items = e.scan(KeyRange())
+        e.write([Put(b"a0", b"new"), Delete(b"b"), Put(b"c", b"changed"), Put(b"d", b"4")], Position(2, 1))
+        assert pos == Position(1, 1)
+        assert list(items) == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
+        assert scan(e) == [(b"a", b"1"), (b"a0", b"new"), (b"c", b"changed"), (b"d", b"4")]
+    finally:
+        e.close()
+
+
+def test_rocks_scan_view_holds_even_when_writes_land_mid_iteration(tmp_path):
+    e = RocksEngine(tmp_path / "p")
+    try:
+        e.write([Put(bytes([k]), b"old") for k in b"abcdef"], Position(1, 1))
+        _, items = e.scan(KeyRange())
+        seen = [next(items)]
+        e.write([DeleteRange(b"b", b"e"), Put(b"f", b"new")], Position(2, 1))
+        seen += list(items)
+        assert seen == [(bytes([k]), b"old") for k in b"abcdef"]
+    finally:
+        e.close()
+
+
+def test_rocks_checkpoint_and_install_swap_contents_and_position(tmp_path):
+    leader = RocksEngine(tmp_path / "leader")
+    follower = RocksEngine(tmp_path / "follower")
+    try:
+        leader.write([Put(b"a", b"leader"), Put(b"b", b"leader")], Position(10, 4))
+        follower.write([Put(b"a", b"follower"), Put(b"z", b"follower")], Position(3, 2))
+
+        checkpoint = tmp_path / "checkpoint"
+        assert leader.checkpoint(checkpoint) == Position(10, 4)
+        leader.write([Put(b"c", b"after checkpoint")], Position(11, 4))
+
+        assert follower.install(checkpoint) == Position(10, 4)
+        assert follower.position == Position(10, 4)
+        assert scan(follower) == [(b"a", b"leader"), (b"b", b"leader")]
+        assert not checkpoint.exists()
+        folder = tmp_path / "follower"
+        assert sorted(p.name for p in folder.iterdir()) == ["db"]
+        assert not (folder / "db" / INSTALL_READY).exists()
+
+        follower.write([Put(b"d", b"follower again")], Position(12, 4))
+    finally:
+        leader.close()
+        follower.close()
+
+    reopened = RocksEngine(tmp_path / "follower")
+    try:
+        assert reopened.position == Position(12, 4)
+        assert scan(reopened) == [(b"a", b"leader"), (b"b", b"leader"), (b"d", b"follower again")]
+    finally:
+        reopened.close()
+
+
+def _make_db(folder: Path, items: dict[bytes, bytes], position: Position) -> None:
+    e = RocksEngine(folder)
+    e.write([Put(k, v) for k, v in items.items()], position)
+    e.close()
+
+
+def _open_and_read(folder: Path) -> tuple[Position, list[tuple[bytes, bytes]]]:
+    e = RocksEngine(folder)
+    try:
+        return e.position, scan(e)
+    finally:
+        e.close()
+
+
+@pytest.fixture
+def crashed(tmp_path):
+    """`folder` has an old db (a=old @ 1) and a complete incoming db (a=new @ 9) next to it."""
+    folder = tmp_path / "partition"
+    _make_db(folder, {b"a": b"old"}, Position(1, 1))
+    _make_db(tmp_path / "other", {b"a": b"new"}, Position(9, 2))
+    shutil.move(tmp_path / "other" / "db", folder / "db.incoming")
+    (folder / "db.incoming" / INSTALL_READY).touch()
+    return folder
+
+
+def test_recovery_finishes_an_install_when_db_is_missing_and_incoming_is_ready(crashed):
+    (crashed / "db").rename(crashed / "db.old")  # the crash came after the first rename
+    recover_interrupted_install(crashed)
+    assert sorted(p.name for p in crashed.iterdir()) == ["db"]
+    assert _open_and_read(crashed) == (Position(9, 2), [(b"a", b"new")])
+
+
+def test_opening_an_engine_recovers_an_interrupted_install(crashed):
+    shutil.rmtree(crashed / "db")
+    assert _open_and_read(crashed) == (Position(9, 2), [(b"a", b"new")])
+    assert sorted(p.name for p in crashed.iterdir()) == ["db"]
+
+
+def test_recovery_rolls_back_when_db_is_missing_and_only_db_old_exists(crashed):
+    shutil.rmtree(crashed / "db.incoming")
+    (crashed / "db").rename(crashed / "db.old")
+    recover_interrupted_install(crashed)
+    assert sorted(p.name for p in crashed.iterdir()) == ["db"]
+    assert _open_and_read(crashed) == (Position(1, 1), [(b"a", b"old")])
+
+
+def test_recovery_rolls_back_when_incoming_was_never_marked_ready(crashed):
+    (crashed / "db.incoming" / INSTALL_READY).unlink()
+    (crashed / "db").rename(crashed / "db.old")
+    recover_interrupted_install(crashed)
+    assert sorted(p.name for p in crashed.iterdir()) == ["db"]
+    assert _open_and_read(crashed) == (Position(1, 1), [(b"a", b"old")])
+
+
+def test_recovery_keeps_the_live_db_and_drops_leftovers_when_db_exists(crashed):
+    shutil.copytree(crashed / "db", crashed / "db.old")
+    recover_interrupted_install(crashed)
+    assert sorted(p.name for p in crashed.iterdir()) == ["db"]
+    assert _open_and_read(crashed) == (Position(1, 1), [(b"a", b"old")])
+
+
+def test_recovery_of_a_clean_folder_changes_nothing(tmp_path):
+    folder = tmp_path / "partition"
+    _make_db(folder, {b"k": b"v"}, Position(2, 1))
+    before = sorted(p.name for p in (folder / "db").iterdir())
+    recover_interrupted_install(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["db"]
+    assert sorted(p.name for p in (folder / "db").iterdir()) == before
+    assert _open_and_read(folder) == (Position(2, 1), [(b"k", b"v")])
+
+
+def test_rocks_scan_dropped_before_iterating_releases_its_reader(tmp_path):
+    import gc
+
+    engine = RocksEngine(tmp_path / "e")
+    engine.write([Put(b"a", b"1")], Position(1, 1))
+    _, items = engine.scan(KeyRange())
+    del items
+    gc.collect()
+    assert engine._readers == 0
+    _, items = engine.scan(KeyRange())
+    assert list(items) == [(b"a", b"1")]
+    assert engine._readers == 0
+    engine.close()
+
+
+def test_rocks_inverted_delete_range_is_a_no_op_not_a_broken_database(tmp_path):
+    engine = RocksEngine(tmp_path / "e")
+    engine.write([Put(b"a", b"1"), DeleteRange(b"b", b"a")], Position(1, 1))
+    engine.write([Put(b"c", b"3")], Position(2, 1))
+    assert engine.get(b"a") == b"1" and engine.get(b"c") == b"3" and engine.position == Position(2, 1)
+    engine.close()
+
+
+# --- a full disk and damaged files (found by the chaos harness, docs/chaos.md) ---------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = SmallDisk(tmp_path / "disk", size_mb=24)
+    yield disk
+    disk.close()
+
+
+def fill_until_a_write_fails(e: RocksEngine, disk: SmallDisk, index: int) -> int:
+    disk.fill()
+    with pytest.raises(StorageFull):
+        for index in range(index, index + 10_000):
+            e.write([Put(b"k%d" % index, b"x" * 4096)], Position(index, 1))
+    return index
+
+
+@needs_root
+def test_rocks_writes_resume_after_a_full_disk_is_freed_without_a_restart(small_disk):
+    e = RocksEngine(small_disk.folder / "p")
+    try:
+        e.write([Put(b"before", b"1")], Position(1, 1))
+        failed_at = fill_until_a_write_fails(e, small_disk, 2)
+        with pytest.raises(StorageFull):  # still full: refused without touching the database
+            e.write([Put(b"during", b"1")], Position(failed_at, 1))
+        assert e.get(b"before") == b"1"  # reads keep working
+        small_disk.free()
+        e.write([Put(b"after", b"1")], Position(failed_at, 1))
+        assert e.position == Position(failed_at, 1)
+        assert e.get(b"after") == b"1" and e.get(b"k%d" % failed_at) is None
+    finally:
+        e.close()
+    reopened = RocksEngine(small_disk.folder / "p")
+    try:
+        assert reopened.position == Position(failed_at, 1) and reopened.get(b"after") == b"1"
+    finally:
+        reopened.close()
+
+
+@needs_root
+def test_rocks_install_on_a_full_disk_leaves_an_engine_that_recovers(small_disk, tmp_path):
+    leader = RocksEngine(tmp_path / "leader")
+    follower = RocksEngine(small_disk.folder / "follower")
+    try:
+        leader.write([Put(b"a", b"leader")], Position(50_000, 4))
+        checkpoint = leader.checkpoint(small_disk.folder / "checkpoint")
+        follower.write([Put(b"a", b"follower")], Position(3, 2))
+        fill_until_a_write_fails(follower, small_disk, 4)
+        try:  # closing the old database cannot flush; opening the new one may not fit either
+            follower.install(small_disk.folder / "checkpoint")
+        except StorageFull:
+            small_disk.free()
+            follower.write([], Position(50_001, 4))  # reopens
+        else:
+            small_disk.free()
+        assert follower.get(b"a") == b"leader" and follower.position.index >= checkpoint.index
+    finally:
+        leader.close()
+        follower.close()
+
+
+def damage_a_table_file(folder: Path) -> None:
+    """Flip bytes in the first data block of the database's table files (opening still works)."""
+    for sst in (folder / "db").glob("*.sst"):
+        data = bytearray(sst.read_bytes())
+        data[10:18] = bytes(b ^ 0xFF for b in data[10:18])
+        sst.write_bytes(bytes(data))
+
+
+def test_rocks_reads_of_a_damaged_block_raise_corrupt_data_and_tell_on_corrupt(tmp_path):
+    e = RocksEngine(tmp_path / "p")
+    e.write([Put(b"k%03d" % i, b"v") for i in range(100)], Position(1, 1))
+    e.checkpoint(tmp_path / "flushed")  # a checkpoint flushes the memtable into table files
+    e.close()
+    damage_a_table_file(tmp_path / "p")
+    reported = []
+    try:
+        e = RocksEngine(tmp_path / "p", on_corrupt=reported.append)
+    except CorruptData:  # the position's own block was hit: refused at once, which is as good
+        return
+    try:
+        with pytest.raises(CorruptData, match="is corrupt"):
+            e.get(b"k050")
+        with pytest.raises(CorruptData, match="is corrupt"):  # a scan used to end early without a word
+            list(e.scan(KeyRange())[1])
+        assert len(reported) == 2 and all(isinstance(r, CorruptData) for r in reported)
+    finally:
+        e.close()
