@@ -8,7 +8,7 @@
 
 Concurrent operations bound for the same node are coalesced into one Execute
 request, so thousands of operations in flight cost a few gRPC calls
-(`client_core`): one request per node is in flight, and up to `max_in_flight`
+(`raftkv.client.core`): one request per node is in flight, and up to `max_in_flight`
 only while earlier ones are stuck (e.g. on a partition that lost its
 leader). `raftkv.Client` runs one of these on a private loop.
 """
