@@ -194,7 +194,7 @@ def evaluate(row: Row, results: dict, config: Config) -> dict:
     if row.target is not None:
         met = ratio <= row.target if row.lower_is_better else ratio >= row.target
     return {"label": row.label, "raftkv": a, "etcd": b, "ratio": ratio, "latency": row.lower_is_better,
-            "target": row.target, "met": met, "errors": {"raftkv": raftkv.core.errors, "etcd": etcd.errors},
+            "target": row.target, "met": met, "errors": {"raftkv": raftkv.errors, "etcd": etcd.errors},
             "noisy": {"raftkv": raftkv.other_cpu > NOISY_CORES, "etcd": etcd.other_cpu > NOISY_CORES}}
 
 

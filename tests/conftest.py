@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import subprocess
 import sys
 import time
@@ -14,9 +15,23 @@ import pytest
 from learners.changelog_client import ChangeLogClient
 from raftkv.raft import snapshot_file
 from raftkv.client.sync_client import Client
-from raftkv.core.errors import CorruptData
+from raftkv.core.errors import CorruptData, Unavailable, Undetermined
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
 from raftkv.core.spec import ClusterSpec, Tuning, build_spec, save_spec
+
+
+def random_write(kv, rng: random.Random, keys: int, deletes: float) -> None:
+    """A put, or with probability `deletes` a delete, of one of `keys` keys. The feed tests that
+    write this way check the feed against the final state: a write the cluster could not settle
+    is part of the load, not a failure."""
+    key = b"key-%04d" % rng.randrange(keys)
+    try:
+        if rng.random() < deletes:
+            kv.delete(key)
+        else:
+            kv.put(key, b"v%d" % rng.randrange(10**9))
+    except (Unavailable, Undetermined):
+        pass
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05):

@@ -12,8 +12,8 @@ import pytest
 
 from learners.consumer import read_feed
 from learners.feed_check import chain_breaks, replay
-from raftkv import Client, Unavailable, Undetermined
-from tests.conftest import wait_until
+from raftkv import Client
+from tests.conftest import random_write, wait_until
 from tests.kafka_broker import TansuBroker, new_topic
 
 broker = pytest.fixture(scope="module")(lambda: (yield from _broker()))
@@ -45,14 +45,7 @@ def test_kafka_feed_is_exactly_once_through_learner_kills_and_a_broker_outage(ma
         rng = random.Random(seed)
         with Client(cluster.endpoints) as kv:
             for _ in range(count):
-                key = b"key-%04d" % rng.randrange(2000)
-                try:
-                    if rng.random() < 0.15:
-                        kv.delete(key)
-                    else:
-                        kv.put(key, b"v%d" % rng.randrange(10**9))
-                except (Unavailable, Undetermined):
-                    pass
+                random_write(kv, rng, keys=2000, deletes=0.15)
                 done[0] += 1
                 if stop.is_set():
                     return

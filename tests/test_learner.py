@@ -15,7 +15,7 @@ import pytest
 from learners.change_event import SCHEMA_PATH, ChangeEvent
 from raftkv import Client, Timeout, Unavailable, Undetermined
 from raftkv.dev.local_cluster import free_port_block
-from tests.conftest import wait_for_compaction, wait_until
+from tests.conftest import random_write, wait_for_compaction, wait_until
 
 EXAMPLE_PLUGIN = Path(__file__).parent.parent / "examples" / "jsonl_sink"
 
@@ -108,14 +108,7 @@ def test_feed_survives_learner_kills_and_replays_to_the_final_state(make_cluster
         local = random.Random(seed)
         with Client(cluster.endpoints) as kv:
             while not stop.is_set():
-                key = b"key-%03d" % local.randrange(300)
-                try:
-                    if local.random() < 0.2:
-                        kv.delete(key)
-                    else:
-                        kv.put(key, b"v%d" % local.randrange(10**6))
-                except (Unavailable, Undetermined):
-                    pass
+                random_write(kv, local, keys=300, deletes=0.2)
 
     writers = [threading.Thread(target=writer, args=(rng.random(),)) for _ in range(4)]
     for t in writers:

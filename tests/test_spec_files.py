@@ -120,14 +120,20 @@ def test_load_spec_of_a_missing_file_says_to_run_cluster_init(tmp_path):
     assert str(info.value).startswith(str(path))
 
 
-def test_load_spec_that_is_not_toml_names_the_path(tmp_path):
-    path = tmp_path / "cluster.toml"
-    path.write_text("[cluster\nname = ")
+def load_error(path, text: str) -> ConfigError:
+    """The error of loading a spec file holding `text`; it names the file as its source."""
+    path.write_text(text)
     with pytest.raises(ConfigError) as info:
         load_spec(path)
     assert info.value.source == str(path)
-    assert "not valid TOML" in str(info.value)
-    assert str(info.value).startswith(f"{path}: ")
+    return info.value
+
+
+def test_load_spec_that_is_not_toml_names_the_path(tmp_path):
+    path = tmp_path / "cluster.toml"
+    error = load_error(path, "[cluster\nname = ")
+    assert "not valid TOML" in str(error)
+    assert str(error).startswith(f"{path}: ")
 
 
 def test_load_spec_of_a_directory_is_a_config_error(tmp_path):
@@ -136,12 +142,8 @@ def test_load_spec_of_a_directory_is_a_config_error(tmp_path):
 
 
 def test_load_spec_reports_problems_with_the_path_as_source(tmp_path):
-    path = tmp_path / "cluster.toml"
-    path.write_text('[cluster]\nname = "x"\npartitions = 2\nreplication = 1\n')
-    with pytest.raises(ConfigError) as info:
-        load_spec(path)
-    assert info.value.source == str(path)
-    assert info.value.problems == ["missing [[nodes]] entries"]
+    error = load_error(tmp_path / "cluster.toml", '[cluster]\nname = "x"\npartitions = 2\nreplication = 1\n')
+    assert error.problems == ["missing [[nodes]] entries"]
 
 
 def test_spec_equality_ignores_the_path():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from raftkv.core.commands import Batch, Cas, CasResult, Delete, DeleteRange, Put, PutMany
@@ -130,38 +131,33 @@ def run(initial: dict[bytes, bytes], cmds: list) -> tuple[Applied, dict[bytes, b
     return applied, contents(engine)
 
 
-def test_cas_after_put_in_the_same_proposal_sees_the_put():
-    applied, data = run({b"k": b"old"}, [Put(b"k", b"mid"), Cas(b"k", b"mid", b"new")])
-    assert applied.results == [None, CasResult(True, b"new")]
-    assert data == {b"k": b"new"}
+# A later command of a proposal sees the earlier ones: (engine before, proposal, results, engine after).
+SAME_PROPOSAL = {
+    "a cas after a put sees the put": (
+        {b"k": b"old"}, [Put(b"k", b"mid"), Cas(b"k", b"mid", b"new")], [None, CasResult(True, b"new")],
+        {b"k": b"new"}),
+    "a cas after a put fails against the engine's stale value": (
+        {b"k": b"old"}, [Put(b"k", b"mid"), Cas(b"k", b"old", b"new")], [None, CasResult(False, b"mid")],
+        {b"k": b"mid"}),
+    "a cas after a delete_range sees the key absent": (
+        {b"b": b"1"}, [DeleteRange(b"a", b"c"), Cas(b"b", None, b"new")], [None, CasResult(True, b"new")],
+        {b"b": b"new"}),
+    "a cas after a delete_range does not see the old value": (
+        {b"b": b"1"}, [DeleteRange(b"a", b"c"), Cas(b"b", b"1", b"new")], [None, CasResult(False, None)], {}),
+    "a delete_range clears a put made earlier": (
+        {}, [Put(b"b", b"1"), DeleteRange(b"a", b"c"), Cas(b"b", None, b"2")], [None, None, CasResult(True, b"2")],
+        {b"b": b"2"}),
+    "a delete_range's end is exclusive": (
+        {b"c": b"1"}, [DeleteRange(b"a", b"c"), Cas(b"c", b"1", b"2")], [None, CasResult(True, b"2")],
+        {b"c": b"2"}),
+}
 
 
-def test_cas_after_put_in_the_same_proposal_fails_against_the_stale_engine_value():
-    applied, data = run({b"k": b"old"}, [Put(b"k", b"mid"), Cas(b"k", b"old", b"new")])
-    assert applied.results == [None, CasResult(False, b"mid")]
-    assert data == {b"k": b"mid"}
-
-
-def test_cas_after_delete_range_in_the_same_proposal_sees_absence():
-    applied, data = run({b"b": b"1"}, [DeleteRange(b"a", b"c"), Cas(b"b", None, b"new")])
-    assert applied.results == [None, CasResult(True, b"new")]
-    assert data == {b"b": b"new"}
-
-    applied, data = run({b"b": b"1"}, [DeleteRange(b"a", b"c"), Cas(b"b", b"1", b"new")])
-    assert applied.results == [None, CasResult(False, None)]
-    assert data == {}
-
-
-def test_delete_range_clears_a_put_made_earlier_in_the_same_proposal():
-    applied, data = run({}, [Put(b"b", b"1"), DeleteRange(b"a", b"c"), Cas(b"b", None, b"2")])
-    assert applied.results == [None, None, CasResult(True, b"2")]
-    assert data == {b"b": b"2"}
-
-
-def test_delete_range_end_is_exclusive_in_the_overlay():
-    applied, data = run({b"c": b"1"}, [DeleteRange(b"a", b"c"), Cas(b"c", b"1", b"2")])
-    assert applied.results == [None, CasResult(True, b"2")]
-    assert data == {b"c": b"2"}
+@pytest.mark.parametrize("initial, proposal, results, after", SAME_PROPOSAL.values(), ids=SAME_PROPOSAL)
+def test_a_later_command_of_a_proposal_sees_the_earlier_ones(initial, proposal, results, after):
+    applied, data = run(initial, proposal)
+    assert applied.results == results
+    assert data == after
 
 
 def test_put_after_delete_range_survives():

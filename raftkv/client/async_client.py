@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterable, Sequence
+from typing import AsyncIterator, Iterable, Sequence, TypedDict
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.client.core import ClientCore, NodeStatus
@@ -64,6 +64,15 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     if not endpoints:
         raise InvalidRequest("give at least one endpoint (host:port of a node's API)")
     return list(endpoints)
+
+
+class ClientOptions(TypedDict, total=False):
+    """AsyncClient's keyword options, which `Client` passes on."""
+
+    consistency: str
+    timeout: float
+    max_batch_ops: int
+    max_in_flight: int
 
 
 class AsyncClient:

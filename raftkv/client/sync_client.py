@@ -21,10 +21,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import threading
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence, Unpack
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.client.async_client import AsyncClient, Bytes, LearnerView, Read, scan_bounds
+from raftkv.client.async_client import AsyncClient, Bytes, ClientOptions, LearnerView, Read, scan_bounds
 from raftkv.client.core import NodeStatus
 from raftkv.core.commands import CasResult, Mutation
 
@@ -32,17 +32,9 @@ __all__ = ["Client", "LearnerView", "NodeStatus", "Read"]
 
 
 class Client:
-    def __init__(
-        self,
-        endpoints: str | Sequence[str],
-        *,
-        consistency: str = "linearizable",
-        timeout: float = 10.0,
-        max_batch_ops: int = 1024,
-        max_in_flight: int = 4,
-    ):
-        self._async = AsyncClient(endpoints, consistency=consistency, timeout=timeout, max_batch_ops=max_batch_ops,
-                                  max_in_flight=max_in_flight)
+    def __init__(self, endpoints: str | Sequence[str], **options: Unpack[ClientOptions]):
+        """The same options as `AsyncClient`."""
+        self._async = AsyncClient(endpoints, **options)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="raftkv-client", daemon=True)
         self._thread.start()
