@@ -1,0 +1,54 @@
+"""SyncObjGroup's membership calls against real pysyncobj members in one process.
+
+The hazards of membership changes (docs/elasticity.md) get their own tests with
+the elastic-cluster work; this pins that the calls reach pysyncobj and report
+their outcome the way proposals do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from raftkv.core.spec import Tuning
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.raft.group import Outcome, Role
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from tests.raft_scenarios import DictStateMachine
+from tests.test_snapshot_writer import until
+
+
+def test_a_leader_removes_a_follower_refuses_to_remove_itself_and_goes_on_committing(tmp_path):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        port = free_port_block(3)
+        addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
+        machines = [DictStateMachine() for _ in addresses]
+        groups = [SyncObjGroup(GroupConfig(partition=0, self_address=a, peers=tuple(p for p in addresses if p != a),
+                                           folder=tmp_path / f"n{i}", fsync=False, tuning=Tuning(),
+                                           membership_changes=True), machines[i], loop)
+                  for i, a in enumerate(addresses)]
+        try:
+            await until(lambda: sum(g.role == Role.LEADER for g in groups) == 1 and
+                        all(g.last_applied == g.commit_index > 0 for g in groups))
+            leader = next(g for g in groups if g.role == Role.LEADER)
+            follower = next(g for g in groups if g is not leader)
+            # pysyncobj refuses a change (REJECTED) until the new leader applied its own no-op entry
+            await until(lambda: leader.last_applied == leader.last_log_index > 1)
+
+            async def outcome(call, *args) -> Outcome:
+                done = loop.create_future()
+                call(*args, lambda result, o: done.set_result(o) if not done.done() else None)
+                return await asyncio.wait_for(done, 20)
+
+            assert await outcome(leader.remove_member, follower.config.self_address) == Outcome.APPLIED
+            follower.close()
+            machine_of = dict(zip(map(id, groups), machines))
+            groups.remove(follower)
+            assert await outcome(leader.remove_member, leader.config.self_address) == Outcome.REJECTED
+            assert await outcome(leader.propose, b"k=v") == Outcome.APPLIED  # two voters of two now
+            await until(lambda: all(machine_of[id(g)].data.get("k") == "v" for g in groups))
+        finally:
+            for g in groups:
+                g.close()
+
+    asyncio.run(scenario())
