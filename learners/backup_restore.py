@@ -22,6 +22,8 @@ from raftkv.storage.rocks_engine import RocksEngine
 from raftkv.core.spec import ClusterSpec
 from learners.backup_store import BackupInfo, BackupStore, partition_dir
 
+_SCAN_WRITE_KEYS = 1000
+
 
 # -- restore -------------------------------------------------------------------
 

@@ -39,7 +39,6 @@ LATEST = "latest"
 PARTIAL_UPLOAD_GRACE = timedelta(days=1)
 _ID_FORMAT = "%Y%m%dT%H%M%S.%fZ"
 _CHUNK = 4 << 20
-_SCAN_WRITE_KEYS = 1000
 
 
 def partition_dir(partition: int) -> str:

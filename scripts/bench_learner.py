@@ -63,7 +63,7 @@ from bench import NOISY_CORES, comparison_table, drop_data_dir, header, start_ru
 from bench_clusters import ensure_etcd, ensure_etcd3aio, etcd_version, raftkv_cluster  # noqa: E402
 from bench_host import machine, versions  # noqa: E402
 
-from bench_learner_config import CATCH_UP_TARGET, Config, ETCD_CLIENT, QUICK  # noqa: E402
+from bench_learner_config import CATCH_UP_TARGET, Config, ETCD_CLIENT, LAG_TARGET_MS, LAG_TARGET_RATE, QUICK  # noqa: E402
 from learner_catchup import CatchUp, Cores, etcd_catch_up, raftkv_learner_caught_up  # noqa: E402
 from learner_lag import Lag, feed_lag  # noqa: E402
 

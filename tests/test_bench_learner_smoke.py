@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -34,3 +35,7 @@ def test_raftkv_catch_up_and_feed_lag_report_sane_figures(tmp_path: Path):
     assert lag.events >= 0.9 * RATE * TINY.duration
     assert 0 < lag.p50_ms <= lag.p99_ms <= lag.max_ms < 5000  # positive: seen after it was sent
     assert 0 < lag.put_p50_ms <= lag.put_p99_ms
+
+    printed = Console(file=io.StringIO(), width=160)  # the figures make the report's table, etcd skipped
+    printed.print(bench_learner.table(catch_up, None, lags, TINY, "n/a"))
+    assert "feed lag" in printed.file.getvalue()
