@@ -18,7 +18,6 @@ import random
 import shutil
 import signal
 import tempfile
-import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
