@@ -35,6 +35,7 @@ from typing import Callable
 
 import pysyncobj.pickle
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf, SyncObjException, replicated
+from pysyncobj.node import TCPNode
 
 from raftkv.core import metrics
 from raftkv.core.errors import CorruptData
@@ -390,4 +391,6 @@ class SyncObjGroup:
             raise ValueError(f"snapshot {filename} is of partition {meta.partition}, not {self.partition}")
         last = Position(meta.last_entry[1], meta.last_entry[2])
         self._sm.restore(Snapshot(Path(filename), meta.position, last))
-        return meta.last_entry, meta.prev_entry, meta.cluster
+        # As nodes: with membership changes on, pysyncobj takes its peers from this list, leaving out
+        # the entry equal to its own node, and an address string never equals a node.
+        return meta.last_entry, meta.prev_entry, [TCPNode(address) for address in meta.cluster]
