@@ -87,3 +87,49 @@ def test_a_member_restarted_from_a_snapshot_does_not_count_itself_as_a_peer(tmp_
             group.close()
 
     asyncio.run(scenario())
+
+
+def test_a_new_leader_refuses_a_membership_change_until_its_own_entry_commits(tmp_path):
+    """The single-server-change bug (Ongaro's dissertation §4.1): a leader that changes the membership
+    before an entry of its own term commits can make two disjoint majorities. pysyncobj refuses until
+    its no-op entry is applied, and one change at a time; the move driver retries. A change asked for
+    the moment leadership is won is refused, deterministically: the no-op needs a round trip first."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        port = free_port_block(5)
+        addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
+        newcomers = [f"127.0.0.1:{port + 3}", f"127.0.0.1:{port + 4}"]
+        groups: dict[str, SyncObjGroup] = {}
+        at_election: list[Outcome] = []
+
+        def outcome_into(outcomes: list):
+            return lambda result, o: outcomes.append(o)
+
+        def on_role_changed(address):
+            def changed(old: Role, new: Role) -> None:
+                if new == Role.LEADER:
+                    groups[address].add_member(newcomers[0], outcome_into(at_election))
+            return changed
+
+        for i, a in enumerate(addresses):
+            groups[a] = SyncObjGroup(GroupConfig(partition=0, self_address=a, peers=tuple(p for p in addresses if p != a),
+                                                 folder=tmp_path / f"n{i}", fsync=False, tuning=Tuning(),
+                                                 on_role_changed=on_role_changed(a), membership_changes=True),
+                                     DictStateMachine(), loop)
+        try:
+            await until(lambda: at_election)
+            assert at_election == [Outcome.REJECTED]
+            leader = next(g for g in groups.values() if g.role == Role.LEADER)
+            await until(lambda: leader.last_applied == leader.last_log_index > 1)  # its no-op is in
+            first, second = [], []
+            leader.add_member(newcomers[0], outcome_into(first))
+            leader.add_member(newcomers[1], outcome_into(second))  # one change at a time
+            await until(lambda: first and second)
+            assert (first, second) == ([Outcome.APPLIED], [Outcome.REJECTED])
+            assert leader.voters == frozenset(addresses + newcomers[:1])
+        finally:
+            for g in groups.values():
+                g.close()
+
+    asyncio.run(scenario())

@@ -106,6 +106,11 @@ class RaftGroup(Protocol):
     def last_log_index(self) -> int: ...
 
     @property
+    def voters(self) -> frozenset[str]:
+        """The group's voters' Raft addresses as this member knows them (a membership change counts
+        from when it is appended, as in Ongaro's single-server changes)."""
+
+    @property
     def has_quorum(self) -> bool:
         """This member is connected to a majority of the voters (itself included)."""
 

@@ -67,6 +67,7 @@ class GroupConfig:
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 NEVER = 10**12
 _REGULAR = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: a call of a @replicated method
+_MEMBERSHIP = bytes([2])  # _COMMAND_TYPE.MEMBERSHIP: the first byte of an add or remove entry
 
 # pysyncobj reasons after which the proposal was certainly not applied; any other failure may
 # have been (leadership changed while it was in flight).
@@ -147,6 +148,7 @@ class SyncObjGroup:
         self._next_snapshot = folder / "raft.snapshot.next"
         snapshot_file.check(self._snapshot_path)
         self._snapshot_job: Future | None = None
+        self._change_pending = False  # a membership change was asked for and has not ended yet
         self._fsyncs = metrics.JOURNAL_FSYNCS.labels(config.partition)
         tuning = config.tuning
         set_compression_level(tuning.wire_compression)
@@ -219,6 +221,11 @@ class SyncObjGroup:
         return self._journal[-1][1]
 
     @property
+    def voters(self) -> frozenset[str]:
+        others = {node.address for node in self._member._SyncObj__otherNodes}
+        return frozenset(others | {self.config.self_address} if self.config.self_address else others)
+
+    @property
     def has_quorum(self) -> bool:
         return self._member.hasQuorum
 
@@ -267,12 +274,32 @@ class SyncObjGroup:
         self._ticker.soon()
 
     def add_member(self, address: str, callback: ProposalCallback) -> None:
-        self._member.addNodeToCluster(address, callback=lambda result, reason: callback(result, _outcome(reason)))
-        self._ticker.soon()
+        self._change_membership(self._member.addNodeToCluster, address, callback)
 
     def remove_member(self, address: str, callback: ProposalCallback) -> None:
-        self._member.removeNodeFromCluster(address, callback=lambda result, reason: callback(result, _outcome(reason)))
+        self._change_membership(self._member.removeNodeFromCluster, address, callback)
+
+    def _change_membership(self, change, address: str, callback: ProposalCallback) -> None:
+        """One change at a time: pysyncobj means to refuse a second one while the first is uncommitted,
+        but never records the first (`__changeClusterIDx` stays None), and two uncommitted single-server
+        changes can leave two disjoint majorities. So a change is refused here while one is queued or
+        uncommitted in the log. (pysyncobj itself refuses one before the leader's no-op is applied.)"""
+        if self._change_pending or self._uncommitted_membership():
+            callback(None, Outcome.REJECTED)
+            return
+        self._change_pending = True
+
+        def done(result, reason) -> None:
+            self._change_pending = False
+            callback(result, _outcome(reason))
+
+        change(address, callback=done)
         self._ticker.soon()
+
+    def _uncommitted_membership(self) -> bool:
+        journal = self._journal
+        after = self.commit_index + 1 - journal[0][1]
+        return any(command[:1] == _MEMBERSHIP for command, _, _ in journal[max(after, 0):])
 
     def close(self) -> None:
         self._ticker.stop()
