@@ -23,14 +23,16 @@ from learners.sinks.base import Sink, load_sink
 from raftkv.core import metrics
 from raftkv.api import kv_pb2_grpc
 from raftkv.node.group_commit import PartitionFrontend
+from raftkv.node.peers import Peers
 from raftkv.node.process import GRPC_OPTIONS
 from raftkv.node.service import KVService
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.client.async_client import AsyncClient
 from raftkv.client.sync_client import Client, LearnerView
 from raftkv.core.errors import ConfigError, RaftKVError, Unavailable
-from raftkv.core.partitioning import replicas_for
 from raftkv.core.spec import ClusterSpec
+from raftkv.meta.bootstrap import spec_meta
+from raftkv.meta.records import ClusterMeta
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +59,19 @@ def registration(spec: ClusterSpec, name: str) -> LearnerView:
     return learners[name]
 
 
-async def _serve_reads(spec: ClusterSpec, name: str, replicas: dict[int, LearnerReplica], api_port: int,
-                       loop: asyncio.AbstractEventLoop, sink: Sink) -> grpc.aio.Server:
+async def _serve_reads(spec: ClusterSpec, topology: ClusterMeta, name: str, replicas: dict[int, LearnerReplica],
+                       api_port: int, loop: asyncio.AbstractEventLoop, sink: Sink) -> grpc.aio.Server:
     """The node API over the learner's copies: follower reads and scans here, the rest forwarded to leaders.
 
     A sink that keeps the changes it received (the `changelog` sink) is served as the ChangeLog service.
     """
     frontends = {}
     for p, replica in replicas.items():
-        by_address = {n.raft_address(p): n.id for n in spec.nodes}
+        by_address = {n.raft_address(p): n.id for n in topology.nodes}
         frontends[p] = PartitionFrontend(replica, loop, max_batch_ops=1, max_batch_bytes=1, request_timeout=1.0,
                                          leader_id_of=by_address.get)
-    service = KVService(spec, f"learner/{name}", frontends,
-                        lambda p: replicas_for(p, spec.node_ids, spec.replication))
+    service = KVService(spec, f"learner/{name}", frontends, lambda: topology,
+                        Peers(lambda node_id: topology.node(node_id).api_address))
     server = grpc.aio.server(options=GRPC_OPTIONS)
     kv_pb2_grpc.add_KVServicer_to_server(service, server)
     if isinstance(sink, ChangeSource):
@@ -77,6 +79,12 @@ async def _serve_reads(spec: ClusterSpec, name: str, replicas: dict[int, Learner
     server.add_insecure_port(f"127.0.0.1:{api_port}")
     await server.start()
     return server
+
+
+async def _topology(client: AsyncClient, spec: ClusterSpec) -> ClusterMeta:
+    """Where the partitions' voters are now (replicas may have moved since the spec was written)."""
+    meta = (await client.topology()).meta
+    return meta if meta.epoch else spec_meta(spec)
 
 
 async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapping[str, str],
@@ -93,8 +101,9 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     replicas: dict[int, LearnerReplica] = {}
     server: grpc.aio.Server | None = None
     try:
+        topology = await _topology(client, spec)
         for p in partitions:
-            voters = [spec.node(n).raft_address(p) for n in replicas_for(p, spec.node_ids, spec.replication)]
+            voters = [topology.node(n).raft_address(p) for n in topology.group_voters(p)]
             config = GroupConfig(partition=p, self_address=None, peers=tuple(voters), folder=folder / f"p{p:04d}",
                                  fsync=False, tuning=spec.tuning)  # a learner can always fetch again from the voters
             replicas[p] = LearnerReplica(p, config.folder,
@@ -102,7 +111,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         if metrics_port:
             metrics.serve("127.0.0.1", metrics_port)
         if api_port:
-            server = await _serve_reads(spec, name, replicas, api_port, loop, sink)
+            server = await _serve_reads(spec, topology, name, replicas, api_port, loop, sink)
         pump = FeedPump(spec.name, replicas, sink)
         loop.create_task(_publish(pump, stop))
         loop.create_task(_report_progress(client, name, replicas, stop))

@@ -52,13 +52,10 @@ class _FeedStateMachine:
 
 
 class LearnerReplica(Replica):
-    def __init__(self, partition: int, folder: Path, open_group: Callable[[StateMachine], RaftGroup]):
-        self._copy: _FeedStateMachine | None = None
-        super().__init__(partition, folder, open_group, self._feed_state_machine)
+    state_machine: _FeedStateMachine
 
-    def _feed_state_machine(self, engine: RocksEngine) -> _FeedStateMachine:
-        self._copy = _FeedStateMachine(engine)
-        return self._copy
+    def __init__(self, partition: int, folder: Path, open_group: Callable[[StateMachine], RaftGroup]):
+        super().__init__(partition, folder, open_group, _FeedStateMachine)
 
     @property
     def applied_index(self) -> int:
@@ -68,7 +65,7 @@ class LearnerReplica(Replica):
     @property
     def pending_snapshot(self) -> Snapshot | None:
         """A snapshot the leader sent that the copy has not caught up with yet."""
-        return self._copy.pending_snapshot
+        return self.state_machine.pending_snapshot
 
     def committed_entries(self, after: int, limit: int) -> list[tuple[int, int, list[Command]]]:
         """(index, term, commands) of committed entries after `after`, at most `limit` of them.
@@ -83,7 +80,7 @@ class LearnerReplica(Replica):
         """After the pump installed the stashed snapshot: the copy stands at the snapshot's index."""
         if self.engine.position.index < snapshot.last.index:
             self.engine.write([], snapshot.last)
-        self._copy.pending_snapshot = None
+        self.state_machine.pending_snapshot = None
 
     def compact_when_longer_than(self, entries: int) -> None:
         """The pump calls this once it has delivered what the log holds."""

@@ -17,7 +17,7 @@ from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clusters import Running  # noqa: E402
-from bench_load import VALUE_BYTES, cpu_seconds, percentile  # noqa: E402
+from bench_load import VALUE_BYTES, percentile  # noqa: E402
 
 import raftkv  # noqa: E402
 from learners.changelog_client import ChangeLogClient  # noqa: E402

@@ -17,7 +17,7 @@ from raftkv.raft import snapshot_file
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import CorruptData, Unavailable, Undetermined
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
-from raftkv.core.spec import ClusterSpec, Tuning, build_spec, save_spec
+from raftkv.core.spec import ClusterSpec, Tuning, build_spec, ports_per_node, save_spec
 
 
 def random_write(kv, rng: random.Random, keys: int, deletes: float) -> None:
@@ -75,7 +75,7 @@ def make_cluster(tmp_path: Path):
 
     def make(nodes: int = 3, partitions: int = 4, replication: int = 3, durability: str = "default",
              start: bool = True, **tuning) -> LocalCluster:
-        base = free_port_block(nodes * (partitions + 2))
+        base = free_port_block(nodes * ports_per_node(partitions))
         spec: ClusterSpec = build_spec(nodes=nodes, partitions=partitions, replication=replication,
                                        base_port=base, data_dir=tmp_path / f"c{len(clusters)}", durability=durability)
         spec = dataclasses.replace(spec, tuning=Tuning(**tuning))

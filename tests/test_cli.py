@@ -18,6 +18,7 @@ from raftkv import Client, InvalidRequest
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.partitioning import partition_for_key
+from raftkv.core.spec import ports_per_node
 from raftkv.dev.local_cluster import free_port_block, port_free
 from tests.conftest import wait_until
 
@@ -43,7 +44,7 @@ def test_cluster_init_writes_a_spec_and_refuses_to_overwrite(tmp_path):
                  "--data-dir", "data", "-o", "cluster.toml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "cluster.toml").read_text()
-    assert "partitions = 5" in text and 'id = "n3"' in text and "api_port = 21014" in text
+    assert "partitions = 5" in text and 'id = "n3"' in text and "api_port = 21016" in text
     assert_one_line_error(run("cluster", "init", "-o", "cluster.toml", cwd=tmp_path), "exists", "--force")
 
 
@@ -123,7 +124,7 @@ def test_api_rejects_bad_input_and_writes_nothing(make_cluster):
 
 
 def test_dev_up_starts_serves_and_stops_cleanly(tmp_path):
-    base = free_port_block(3 * (2 + 2))
+    base = free_port_block(3 * ports_per_node(2))
     proc = subprocess.Popen(
         [*RAFTKV, "dev", "up", "--partitions", "2", "--base-port", str(base), "--data-dir", "devdata"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,

@@ -44,7 +44,7 @@ def test_a_bad_option_is_named_with_what_to_do(given, message):
 def test_endpoints_can_come_from_a_cluster_spec(tmp_path):
     spec = build_spec(nodes=2, partitions=2, replication=2, base_port=7000, data_dir=tmp_path)
     path = save_spec(spec, tmp_path / "cluster.toml")
-    assert parse_options(options(config=str(path))).endpoints == ("127.0.0.1:7000", "127.0.0.1:7004")
+    assert parse_options(options(config=str(path))).endpoints == ("127.0.0.1:7000", "127.0.0.1:7005")
 
 
 def test_prefix_and_range_options_bound_the_keys():

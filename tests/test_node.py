@@ -62,8 +62,9 @@ def test_a_node_stopped_by_corrupt_data_reports_that_even_if_closing_fails_too(m
     error replaced the reason to stop: exit code 1 and a traceback instead of one clear line."""
 
     class DamagedNode:
-        def __init__(self, spec, node_id):
+        def __init__(self, spec, node_id, initial):
             self.me = SimpleNamespace(api_address="127.0.0.1:1")
+            self.removed = asyncio.Event()
 
         async def start(self) -> None:
             self.failure = asyncio.get_running_loop().create_future()

@@ -157,6 +157,24 @@ def test_overwrite_replaces_the_key_range_and_append_upserts(spark, cluster):
 
 def test_a_read_while_a_leader_is_killed_is_a_consistent_snapshot_or_a_failed_task(spark, make_cluster):
     cluster = make_cluster(nodes=3, partitions=2)
+    _read_while(spark, cluster, lambda leader: cluster.kill(leader))
+
+
+def test_a_read_while_the_leaders_replica_moves_is_a_consistent_snapshot_or_a_failed_task(spark, make_cluster):
+    cluster = make_cluster(nodes=4, partitions=2, rebalance_interval=0)
+
+    def move(leader: str) -> None:
+        with Client(cluster.endpoints) as client:
+            client.move_replica(0, leader, next(n for n in ("n1", "n2", "n3", "n4")
+                                                 if n not in client.topology().meta.placement[0]))
+            wait_until(lambda: not client.topology().meta.moves, 60, "the move to finish")
+
+    _read_while(spark, cluster, move)
+
+
+def _read_while(spark, cluster, disrupt) -> None:
+    """A Spark read while `disrupt(leader of partition 0)` happens: every row from one snapshot per
+    partition, or a failed job naming the partition; never a partial result."""
     expected = {}
     with Client(cluster.endpoints) as client:
         for start in range(0, 60_000, 1000):
@@ -178,7 +196,7 @@ def test_a_read_while_a_leader_is_killed_is_a_consistent_snapshot_or_a_failed_ta
     job = threading.Thread(target=read)
     job.start()
     wait_until(lambda: spark.sparkContext.statusTracker().getActiveStageIds(), 60, "the read to start")
-    cluster.kill(leader)
+    disrupt(leader)
     job.join(120)
     assert not job.is_alive()
     if "rows" in outcome:

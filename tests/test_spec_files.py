@@ -18,11 +18,11 @@ from tests.test_spec import BASE, problems_of, valid_doc
 # --- build_spec -----------------------------------------------------------------
 
 
-def test_build_spec_gives_each_node_a_block_of_partitions_plus_two_ports(tmp_path):
+def test_build_spec_gives_each_node_a_block_of_partitions_plus_three_ports(tmp_path):
     spec = build_spec(nodes=3, partitions=4, replication=3, base_port=9000, data_dir=tmp_path)
     assert spec.node_ids == ("n1", "n2", "n3")
-    assert [(n.api_port, n.metrics_port, n.raft_port_base) for n in spec.nodes] == [
-        (9000, 9001, 9002), (9006, 9007, 9008), (9012, 9013, 9014),
+    assert [(n.api_port, n.metrics_port, n.raft_port_base, n.meta_port(4)) for n in spec.nodes] == [
+        (9000, 9001, 9002, 9006), (9007, 9008, 9009, 9013), (9014, 9015, 9016, 9020),
     ]
     assert [n.data_dir for n in spec.nodes] == [tmp_path.resolve() / f"n{i}" for i in (1, 2, 3)]
     assert all(n.host == "127.0.0.1" for n in spec.nodes)

@@ -400,3 +400,113 @@ class ChangesChunk(_message.Message):
     partition: int
     through: int
     def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., partition: _Optional[int] = ..., through: _Optional[int] = ...) -> None: ...
+
+class TopologyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeRecord(_message.Message):
+    __slots__ = ("id", "host", "api_port", "metrics_port", "raft_port_base", "state", "meta_port")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    API_PORT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_PORT_FIELD_NUMBER: _ClassVar[int]
+    RAFT_PORT_BASE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    META_PORT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    host: str
+    api_port: int
+    metrics_port: int
+    raft_port_base: int
+    state: str
+    meta_port: int
+    def __init__(self, id: _Optional[str] = ..., host: _Optional[str] = ..., api_port: _Optional[int] = ..., metrics_port: _Optional[int] = ..., raft_port_base: _Optional[int] = ..., state: _Optional[str] = ..., meta_port: _Optional[int] = ...) -> None: ...
+
+class Voters(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MoveInfo(_message.Message):
+    __slots__ = ("group", "source", "target", "step")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    source: str
+    target: str
+    step: str
+    def __init__(self, group: _Optional[int] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., step: _Optional[str] = ...) -> None: ...
+
+class TopologyResponse(_message.Message):
+    __slots__ = ("epoch", "nodes", "placement", "moves", "meta_leader", "replication", "meta_voters", "spec_toml")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    META_LEADER_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    META_VOTERS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_TOML_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeRecord]
+    placement: _containers.RepeatedCompositeFieldContainer[Voters]
+    moves: _containers.RepeatedCompositeFieldContainer[MoveInfo]
+    meta_leader: str
+    replication: int
+    meta_voters: Voters
+    spec_toml: str
+    def __init__(self, epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeRecord, _Mapping]]] = ..., placement: _Optional[_Iterable[_Union[Voters, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[MoveInfo, _Mapping]]] = ..., meta_leader: _Optional[str] = ..., replication: _Optional[int] = ..., meta_voters: _Optional[_Union[Voters, _Mapping]] = ..., spec_toml: _Optional[str] = ...) -> None: ...
+
+class ChangeTopologyRequest(_message.Message):
+    __slots__ = ("command",)
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    command: bytes
+    def __init__(self, command: _Optional[bytes] = ...) -> None: ...
+
+class ReplicaRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    def __init__(self, group: _Optional[int] = ...) -> None: ...
+
+class ReplicaState(_message.Message):
+    __slots__ = ("mode", "applied_index", "commit_index", "leader")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    applied_index: int
+    commit_index: int
+    leader: str
+    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ...) -> None: ...
+
+class ChangeMembershipRequest(_message.Message):
+    __slots__ = ("group", "action", "node")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    action: str
+    node: str
+    def __init__(self, group: _Optional[int] = ..., action: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+
+class TransferLeadershipRequest(_message.Message):
+    __slots__ = ("group", "node")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    node: str
+    def __init__(self, group: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+
+class ChangeMembershipResponse(_message.Message):
+    __slots__ = ("done", "leader")
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    done: bool
+    leader: str
+    def __init__(self, done: _Optional[bool] = ..., leader: _Optional[str] = ...) -> None: ...

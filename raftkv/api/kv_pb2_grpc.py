@@ -67,7 +67,9 @@ class KVServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Scan(self, request, context):
-        """One partition's keys in order, from one consistent view.
+        """One partition's keys in order, from one consistent view. A scan this node cannot serve
+        ends with a gRPC error whose trailing metadata "raftkv-error-bin" holds a serialized
+        Result (code, message, leader_hint), as Execute would return it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -386,6 +388,266 @@ class ChangeLog:
             '/raftkv.v1.ChangeLog/Follow',
             raftkv_dot_api_dot_kv__pb2.FollowRequest.SerializeToString,
             raftkv_dot_api_dot_kv__pb2.ChangesChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class AdminStub:
+    """The cluster's topology (kept in the metadata group, docs/elasticity.md) and the verbs that change it.
+    `Topology` and `ChangeTopology` are what clients and the CLI call, on any node; the replica verbs are
+    what the node leading the metadata group asks of the others while it moves replicas. A group is a
+    partition's number, or -1 for the metadata group.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Topology = channel.unary_unary(
+                '/raftkv.v1.Admin/Topology',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.TopologyRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.TopologyResponse.FromString,
+                _registered_method=True)
+        self.ChangeTopology = channel.unary_unary(
+                '/raftkv.v1.Admin/ChangeTopology',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.ChangeTopologyRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.TopologyResponse.FromString,
+                _registered_method=True)
+        self.ReplicaProgress = channel.unary_unary(
+                '/raftkv.v1.Admin/ReplicaProgress',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.ReplicaState.FromString,
+                _registered_method=True)
+        self.ChangeMembership = channel.unary_unary(
+                '/raftkv.v1.Admin/ChangeMembership',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
+                _registered_method=True)
+        self.TransferLeadership = channel.unary_unary(
+                '/raftkv.v1.Admin/TransferLeadership',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.TransferLeadershipRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
+                _registered_method=True)
+
+
+class AdminServicer:
+    """The cluster's topology (kept in the metadata group, docs/elasticity.md) and the verbs that change it.
+    `Topology` and `ChangeTopology` are what clients and the CLI call, on any node; the replica verbs are
+    what the node leading the metadata group asks of the others while it moves replicas. A group is a
+    partition's number, or -1 for the metadata group.
+    """
+
+    def Topology(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeTopology(self, request, context):
+        """One metadata command (JSON, raftkv.meta.records), forwarded to the metadata leader and applied there.
+        A command a rule refuses fails with FAILED_PRECONDITION and the one-line reason.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplicaProgress(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeMembership(self, request, context):
+        """On the group's leader: add or remove a voter. Not the leader: done = false and the leader's id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransferLeadership(self, request, context):
+        """On the group's leader: hand leadership to `node`. Not the leader: done = false and the leader's id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Topology': grpc.unary_unary_rpc_method_handler(
+                    servicer.Topology,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.TopologyRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.TopologyResponse.SerializeToString,
+            ),
+            'ChangeTopology': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeTopology,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.ChangeTopologyRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.TopologyResponse.SerializeToString,
+            ),
+            'ReplicaProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicaProgress,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.ReplicaState.SerializeToString,
+            ),
+            'ChangeMembership': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeMembership,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.SerializeToString,
+            ),
+            'TransferLeadership': grpc.unary_unary_rpc_method_handler(
+                    servicer.TransferLeadership,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.TransferLeadershipRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'raftkv.v1.Admin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('raftkv.v1.Admin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Admin:
+    """The cluster's topology (kept in the metadata group, docs/elasticity.md) and the verbs that change it.
+    `Topology` and `ChangeTopology` are what clients and the CLI call, on any node; the replica verbs are
+    what the node leading the metadata group asks of the others while it moves replicas. A group is a
+    partition's number, or -1 for the metadata group.
+    """
+
+    @staticmethod
+    def Topology(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.Admin/Topology',
+            raftkv_dot_api_dot_kv__pb2.TopologyRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.TopologyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeTopology(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.Admin/ChangeTopology',
+            raftkv_dot_api_dot_kv__pb2.ChangeTopologyRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.TopologyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicaProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.Admin/ReplicaProgress',
+            raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.ReplicaState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeMembership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.Admin/ChangeMembership',
+            raftkv_dot_api_dot_kv__pb2.ChangeMembershipRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransferLeadership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.Admin/TransferLeadership',
+            raftkv_dot_api_dot_kv__pb2.TransferLeadershipRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,7 +79,7 @@ def up(nodes, partitions, replication, base_port, data_dir, durability, learner)
 def _start_feed(spec) -> LocalFeed:
     """A tansu broker on the port after the nodes' blocks, and the `feed` learner writing to it."""
     feed = LocalFeed(spec, DEMO_LEARNER, DEMO_TOPIC,
-                     broker_port=max(n.raft_port_base + spec.partitions for n in spec.nodes)).start()
+                     broker_port=max(n.meta_port(spec.partitions) for n in spec.nodes) + 1).start()
     console.print(f"  learner {DEMO_LEARNER}: kafka topic {DEMO_TOPIC} on {feed.bootstrap}  log {feed.log_path}\n"
                   f"  watch the feed:  raftkv feed tail --bootstrap {feed.bootstrap} --topic {DEMO_TOPIC} "
                   "--from-beginning", soft_wrap=True)

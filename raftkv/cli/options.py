@@ -35,7 +35,7 @@ def topology_options(command):
                      help="Fixed for the life of the cluster."),
         click.option("--replication", "-r", type=click.IntRange(1, 99), default=3, show_default=True),
         click.option("--base-port", type=click.IntRange(1024, 65000), default=7000, show_default=True,
-                     help="Node k uses ports base + k*(partitions+2) onwards: API, metrics, one Raft port a partition."),
+                     help="Node k uses ports base + k*(partitions+3) onwards: API, metrics, one Raft port a partition, the metadata group's."),
         click.option("--data-dir", type=click.Path(file_okay=False), default="raftkv-data", show_default=True),
         click.option("--durability", type=click.Choice(DURABILITY_MODES), default="default", show_default=True,
                      help="fsync: acknowledged writes survive power loss, not just process crashes."),

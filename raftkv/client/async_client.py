@@ -29,8 +29,10 @@ from raftkv.core.commands import (
 )
 from raftkv.core.command_kinds import check_command, routing_keys
 from raftkv.storage.engine import prefix_end
-from raftkv.core.errors import InvalidRequest
+from raftkv.core.errors import InvalidRequest, Unavailable
 from raftkv.core.partitioning import partition_for_key
+from raftkv.meta.records import BeginMove, MetaCommand, NodeState, SetNodeState, encode_command
+from raftkv.meta.wire import Topology, topology_of
 
 Bytes = bytes | str
 
@@ -226,6 +228,38 @@ class AsyncClient:
             self._core.execute(op_from_command(LearnerProgress(name, index), p), self._consistency, True)
             for p, index in delivered.items()
         ))
+
+    async def topology(self) -> Topology:
+        """The nodes, each partition's voters and the moves under way, from the cluster's metadata."""
+        reply = await self._core.administer("topology", lambda admin: admin.Topology(pb.TopologyRequest(), timeout=5.0))
+        return topology_of(reply)
+
+    async def change_topology(self, command: MetaCommand) -> Topology:
+        """Apply one metadata command (raftkv.meta.records) on the metadata leader; ChangeRefused if a
+        rule forbids it."""
+        request = pb.ChangeTopologyRequest(command=encode_command(command))
+        reply = await self._core.administer(type(command).__name__,
+                                            lambda admin: admin.ChangeTopology(request, timeout=15.0))
+        return topology_of(reply)
+
+    async def move_replica(self, partition: int, source: str, target: str) -> Topology:
+        """Start moving partition's replica from node `source` to `target`; returns once the move is
+        recorded (it runs on; `topology().meta.moves` shows it until it is done)."""
+        return await self.change_topology(BeginMove(partition, source, target))
+
+    async def decommission(self, node_id: str, force: bool = False) -> Topology:
+        """Drain a node: its replicas and leaderships move away, then it is removed and its process exits."""
+        return await self.change_topology(SetNodeState(node_id, NodeState.DRAINING, force))
+
+    async def transfer_leadership(self, partition: int, node_id: str) -> None:
+        """Ask partition's leader to hand leadership to `node_id` (best effort: see `status()` for the result)."""
+        request = pb.TransferLeadershipRequest(group=partition, node=node_id)
+
+        async def on_the_leader(admin) -> None:
+            if not (await admin.TransferLeadership(request, timeout=5.0)).done:
+                raise Unavailable(f"not the leader of partition {partition}")
+
+        await self._core.administer("transfer leadership", on_the_leader, on_any_error=True)
 
     async def status(self) -> list[NodeStatus]:
         await self._core.refresh()

@@ -25,7 +25,7 @@ from raftkv.api.convert import error_from_result
 from raftkv.api.rpc_errors import error_of, never_sent
 from raftkv.client.retry import decide
 from raftkv.client.routing import RoutingTable
-from raftkv.core.errors import NotLeader, RaftKVError, Unavailable, Undetermined
+from raftkv.core.errors import ChangeRefused, NotLeader, RaftKVError, Unavailable, Undetermined
 
 
 # Columnar scan chunks are up to 4 MiB (server.COLUMNS_CHUNK_BYTES): above gRPC's default receive limit.
@@ -121,6 +121,7 @@ class ClientCore:
         self.max_in_flight = max_in_flight
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, kv_pb2_grpc.KVStub] = {}
+        self._admins: dict[str, kv_pb2_grpc.AdminStub] = {}
         self._links: dict[tuple[str, int], _Link] = {}
         self._refreshing: asyncio.Task | None = None
 
@@ -133,6 +134,34 @@ class ClientCore:
             self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             self._stubs[address] = kv_pb2_grpc.KVStub(self._channels[address])
         return self._stubs[address]
+
+    def admin(self, address: str) -> kv_pb2_grpc.AdminStub:
+        if address not in self._admins:
+            self.stub(address)
+            self._admins[address] = kv_pb2_grpc.AdminStub(self._channels[address])
+        return self._admins[address]
+
+    async def administer(self, what: str, call: Callable[[kv_pb2_grpc.AdminStub], Awaitable[T]],
+                         on_any_error: bool = False) -> T:
+        """`call` on the first node that answers (with `on_any_error`, that `call` does not raise
+        Unavailable for), again until the timeout; a refusal is final."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            for address in self.routing.known_addresses():
+                try:
+                    return await call(self.admin(address))
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+                        raise ChangeRefused(exc.details()) from None
+                    last = f"{address}: {exc.code().name} {exc.details()}"
+                except Unavailable as exc:
+                    if not on_any_error:
+                        raise
+                    last = f"{address}: {exc}"
+            if loop.time() >= deadline:
+                raise Unavailable(f"{what}: no node could answer (last: {last}); check that the nodes are running")
+            await asyncio.sleep(0.2)
 
     def link(self, address: str, consistency: int) -> _Link:
         key = (address, consistency)

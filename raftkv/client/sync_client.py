@@ -13,7 +13,8 @@ on NotLeader or a connection failure, retried until the deadline.
 
 Errors: InvalidRequest (nothing written), Unavailable (nothing written, no
 leader reachable before the deadline), Undetermined (a write whose outcome is
-unknown), Timeout (a read that did not finish), StorageFull.
+unknown), Timeout (a read that did not finish), StorageFull, ChangeRefused (a topology
+change a rule forbids; nothing changed).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.client.async_client import AsyncClient, Bytes, ClientOptions, LearnerView, Read, scan_bounds
 from raftkv.client.core import NodeStatus
 from raftkv.core.commands import CasResult, Mutation
+from raftkv.meta.wire import Topology
 
-__all__ = ["Client", "LearnerView", "NodeStatus", "Read"]
+__all__ = ["Client", "LearnerView", "NodeStatus", "Read", "Topology"]
 
 
 class Client:
@@ -144,6 +146,21 @@ class Client:
     def report_progress(self, name: str, delivered: dict[int, int]) -> None:
         """A learner's durably delivered index per partition, replicated in each partition's log."""
         self._run(self._async.report_progress(name, delivered))
+
+    def topology(self) -> Topology:
+        return self._run(self._async.topology())
+
+    def move_replica(self, partition: int, source: str, target: str) -> Topology:
+        return self._run(self._async.move_replica(partition, source, target))
+
+    def decommission(self, node_id: str, force: bool = False) -> Topology:
+        return self._run(self._async.decommission(node_id, force))
+
+    def transfer_leadership(self, partition: int, node_id: str) -> None:
+        self._run(self._async.transfer_leadership(partition, node_id))
+
+    def change_topology(self, command) -> Topology:
+        return self._run(self._async.change_topology(command))
 
     def status(self) -> list[NodeStatus]:
         return self._run(self._async.status())

@@ -53,3 +53,8 @@ class CorruptData(RaftKVError):
 
 class StorageFull(RaftKVError):
     """The disk holding a node's data is full; nothing was acknowledged."""
+
+
+class ChangeRefused(RaftKVError):
+    """A change to the cluster's topology broke a rule (an unknown node, a second move of a
+    partition...); nothing changed."""

@@ -55,6 +55,10 @@ class Tuning:
     max_batch_bytes: int = 2 * 1024 * 1024
     request_timeout: float = 10.0
     wire_compression: int = 0  # zlib level of Raft messages; 0 on loopback/LAN (raftkv/raft/syncobj_wire.py)
+    rebalance_interval: float = 2.0  # how often the metadata leader plans moves and transfers; 0: never by itself
+    max_moves: int = 2  # replica moves under way in the cluster at once
+    max_moves_per_node: int = 1  # ... and per node, as source or target
+    dead_after: float = 300.0  # a node unreachable this long is dead: its replicas are re-created elsewhere
 
     def problems(self) -> list[str]:
         problems = []
@@ -66,9 +70,12 @@ class Tuning:
                      "learner_retention_bytes"):
             if getattr(self, name) < 2:
                 problems.append(f"tuning.{name}: must be at least 2")
-        for name in ("connection_retry_seconds", "compaction_min_seconds", "request_timeout"):
+        for name in ("connection_retry_seconds", "compaction_min_seconds", "request_timeout", "dead_after",
+                     "max_moves", "max_moves_per_node"):
             if getattr(self, name) <= 0:
                 problems.append(f"tuning.{name}: must be positive")
+        if self.rebalance_interval < 0:
+            problems.append("tuning.rebalance_interval: must not be negative (0 turns rebalancing off)")
         if not 0 <= self.wire_compression <= 9:
             problems.append("tuning.wire_compression: a zlib level, 0 (none) to 9")
         return problems
@@ -89,6 +96,10 @@ class NodeSpec:
 
     def raft_address(self, partition: int) -> str:
         return f"{self.host}:{self.raft_port_base + partition}"
+
+    def meta_port(self, partitions: int) -> int:
+        """The metadata group's Raft port: the one after the partitions' block."""
+        return self.raft_port_base + partitions
 
 
 @dataclass(frozen=True)
@@ -152,6 +163,7 @@ def _node_problems(nodes: tuple[NodeSpec, ...], partitions: int) -> list[str]:
         seen_ids.add(n.id)
         ports = [("api_port", n.api_port), ("metrics_port", n.metrics_port)]
         ports += [(f"raft port of partition {p}", n.raft_port_base + p) for p in range(partitions)]
+        ports.append(("metadata raft port (raft_port_base + partitions)", n.meta_port(partitions)))
         for name, port in ports:
             if not 1 <= port <= 65535:
                 problems.append(f"{where}.{name}: {port} is not a valid port")
@@ -161,6 +173,11 @@ def _node_problems(nodes: tuple[NodeSpec, ...], partitions: int) -> list[str]:
                 problems.append(f"{where}.{name}: port {port} on {n.host} is also {other}")
             used[(n.host, port)] = f"{n.id} {name}"
     return problems
+
+
+def ports_per_node(partitions: int) -> int:
+    """API, metrics, one Raft port per partition and the metadata group's."""
+    return partitions + 3
 
 
 def build_spec(
@@ -174,10 +191,10 @@ def build_spec(
     name: str = "raftkv",
     durability: str = "default",
 ) -> ClusterSpec:
-    """A spec for `nodes` nodes; each node takes a block of partitions + 2 ports."""
+    """A spec for `nodes` nodes; each node takes a block of partitions + 3 ports."""
     if hosts and len(hosts) != nodes:
         raise ConfigError(f"--hosts lists {len(hosts)} hosts for {nodes} nodes")
-    stride = partitions + 2
+    stride = ports_per_node(partitions)
     node_specs = tuple(
         NodeSpec(
             id=f"n{i + 1}",

@@ -133,3 +133,10 @@ class PartitionFrontend:
         for p in self._policy.abandon():
             if not p.future.done():
                 p.future.set_exception(error)
+
+    def close(self) -> None:
+        """The replica leaves this node: fail what waits here at once, then close it."""
+        self.on_leadership_lost()
+        for proposal_id in list(self._in_flight):
+            self._finish(proposal_id, None, Outcome.UNKNOWN)
+        self.replica.close()

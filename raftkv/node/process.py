@@ -8,24 +8,37 @@ and RocksDB's own threads run beside it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import shutil
 import signal
 import socket
+import time
 
 import grpc
 
-from raftkv.core import metrics
+from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.core.errors import ConfigError, RaftKVError
+from raftkv.core import metrics
+from raftkv.core.errors import ConfigError, RaftKVError, Unavailable
+from raftkv.core.spec import ClusterSpec, spec_to_toml
+from raftkv.meta.bootstrap import bootstrap_command, spec_meta
+from raftkv.meta.records import META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command
+from raftkv.meta.wire import topology_of
+from raftkv.node.admin_service import AdminService
 from raftkv.node.group_commit import PartitionFrontend
-from raftkv.core.partitioning import partitions_hosted_by, replicas_for
-from raftkv.node.service import KVService
-from raftkv.core.spec import ClusterSpec
+from raftkv.node.meta_replica import MetaReplica
+from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
+from raftkv.node.peers import Peers
+from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica import PartitionReplica
+from raftkv.node.service import KVService
 from raftkv.raft.group import AddressInUse, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 
 log = logging.getLogger(__name__)
+
+LEADERLESS_ASK_SECONDS = 5  # a metadata group with no leader for this long: ask the members (`_ask_members`)
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -35,22 +48,65 @@ GRPC_OPTIONS = [
 
 
 class Node:
-    def __init__(self, spec: ClusterSpec, node_id: str):
+    """`initial` is the topology until this node's copy of the metadata has one: the spec's for a
+    node of the spec, the one its join was answered with for a node that joined."""
+
+    def __init__(self, spec: ClusterSpec, node_id: str, initial: ClusterMeta | None = None):
         self.spec = spec
         self.me = spec.node(node_id)
-        self.hosted = partitions_hosted_by(node_id, spec.node_ids, spec.partitions, spec.replication)
-        self.frontends: dict[int, PartitionFrontend] = {}
+        self.me_id = node_id
+        self.spec_toml = spec_to_toml(spec)
+        self._initial = initial or spec_meta(spec)
+        self._told = ClusterMeta()  # a newer topology than this node's copy, from a member (`_ask_members`)
+        self.frontends: dict[int, PartitionFrontend] = {}  # the partitions this node is a voter of
+        self.learning: dict[int, PartitionReplica] = {}  # the partitions moving here, still catching up
+        self.meta: MetaReplica | None = None
+        self.peers = Peers(self.address_of)
+        self.mover = ReplicaMover(lambda: self.meta, lambda: self.topology, self.peers)
+        self.rebalancer = Rebalancer(spec.tuning, lambda: self.topology, self.peers, self.change_topology)
+        self.removed = asyncio.Event()  # the metadata says this node is removed: the process exits
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._bootstrapping = False
+        self._next_rebalance = 0.0
+        self._leaderless = 0  # seconds this node's metadata group has known no leader
         self._server: grpc.aio.Server | None = None
-        self._service: KVService | None = None
         self.failure: asyncio.Future | None = None  # set to the error that must stop the node (corrupt data)
 
-    def replicas_of(self, partition: int) -> tuple[str, ...]:
-        return replicas_for(partition, self.spec.node_ids, self.spec.replication)
+    # -- topology ---------------------------------------------------------
 
-    def _check_ports(self) -> None:
+    @property
+    def topology(self) -> ClusterMeta:
+        """The newest topology this node knows: its copy of the metadata, or a newer one a member
+        told it (`_ask_members`), or the initial one until it has either."""
+        meta = self.meta.meta if self.meta is not None else ClusterMeta()
+        return max((meta, self._told), key=lambda m: m.epoch) if meta.epoch or self._told.epoch else self._initial
+
+    def address_of(self, node_id: str) -> str:
+        return self.topology.node(node_id).api_address
+
+    def node_at(self, group: int, raft_address: str | None) -> str | None:
+        """The node whose Raft address for `group` this is."""
+        return next((n.id for n in self.topology.nodes if n.raft_address(group) == raft_address), None)
+
+    def meta_leader_id(self) -> str | None:
+        return self.node_at(META, self.meta.leader_address) if self.meta is not None else None
+
+    async def change_topology(self, command: MetaCommand) -> ClusterMeta:
+        """Apply a metadata command on the metadata leader: here, or forwarded to it."""
+        if self.meta.is_leader:
+            return await self.meta.propose(command)
+        leader = self.meta_leader_id()
+        if leader is None or leader == self.me_id:
+            raise Unavailable("the metadata group has no leader right now; retry")
+        reply = await self.peers.admin(leader).ChangeTopology(
+            pb.ChangeTopologyRequest(command=encode_command(command)), timeout=RPC_TIMEOUT)
+        return topology_of(reply).meta
+
+    # -- start and stop ---------------------------------------------------
+
+    def _check_ports(self, ports: list[tuple[str, int]]) -> None:
         """Fail fast, with the port's name, before anything starts."""
-        ports = [("api_port", self.me.api_port), ("metrics_port", self.me.metrics_port)]
-        ports += [(f"raft port of partition {p}", self.me.raft_port_base + p) for p in self.hosted]
         for name, port in ports:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -64,57 +120,86 @@ class Node:
                     ) from None
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self.failure = loop.create_future()
-        self._check_ports()
+        # Every port of the node's block, partitions it does not hold included: any may move here.
+        self._check_ports([("api_port", self.me.api_port), ("metrics_port", self.me.metrics_port)]
+                          + [(f"raft port of partition {p}", self.me.raft_port_base + p)
+                             for p in range(self.spec.partitions)]
+                          + [("metadata raft port", self.me.meta_port(self.spec.partitions))])
+        self.meta = self._open_meta(voting=self.me_id in self.topology.group_voters(META))
+        if not await self._metadata_caught_up(timeout=5.0):
+            await self._ask_members()
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
         self._server.add_insecure_port(self.me.api_address)
-        for p in self.hosted:
-            self.frontends[p] = self._start_partition(p, loop)
-        self._service = KVService(self.spec, self.me.id, self.frontends, self.replicas_of)
-        kv_pb2_grpc.add_KVServicer_to_server(self._service, self._server)
+        self._reconcile(at_start=True)
+        kv_pb2_grpc.add_KVServicer_to_server(
+            KVService(self.spec, self.me.id, self.frontends, lambda: self.topology, self.peers), self._server)
+        kv_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self._server)
         try:
             metrics.serve(self.me.host, self.me.metrics_port)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on port {self.me.metrics_port}: {exc.strerror}",
                               source=f"node {self.me.id} metrics_port") from None
         await self._server.start()
-        loop.create_task(self._housekeeping())
-        log.info("node %s serving %s; partitions %s", self.me.id, self.me.api_address, self.hosted)
+        self._tasks = [loop.create_task(self._housekeeping()), loop.create_task(self._metadata_loop())]
+        log.info("node %s serving %s; partitions %s", self.me.id, self.me.api_address, sorted(self.frontends))
 
-    def _start_partition(self, p: int, loop: asyncio.AbstractEventLoop) -> PartitionFrontend:
-        metrics.init_partition(p)
-        by_address = {n.raft_address(p): n.id for n in self.spec.nodes}
-        peers = [self.spec.node(i).raft_address(p) for i in self.replicas_of(p) if i != self.me.id]
-        frontend: PartitionFrontend | None = None
+    async def _metadata_caught_up(self, timeout: float) -> bool:
+        """Until this node's copy of the metadata has what its group committed (bounded: when the whole
+        cluster starts, the group elects no leader before enough nodes are up). A node that was away
+        must not open replicas that were moved off it meanwhile, and serve reads from them."""
+        deadline = time.monotonic() + timeout
+        group = self.meta.group
+        while time.monotonic() < deadline:
+            if group.leader is not None and group.commit_index and group.last_applied >= group.commit_index:
+                return True
+            await asyncio.sleep(0.05)
+        log.info("metadata not caught up after %.0fs (epoch %d here)", timeout, self.topology.epoch)
+        return False
 
-        def on_role_changed(old: Role, new: Role) -> None:  # inside a tick, on the loop
-            metrics.LEADER_CHANGES.labels(p).inc()
-            metrics.IS_LEADER.labels(p).set(1 if new == Role.LEADER else 0)
-            if old == Role.LEADER and frontend is not None:
-                loop.call_soon(frontend.on_leadership_lost)
+    async def _ask_members(self) -> None:
+        """This node's metadata group has no leader: ask the other nodes for the topology. A newer one
+        is used until this node's copy catches up; if it no longer counts this node among the metadata
+        group's voters (removed while it was away: Raft does not tell), it rejoins the group as a learner."""
+        others = [n.id for n in self.topology.nodes if n.id != self.me_id and n.state != NodeState.REMOVED]
+        replies = await asyncio.gather(*(self.peers.admin(n).Topology(pb.TopologyRequest(), timeout=2.0)
+                                         for n in others), return_exceptions=True)
+        newest = max((topology_of(r).meta for r in replies if isinstance(r, pb.TopologyResponse)),
+                     key=lambda m: m.epoch, default=ClusterMeta())
+        if newest.epoch <= self.topology.epoch:
+            return
+        log.info("a member knows a newer topology (epoch %d, this node's copy %d): using it", newest.epoch,
+                 self.topology.epoch)
+        self._told = newest
+        if self.meta.voting and self.me_id not in newest.group_voters(META):
+            self.meta.close()
+            self.meta = self._open_meta(voting=False)
+            log.info("metadata group: no longer a voter (removed while away); following it as a learner")
 
-        folder = self.me.data_dir / f"p{p:04d}"
+    def _open_meta(self, voting: bool) -> MetaReplica:
+        topology, loop = self.topology, self._loop
         config = GroupConfig(
-            partition=p,
-            self_address=self.me.raft_address(p),
-            peers=tuple(peers),
-            folder=folder,
+            partition=META,
+            self_address=self.topology.node(self.me_id).raft_address(META) if voting else None,
+            peers=tuple(topology.node(n).raft_address(META) for n in topology.group_voters(META) if n != self.me_id),
+            folder=self.me.data_dir / "meta",
             fsync=self.spec.durability == "fsync",
             tuning=self.spec.tuning,
-            on_role_changed=on_role_changed,
+            membership_changes=True,
         )
+        with self._opening("metadata raft port", f"{self.me.host}:{self.me.meta_port(self.spec.partitions)}"):
+            return MetaReplica(config.folder, lambda sm: SyncObjGroup(config, sm, loop),
+                               on_change=lambda _meta: loop.call_soon(self._on_meta_change), voting=voting)
+
+    @contextlib.contextmanager
+    def _opening(self, port_name: str, address: str):
+        """Opening a replica: a port or a data dir in use becomes the line that says so."""
         try:
-            replica = PartitionReplica(
-                p, folder, self.spec.tuning,
-                open_group=lambda state_machine: SyncObjGroup(config, state_machine, loop),
-                on_corrupt=lambda error: loop.call_soon_threadsafe(self._fail, error),
-            )
+            yield
         except AddressInUse:
-            raise ConfigError(
-                f"cannot listen on {self.me.raft_address(p)} (Raft port of partition {p}): the port is in use",
-                source=f"node {self.me.id} raft_port_base",
-            ) from None
+            raise ConfigError(f"cannot listen on {address} ({port_name}): the port is in use",
+                              source=f"node {self.me.id}") from None
         except RaftKVError:
             raise
         except Exception as exc:
@@ -124,15 +209,91 @@ class Node:
                     source=f"node {self.me.id}",
                 ) from None
             raise
-        frontend = PartitionFrontend(
-            replica,
-            loop,
-            max_batch_ops=self.spec.tuning.max_batch_ops,
-            max_batch_bytes=self.spec.tuning.max_batch_bytes,
-            request_timeout=self.spec.tuning.request_timeout,
-            leader_id_of=lambda address: by_address.get(address),
+
+    def _open_partition(self, p: int, voter: bool) -> PartitionReplica:
+        """Partition p's replica: a voter of its group, or a learner catching up to become one."""
+        topology = self.topology
+        loop = self._loop
+        metrics.init_partition(p)
+
+        def on_role_changed(old: Role, new: Role) -> None:  # inside a tick, on the loop
+            metrics.LEADER_CHANGES.labels(p).inc()
+            metrics.IS_LEADER.labels(p).set(1 if new == Role.LEADER else 0)
+            frontend = self.frontends.get(p)
+            if old == Role.LEADER and frontend is not None:
+                loop.call_soon(frontend.on_leadership_lost)
+
+        config = GroupConfig(
+            partition=p,
+            self_address=self.me.raft_address(p) if voter else None,
+            peers=tuple(topology.node(i).raft_address(p) for i in topology.group_voters(p) if i != self.me.id),
+            folder=self.me.data_dir / f"p{p:04d}",
+            fsync=self.spec.durability == "fsync",
+            tuning=self.spec.tuning,
+            on_role_changed=on_role_changed if voter else None,
+            membership_changes=True,
         )
-        return frontend
+        with self._opening(f"Raft port of partition {p}", self.me.raft_address(p)):
+            return PartitionReplica(
+                p, config.folder, self.spec.tuning,
+                open_group=lambda state_machine: SyncObjGroup(config, state_machine, loop),
+                on_corrupt=lambda error: loop.call_soon_threadsafe(self._fail, error),
+            )
+
+    def _frontend(self, replica: PartitionReplica) -> PartitionFrontend:
+        tuning = self.spec.tuning
+        return PartitionFrontend(
+            replica, self._loop, max_batch_ops=tuning.max_batch_ops, max_batch_bytes=tuning.max_batch_bytes,
+            request_timeout=tuning.request_timeout,
+            leader_id_of=lambda address: self.node_at(replica.partition, address),
+        )
+
+    def _on_meta_change(self) -> None:
+        if self._server is None:  # still starting: `start` opens the replicas once its ports are checked
+            return
+        try:
+            self._reconcile()
+        except RaftKVError as error:  # a port taken since: the next metadata change or second tries again
+            log.error("%s", error)
+        self.mover.poke()
+        if self.topology.has_node(self.me_id) and self.topology.node(self.me_id).state == NodeState.REMOVED:
+            self.removed.set()
+
+    def _reconcile(self, at_start: bool = False) -> None:
+        """Run exactly the replicas the metadata gives this node: voters, and learners of moves to it.
+
+        A replica the metadata no longer gives this node is closed and its data deleted. That
+        happens only to a replica opened for an older state of the metadata, never at start-up:
+        this node's copy of the metadata only moves forward, so a newer state that leaves a
+        partition out means it moved away.
+        """
+        topology = self.topology
+        votes_meta = self.me_id in topology.group_voters(META)
+        if self.meta is not None and self.meta.voting != votes_meta and topology.has_node(self.me_id):
+            self.meta.close()  # the same data, now as a voter of the metadata group, or no longer one
+            self.meta = self._open_meta(voting=votes_meta)
+            log.info("metadata group: now a %s here", "voter" if votes_meta else "learner")
+        voters = set(topology.voter_partitions(self.me.id))
+        learners = set(topology.learner_partitions(self.me.id))
+        for p in sorted(voters - self.frontends.keys()):
+            if p in self.learning:  # added to the group: the same data, now as a voter
+                self.learning.pop(p).close()
+            self.frontends[p] = self._frontend(self._open_partition(p, voter=True))
+            if not at_start:
+                log.info("partition %d: now a voter here", p)
+        for p in sorted(learners - self.learning.keys() - self.frontends.keys()):
+            self.learning[p] = self._open_partition(p, voter=False)
+            log.info("partition %d: catching up here as a learner", p)
+        for p in sorted(self.frontends.keys() - voters):
+            self.frontends.pop(p).close()
+            self._delete(p)
+        for p in sorted(self.learning.keys() - learners - voters):
+            self.learning.pop(p).close()
+            self._delete(p)
+
+    def _delete(self, p: int) -> None:
+        shutil.rmtree(self.me.data_dir / f"p{p:04d}", ignore_errors=True)
+        log.info("partition %d: no replica here any more; its data is deleted", p)
 
     def _fail(self, error: Exception) -> None:
         """Stop serving: a replica ran into corrupt data, and nothing it holds can be trusted now."""
@@ -140,10 +301,53 @@ class Node:
             log.error("stopping: %s", error)
             self.failure.set_exception(error)
 
+    async def _metadata_duties(self) -> None:
+        """Once a second. Every node: act on the metadata (again, for what a failed attempt left to
+        do), and report itself up once it serves. The metadata leader: bootstrap the metadata from
+        the spec, run the moves, and every `rebalance_interval` judge liveness and rebalance."""
+        self._on_meta_change()
+        if self.meta.leader_address is None:
+            self._leaderless += 1
+            if self._leaderless % LEADERLESS_ASK_SECONDS == 0:
+                await self._ask_members()
+        else:
+            self._leaderless = 0
+        topology = self.topology
+        me = topology.node(self.me_id) if topology.has_node(self.me_id) else None
+        if me is not None and me.state == NodeState.JOINING and topology.epoch:
+            await self._ask(SetNodeState(self.me_id, NodeState.UP))
+        if not self.meta.is_leader:
+            self.rebalancer.forget()
+            return
+        if not self.meta.meta.epoch and not self._bootstrapping:
+            self._bootstrapping = True
+            try:
+                await self.meta.propose(bootstrap_command(self.spec))
+            finally:
+                self._bootstrapping = False
+        elif time.monotonic() >= self._next_rebalance:
+            interval = self.spec.tuning.rebalance_interval
+            self._next_rebalance = time.monotonic() + (interval or 1.0)
+            await self.rebalancer.run_once(rebalance=interval > 0)
+
+    async def _ask(self, command: MetaCommand) -> None:
+        try:
+            await self.change_topology(command)
+        except (RaftKVError, grpc.aio.AioRpcError) as exc:  # asked again a second later
+            log.info("metadata change %s: %s", type(command).__name__, exc)
+
+    async def _metadata_loop(self) -> None:
+        while True:
+            try:
+                await self._metadata_duties()
+            except Exception:
+                log.exception("metadata duties failed; trying again in a second")
+            await asyncio.sleep(1.0)
+
     async def _housekeeping(self) -> None:
         """Once a second: log compaction when due, and the gauges."""
         while True:
-            for p, frontend in self.frontends.items():
+            for p, frontend in list(self.frontends.items()):
                 r = frontend.replica
                 try:
                     r.maybe_compact()
@@ -155,17 +359,23 @@ class Node:
             await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
         if self._server is not None:
             await self._server.stop(grace=1.0)
-        if self._service is not None:
-            await self._service.close()
+        await self.mover.close()
+        await self.peers.close()
         for frontend in self.frontends.values():
             frontend.replica.close()
+        for replica in self.learning.values():
+            replica.close()
+        if self.meta is not None:
+            self.meta.close()
 
 
-async def serve(spec: ClusterSpec, node_id: str) -> None:
-    """Run a node until SIGTERM or SIGINT."""
-    node = Node(spec, node_id)
+async def serve(spec: ClusterSpec, node_id: str, initial: ClusterMeta | None = None) -> None:
+    """Run a node until SIGTERM or SIGINT, or until the cluster removed it (decommissioned)."""
+    node = Node(spec, node_id, initial)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -175,8 +385,13 @@ async def serve(spec: ClusterSpec, node_id: str) -> None:
         await node.start()
         print(f"raftkv node {node_id} ready on {node.me.api_address}", flush=True)
         stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([stopped, node.failure], return_when=asyncio.FIRST_COMPLETED)
+        removed = asyncio.ensure_future(node.removed.wait())
+        await asyncio.wait([stopped, removed, node.failure], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
+        removed.cancel()
+        if node.removed.is_set():
+            print(f"raftkv node {node_id} was removed from the cluster (decommissioned); exiting. To bring it "
+                  "back, start it with an empty --data-dir and --join", flush=True)
     finally:
         if node.failure is not None and node.failure.done():
             failure = node.failure.exception()  # retrieved also when start() raised it itself

@@ -7,8 +7,6 @@ position says exactly which entries it holds.
 
 from __future__ import annotations
 
-import logging
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,26 +18,19 @@ from raftkv.core.learner_registry import learners_from
 from raftkv.core.retention import compaction_due
 from raftkv.core.spec import Tuning
 from raftkv.core.state_machine import apply_proposal
-from raftkv.raft import snapshot_file
-from raftkv.raft.group import Entry, ProposalCallback, RaftGroup, Role, Snapshot, StateMachine
+from raftkv.raft.engine_state import EngineStateMachine
+from raftkv.raft.group import Entry, ProposalCallback, RaftGroup, Role, StateMachine
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
 
-log = logging.getLogger(__name__)
 
-
-class KVStateMachine:
+class KVStateMachine(EngineStateMachine):
     """The partition's key-value state: what a voter's Raft group applies entries to."""
 
     def __init__(self, partition: int, engine: RocksEngine, folder: Path):
+        super().__init__(f"partition {partition}", engine, folder)
         self.partition = partition
-        self.engine = engine
-        self._folder = folder
         self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
-
-    @property
-    def position(self) -> Position:
-        return self.engine.position
 
     def apply(self, entry: Entry):
         started = time.perf_counter()
@@ -47,18 +38,6 @@ class KVStateMachine:
         self.engine.write(applied.mutations, Position(entry.index, entry.term), applied.meta)
         self._apply_seconds.observe(time.perf_counter() - started)
         return applied.results
-
-    def checkpoint(self, dest: Path, last: Position) -> Position:
-        return self.engine.checkpoint(dest)
-
-    def restore(self, snapshot: Snapshot) -> None:
-        if snapshot.position.index > self.engine.position.index:
-            with tempfile.TemporaryDirectory(dir=self._folder, prefix="install-") as tmp:
-                self.engine.install(snapshot_file.extract_db(snapshot.path, Path(tmp)))
-            log.info("partition %d installed a snapshot at index %d", self.partition, snapshot.position.index)
-
-    def flush(self) -> None:
-        self.engine.flush()
 
 
 class Replica:
@@ -72,7 +51,8 @@ class Replica:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.engine = RocksEngine(self.folder, on_corrupt=on_corrupt)
         try:
-            self.group = open_group(state_machine(self.engine))
+            self.state_machine = state_machine(self.engine)
+            self.group = open_group(self.state_machine)
         except BaseException:
             self.engine.close()
             raise

@@ -20,7 +20,9 @@ from raftkv.api.convert import command_from_op, result_from_error, result_from_w
 from raftkv.core.commands import Limits
 from raftkv.storage.engine import KeyRange
 from raftkv.core.errors import InvalidRequest, NotLeader, RaftKVError, Unavailable
+from raftkv.meta.records import ClusterMeta, NodeState
 from raftkv.node.group_commit import PartitionFrontend
+from raftkv.node.peers import Peers
 from raftkv.core.learner_registry import learners_from
 from raftkv.core.spec import ClusterSpec
 
@@ -31,45 +33,25 @@ SCAN_CHUNK_BYTES = 1 << 20
 COLUMNS_CHUNK_BYTES = 4 << 20  # one Arrow batch in Spark: bigger is cheaper per row there
 
 
-class Peers:
-    """gRPC stubs of the other nodes, made on first use."""
-
-    def __init__(self, spec: ClusterSpec):
-        self._addresses = {n.id: n.api_address for n in spec.nodes}
-        self._stubs: dict[str, kv_pb2_grpc.KVStub] = {}
-        self._channels: list[grpc.aio.Channel] = []
-
-    def stub(self, node_id: str) -> kv_pb2_grpc.KVStub:
-        stub = self._stubs.get(node_id)
-        if stub is None:
-            channel = grpc.aio.insecure_channel(self._addresses[node_id])
-            self._channels.append(channel)
-            stub = self._stubs[node_id] = kv_pb2_grpc.KVStub(channel)
-        return stub
-
-    async def close(self) -> None:
-        for channel in self._channels:
-            await channel.close()
-
-
 class KVService(kv_pb2_grpc.KVServicer):
     def __init__(
         self,
         spec: ClusterSpec,
         node_id: str,
         frontends: dict[int, PartitionFrontend],
-        replicas_of: Callable[[int], tuple[str, ...]],
+        topology: Callable[[], ClusterMeta],
+        peers: Peers,
     ):
         self._spec = spec
         self._node_id = node_id
         self._frontends = frontends
-        self._replicas_of = replicas_of
+        self._topology = topology
         self._limits = Limits(spec.max_key_bytes, spec.max_value_bytes)
         self._timeout = spec.tuning.request_timeout
-        self._peers = Peers(spec)
+        self._peers = peers
 
-    async def close(self) -> None:
-        await self._peers.close()
+    def _replicas_of(self, partition: int) -> tuple[str, ...]:
+        return self._topology().placement[partition]
 
     # -- Execute ----------------------------------------------------------
 
@@ -214,7 +196,8 @@ class KVService(kv_pb2_grpc.KVServicer):
             node_id=self._node_id,
             cluster=self._spec.name,
             partitions=self._spec.partitions,
-            nodes=[pb.NodeInfo(id=n.id, api_address=n.api_address) for n in self._spec.nodes],
+            nodes=[pb.NodeInfo(id=n.id, api_address=n.api_address) for n in self._topology().nodes
+                   if n.state != NodeState.REMOVED],
             hosted=hosted,
         )
 

@@ -1,0 +1,52 @@
+"""The metadata group's state machine: `ClusterMeta` in a RocksDB database, one JSON value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from raftkv.core.errors import ChangeRefused
+from raftkv.meta.records import ClusterMeta, apply, decode_command, decode_meta, encode_meta
+from raftkv.raft.engine_state import EngineStateMachine
+from raftkv.raft.group import Entry
+from raftkv.storage.engine import Position
+from raftkv.storage.rocks_engine import RocksEngine
+
+_KEY = b"cluster-meta"
+
+
+class MetaStateMachine(EngineStateMachine):
+    """Applies metadata commands; `on_change(meta)` hears of every new state (on the group's thread).
+
+    A refused command is a committed entry like any other: it changes nothing, and its proposer
+    gets the `ChangeRefused` as the result.
+    """
+
+    def __init__(self, engine: RocksEngine, folder: Path, on_change: Callable[[ClusterMeta], None] | None = None):
+        super().__init__("metadata", engine, folder)
+        self._on_change = on_change
+        raw = engine.meta_get(_KEY)
+        self.meta = decode_meta(raw) if raw is not None else ClusterMeta()
+
+    def apply(self, entry: Entry) -> ClusterMeta | ChangeRefused:
+        if not entry.payload:  # a barrier: committing it commits everything before it
+            self.engine.write((), Position(entry.index, entry.term))
+            return self.meta
+        try:
+            meta = apply(self.meta, decode_command(entry.payload))
+        except ChangeRefused as refused:
+            self.engine.write((), Position(entry.index, entry.term))
+            return refused
+        self.engine.write((), Position(entry.index, entry.term), {_KEY: encode_meta(meta)})
+        self.meta = meta
+        if self._on_change is not None:
+            self._on_change(meta)
+        return meta
+
+    def restore(self, snapshot) -> None:
+        super().restore(snapshot)
+        raw = self.engine.meta_get(_KEY)
+        if raw is not None and decode_meta(raw).epoch != self.meta.epoch:
+            self.meta = decode_meta(raw)
+            if self._on_change is not None:
+                self._on_change(self.meta)

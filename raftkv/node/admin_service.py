@@ -1,0 +1,141 @@
+"""The `Admin` gRPC service of a node: the topology, changes to it, and the replica verbs a move uses."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Protocol
+
+import grpc
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from raftkv.core.errors import ChangeRefused
+from raftkv.meta.records import META, ClusterMeta, MetaCommand, decode_command
+from raftkv.meta.wire import topology_reply
+from raftkv.node.group_commit import PartitionFrontend
+from raftkv.node.meta_replica import MetaReplica
+from raftkv.node.mover import RPC_TIMEOUT
+from raftkv.node.peers import Peers
+from raftkv.node.replica import Replica
+from raftkv.raft.group import Outcome, Role
+
+
+class AdminHost(Protocol):
+    """What the service needs of its node."""
+
+    me_id: str
+    frontends: dict[int, PartitionFrontend]
+    learning: dict[int, Replica]
+    meta: MetaReplica
+    peers: Peers
+    topology: ClusterMeta
+    spec_toml: str
+
+    def meta_leader_id(self) -> str | None: ...
+
+    def node_at(self, group: int, raft_address: str | None) -> str | None: ...
+
+    async def change_topology(self, command: MetaCommand) -> ClusterMeta: ...
+
+
+class AdminService(kv_pb2_grpc.AdminServicer):
+    def __init__(self, node: AdminHost):
+        self._node = node
+
+    async def Topology(self, request, context) -> pb.TopologyResponse:
+        return topology_reply(self._node.topology, self._node.meta_leader_id(), self._node.spec_toml)
+
+    async def ChangeTopology(self, request: pb.ChangeTopologyRequest, context) -> pb.TopologyResponse:
+        try:
+            command = decode_command(request.command)
+        except (ValueError, KeyError, TypeError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a metadata command: {exc}")
+        try:
+            meta = await self._node.change_topology(command)
+        except ChangeRefused as refused:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(refused))
+        except grpc.aio.AioRpcError as exc:  # forwarded, and the metadata leader answered so
+            await context.abort(exc.code(), exc.details())
+        except Exception as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return topology_reply(meta, self._node.meta_leader_id(), self._node.spec_toml)
+
+    async def ReplicaProgress(self, request: pb.ReplicaRequest, context) -> pb.ReplicaState:
+        node, g = self._node, request.group
+        if g == META:
+            replica, mode = node.meta, "voter" if node.meta.voting else "learner"
+        elif g in node.frontends:
+            replica, mode = node.frontends[g].replica, "voter"
+        elif g in node.learning:
+            replica, mode = node.learning[g], "learner"
+        else:
+            return pb.ReplicaState(mode="none")
+        return pb.ReplicaState(mode=mode, applied_index=replica.group.last_applied,
+                               commit_index=replica.group.commit_index,
+                               leader=node.node_at(g, replica.leader_address) or "")
+
+    async def _leading(self, g: int, node_id: str, context) -> tuple[Replica, Callable[[], Awaitable], str] | \
+            pb.ChangeMembershipResponse:
+        """The group's replica, its barrier and `node_id`'s Raft address in it, when this node leads the
+        group; else the answer that says who does."""
+        node = self._node
+        if g == META:
+            replica, barrier = node.meta, node.meta.barrier
+        elif g in node.frontends:
+            replica, barrier = node.frontends[g].replica, node.frontends[g].barrier
+        else:
+            return pb.ChangeMembershipResponse(done=False)
+        if replica.role != Role.LEADER:
+            return pb.ChangeMembershipResponse(done=False, leader=node.node_at(g, replica.leader_address) or "")
+        try:
+            return replica, barrier, node.topology.node(node_id).raft_address(g)
+        except ChangeRefused as refused:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(refused))
+
+    async def ChangeMembership(self, request: pb.ChangeMembershipRequest, context) -> pb.ChangeMembershipResponse:
+        node = self._node
+        leading = await self._leading(request.group, request.node, context)
+        if isinstance(leading, pb.ChangeMembershipResponse):
+            return leading
+        replica, barrier, address = leading
+        adding = request.action == "add"
+        if (address in replica.group.voters) == adding:
+            # A change counts from when it is appended, so "already a member" may still be uncommitted
+            # (and undone by a new leader): an entry committed after it commits it too.
+            try:
+                await asyncio.wait_for(barrier(), RPC_TIMEOUT)
+            except Exception:
+                return pb.ChangeMembershipResponse(done=False)
+            return pb.ChangeMembershipResponse(done=True, leader=node.me_id)
+        if not adding and request.node == node.me_id:
+            replica.group.transfer_leadership()  # a leader cannot remove itself; the next one will
+            return pb.ChangeMembershipResponse(done=False)
+        change = replica.group.add_member if adding else replica.group.remove_member
+        try:
+            outcome = await asyncio.wait_for(_outcome_of(change, address), RPC_TIMEOUT)
+        except asyncio.TimeoutError:
+            outcome = Outcome.UNKNOWN
+        return pb.ChangeMembershipResponse(done=outcome == Outcome.APPLIED, leader=node.me_id)
+
+    async def TransferLeadership(self, request: pb.TransferLeadershipRequest, context) -> pb.ChangeMembershipResponse:
+        node, g = self._node, request.group
+        if request.node == node.me_id and g in node.frontends and node.frontends[g].is_leader:
+            return pb.ChangeMembershipResponse(done=True, leader=node.me_id)
+        leading = await self._leading(g, request.node, context)
+        if isinstance(leading, pb.ChangeMembershipResponse):
+            return leading
+        replica, _, address = leading
+        if address not in replica.group.voters:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"{request.node} holds no replica of partition {g}; leadership goes only to a voter")
+        replica.group.transfer_leadership(address)  # best effort: the new leader shows in Status when it took over
+        return pb.ChangeMembershipResponse(done=True, leader=node.me_id)
+
+
+def _outcome_of(change: Callable, address: str) -> asyncio.Future:
+    """The outcome of a membership change (REJECTED while another is in flight, or before the leader's
+    first entry of its term is committed: the Raft adapter's guard, docs/elasticity.md §3)."""
+    future = asyncio.get_running_loop().create_future()
+    change(address, lambda _result, outcome: future.done() or future.set_result(outcome))
+    return future
+

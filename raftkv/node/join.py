@@ -1,0 +1,73 @@
+"""A node joining a running cluster (`raftkv node start --join`, docs/elasticity.md §2).
+
+The new node asks any member for the topology and the cluster's constants, registers
+itself (`AddNode`: state `joining` until it serves), and keeps what it was told in its
+data dir, so a restart needs neither `--join` nor a spec:
+
+    <data_dir>/cluster.toml   the cluster's spec, with this node added
+    <data_dir>/joined.json    the topology the join was answered with (until its own copy of
+                              the metadata has one)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from raftkv.core.errors import ChangeRefused, ConfigError, Unavailable
+from raftkv.core.spec import ClusterSpec, NodeSpec, load_spec, parse_spec, save_spec
+from raftkv.meta.bootstrap import node_record
+from raftkv.meta.records import AddNode, ClusterMeta, decode_meta, encode_command, encode_meta
+from raftkv.meta.wire import topology_of
+
+SPEC_FILE = "cluster.toml"
+JOINED_FILE = "joined.json"
+
+
+def joined_before(data_dir: Path) -> tuple[ClusterSpec, ClusterMeta] | None:
+    """The spec and initial topology of a node that joined with this data dir, if one did."""
+    spec_path, joined = data_dir / SPEC_FILE, data_dir / JOINED_FILE
+    if not (spec_path.exists() and joined.exists()):
+        return None
+    return load_spec(spec_path), decode_meta(joined.read_bytes())
+
+
+def join(seed: str, node_id: str, host: str, base_port: int, data_dir: Path) -> tuple[ClusterSpec, ClusterMeta]:
+    """Register this node through `seed` (any member's API address); returns its spec and the topology."""
+    with grpc.insecure_channel(seed) as channel:
+        admin = kv_pb2_grpc.AdminStub(channel)
+        topology = _call(seed, lambda: admin.Topology(pb.TopologyRequest(), timeout=10.0))
+        doc = tomllib.loads(topology.spec_toml)
+        cluster = parse_spec(doc, base_dir=data_dir, source=f"the cluster's spec from {seed}")
+        me = NodeSpec(node_id, host, base_port, base_port + 1, base_port + 2, data_dir.resolve())
+        if any(n.id == node_id for n in topology.meta.nodes):
+            known = topology.meta.node(node_id)
+            if (known.host, known.api_port) != (host, base_port):
+                raise ChangeRefused(f"node {node_id} is already in the cluster (at {known.api_address}); pick another id")
+        spec = replace(cluster, nodes=tuple(n for n in cluster.nodes if n.id != node_id) + (me,), path=None)
+        record = node_record(spec, me)
+        command = pb.ChangeTopologyRequest(command=encode_command(AddNode(record)))
+        meta = _call(seed, lambda: admin.ChangeTopology(command, timeout=15.0)).meta
+    data_dir.mkdir(parents=True, exist_ok=True)
+    save_spec(spec, data_dir / SPEC_FILE)
+    (data_dir / JOINED_FILE).write_bytes(encode_meta(meta))
+    return load_spec(data_dir / SPEC_FILE), meta
+
+
+def _call(seed: str, call):
+    try:
+        return topology_of(call())
+    except grpc.RpcError as exc:
+        if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+            raise ChangeRefused(exc.details()) from None
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            raise Unavailable(f"cannot join through {seed}: {exc.details()}; is a node of the cluster running "
+                              "there?") from None
+        raise ConfigError(f"joining through {seed} failed: {exc.code().name} {exc.details()}",
+                          source="--join") from None
+

@@ -1,0 +1,153 @@
+"""Replica moves, run by the node that leads the metadata group (docs/elasticity.md §3).
+
+A move is recorded in the metadata before anything happens (`BeginMove`), and the
+nodes act on the record by themselves: the target opens the partition as a learner
+while the step is `catching_up`, as a voter once it is `voting`, and the source
+drops its replica when the move has ended without it. What is left to this module
+is the order: wait until the learner is caught up, have the group's leader add it,
+record `voting`, wait until it is a caught-up voter, have the leader remove the
+source (handing leadership on first if the source leads), record the end.
+
+Every step is idempotent (adding a member twice, or removing one that is gone, is
+done already), so a new metadata leader picks a move up from its record, and a step
+that fails is tried again a second later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+import grpc
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.core.errors import Unavailable
+from raftkv.meta.records import META, AdvanceMove, ClusterMeta, EndMove, Move, MoveStep, NodeState, group_name
+from raftkv.node.meta_replica import MetaReplica
+from raftkv.node.peers import Peers
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2
+CATCH_UP_ENTRIES = 64  # a replica this close to the leader's commit index counts as caught up
+RPC_TIMEOUT = 5.0
+MEMBERSHIP_TIMEOUT = 30.0
+
+
+class ReplicaMover:
+    def __init__(self, meta: Callable[[], MetaReplica], topology: Callable[[], ClusterMeta], peers: Peers):
+        self._meta = meta
+        self._topology = topology
+        self._peers = peers
+        self._tasks: dict[int, asyncio.Task] = {}
+
+    def poke(self) -> None:
+        """Run every recorded move that is not running yet (called on each metadata change and once a second)."""
+        if not self._meta().is_leader:
+            return
+        for move in self._topology().moves:
+            task = self._tasks.get(move.group)
+            if task is None or task.done():
+                self._tasks[move.group] = asyncio.ensure_future(self._run(move.group))
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def _run(self, group: int) -> None:
+        try:
+            while self._meta().is_leader and (move := self._topology().move_of(group)) is not None:
+                if move.target and self._topology().node(move.target).state == NodeState.DEAD:
+                    await self._abandon(move)
+                    continue
+                if move.target and move.step == MoveStep.CATCHING_UP:
+                    if move.source and self._topology().node(move.source).state == NodeState.DEAD:
+                        # Adding first would leave RF - 1 live voters of RF + 1: no majority to commit the add.
+                        await self._change_membership(move, "remove", move.source)
+                    await self._until_caught_up(move, "learner")
+                    await self._change_membership(move, "add", move.target)
+                    await self._meta().propose(AdvanceMove(group, MoveStep.VOTING))
+                    log.info("%s: %s added to the group", group_name(group), move.target)
+                    continue
+                if move.target and move.step == MoveStep.VOTING:
+                    await self._until_caught_up(move, "voter")
+                if group == META and move.source and move.step != MoveStep.LEAVING:
+                    await self._meta().propose(AdvanceMove(group, MoveStep.LEAVING))
+                    continue
+                if move.source:
+                    await self._change_membership(move, "remove", move.source)
+                voters = _after(self._topology().voters_of(group), move)
+                await self._meta().propose(EndMove(group, voters))
+                log.info("%s: moved from %s to %s; voters %s", group_name(group), move.source or "nowhere",
+                         move.target or "nowhere", ", ".join(voters))
+        except Exception as exc:  # the next poke, a second later, tries again from the record
+            log.warning("%s: move paused: %s", group_name(group), exc)
+
+    async def _abandon(self, move: Move) -> None:
+        """The target died: undo its addition if it was added, and end the move with the voters as they were."""
+        await self._change_membership(move, "remove", move.target)
+        await self._meta().propose(EndMove(move.group, self._topology().voters_of(move.group)))
+        log.warning("%s: move to %s abandoned: %s is dead", group_name(move.group), move.target, move.target)
+
+    async def _progress(self, node_id: str, group: int) -> pb.ReplicaState | None:
+        try:
+            return await self._peers.admin(node_id).ReplicaProgress(pb.ReplicaRequest(group=group),
+                                                                    timeout=RPC_TIMEOUT)
+        except grpc.aio.AioRpcError:
+            return None
+
+    async def _until_caught_up(self, move: Move, mode: str) -> None:
+        """Until the target runs the group in `mode`, within CATCH_UP_ENTRIES of the leader's commit index."""
+        reported = time.monotonic()
+        while True:
+            voters = [v for v in self._topology().group_voters(move.group) if v != move.target]
+            states = await asyncio.gather(self._progress(move.target, move.group),
+                                          *(self._progress(v, move.group) for v in voters))
+            target, others = states[0], [s for s in states[1:] if s is not None and s.mode == "voter"]
+            commit = max((s.commit_index for s in others), default=0)
+            if target is not None and target.mode == mode and commit and \
+                    target.applied_index + CATCH_UP_ENTRIES >= commit:
+                return
+            if time.monotonic() - reported > 5:
+                reported = time.monotonic()
+                log.info("%s: %s catching up as %s: %s of %d", group_name(move.group), move.target, mode,
+                         target.applied_index if target is not None else "?", commit)
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _change_membership(self, move: Move, action: str, node_id: str) -> None:
+        """Ask the group's leader to add or remove `node_id`, following leader hints, until it is done."""
+        request = pb.ChangeMembershipRequest(group=move.group, action=action, node=node_id)
+        await on_leader(self._peers, lambda: self._topology().group_voters(move.group),
+                        lambda admin: admin.ChangeMembership(request, timeout=RPC_TIMEOUT),
+                        f"{group_name(move.group)}: {action} {node_id}")
+
+
+async def on_leader(peers: Peers, voters: Callable[[], tuple[str, ...]], call, what: str,
+                    timeout: float = MEMBERSHIP_TIMEOUT) -> None:
+    """`call(admin stub)` on the group's leader, following leader hints, until it answers done."""
+    deadline = time.monotonic() + timeout
+    ask = None
+    while time.monotonic() < deadline:
+        for voter in ([ask] if ask else []) + list(voters()):
+            try:
+                reply = await call(peers.admin(voter))
+            except grpc.aio.AioRpcError:
+                continue
+            if reply.done:
+                return
+            ask = reply.leader or None
+            break
+        await asyncio.sleep(POLL_SECONDS)
+    raise Unavailable(f"{what}: not done within {timeout:.0f}s")
+
+
+def _after(voters: tuple[str, ...], move: Move) -> tuple[str, ...]:
+    """The voters once `move` is done: the target in the source's place (or added, or the source gone)."""
+    if move.source and move.target:
+        return tuple(move.target if v == move.source else v for v in voters)
+    if move.target:
+        return voters + (move.target,)
+    return tuple(v for v in voters if v != move.source)

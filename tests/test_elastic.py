@@ -1,0 +1,229 @@
+"""The cluster grows, shrinks and heals under load, on real node processes (docs/elasticity.md)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from raftkv import Client, Unavailable, Undetermined
+from raftkv.core.partitioning import partition_for_key
+from raftkv.core.spec import ports_per_node
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.meta.records import NodeState
+from tests.conftest import wait_until
+from tests.test_cli import assert_one_line_error, run
+
+FAST = dict(rebalance_interval=0.5, max_moves=4, max_moves_per_node=2)
+
+
+class Load:
+    """`threads` writers putting distinct keys; every acknowledged write, and per partition the
+    longest time between two acknowledged writes."""
+
+    def __init__(self, endpoints: list[str], partitions: int, threads: int = 8):
+        self.endpoints = endpoints
+        self.partitions = partitions
+        self.acked: dict[bytes, bytes] = {}
+        self.last_ack: dict[int, float] = {}
+        self.longest_gap: dict[int, float] = defaultdict(float)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._write, args=(i,), daemon=True) for i in range(threads)]
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+    def _write(self, worker: int) -> None:
+        rng = random.Random(worker)
+        with Client(self.endpoints, timeout=10.0) as kv:
+            i = 0
+            while not self._stop.is_set():
+                key, value = b"w%d-%07d" % (worker, i), b"%d" % rng.randrange(10**9)
+                i += 1
+                try:
+                    kv.put(key, value)
+                except (Unavailable, Undetermined):
+                    continue
+                now = time.monotonic()
+                p = partition_for_key(key, self.partitions)
+                with self._lock:
+                    self.acked[key] = value
+                    if p in self.last_ack:
+                        self.longest_gap[p] = max(self.longest_gap[p], now - self.last_ack[p])
+                    self.last_ack[p] = now
+
+    def check_all_acked_read_back(self) -> None:
+        with Client(self.endpoints, timeout=10.0) as kv:
+            for key, value in self.acked.items():
+                assert kv.get(key) == value, key
+
+
+class Joiner:
+    """`raftkv node start --join` processes this test starts (and stops)."""
+
+    def __init__(self, root: Path, partitions: int):
+        self.root = root
+        self.partitions = partitions
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: list = []
+
+    def join(self, node_id: str, seed: str) -> str:
+        base = free_port_block(ports_per_node(self.partitions))
+        data_dir = self.root / node_id
+        data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(data_dir / "node.log", "ab")
+        self.logs.append(log)
+        self.procs[node_id] = subprocess.Popen(
+            [sys.executable, "-m", "raftkv", "node", "start", "--join", seed, "--node", node_id, "--host", "127.0.0.1",
+             "--base-port", str(base), "--data-dir", str(data_dir)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return f"127.0.0.1:{base}"
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
+        for log in self.logs:
+            log.close()
+
+
+@pytest.fixture
+def joiner(tmp_path):
+    made = []
+
+    def make(partitions: int) -> Joiner:
+        made.append(Joiner(tmp_path / "joined", partitions))
+        return made[-1]
+
+    yield make
+    for j in made:
+        j.close()
+
+
+def _balanced(kv: Client, nodes: list[str]) -> bool:
+    meta = kv.topology().meta
+    if meta.moves or sorted(meta.nodes_in(NodeState.UP)) != sorted(nodes):
+        return False
+    replicas = Counter({n: len(meta.voter_partitions(n)) for n in nodes})
+    leaders = Counter({n: 0 for n in nodes})
+    for s in kv.status():
+        leaders.update(s.node_id for ps in s.partitions if ps.role == "leader")
+    return max(replicas.values()) - min(replicas.values()) <= 1 and max(leaders.values()) - min(leaders.values()) <= 1
+
+
+def test_two_nodes_join_under_load_and_the_cluster_balances_itself(make_cluster, joiner):
+    cluster = make_cluster(nodes=3, partitions=16, replication=3, **FAST)
+    joined = joiner(16)
+    with Load(cluster.endpoints, 16) as load, Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: len(load.acked) > 200, 30, "the load to get going")
+        joined.join("n4", cluster.endpoints[0])
+        joined.join("n5", cluster.endpoints[1])
+        wait_until(lambda: _balanced(kv, ["n1", "n2", "n3", "n4", "n5"]), 120,
+                   "replica and leader counts to be balanced within one across the five nodes")
+        before = len(load.acked)
+        wait_until(lambda: len(load.acked) > before + 100, 30, "writes after the rebalance")
+    assert max(load.longest_gap.values()) < 2.0, dict(load.longest_gap)
+    load.check_all_acked_read_back()
+    meta = kv_topology(cluster)
+    assert all(len(set(voters)) == 3 for voters in meta.placement)
+    assert len(meta.meta_voters) == 5
+
+
+def kv_topology(cluster):
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        return kv.topology().meta
+
+
+
+def _meta_leader(kv: Client) -> str:
+    return wait_until(lambda: kv.topology().meta_leader, 10, "a metadata leader")
+
+
+def test_two_nodes_are_decommissioned_under_load_one_the_metadata_leader(make_cluster):
+    cluster = make_cluster(nodes=5, partitions=8, replication=3, **FAST)
+    with Load(cluster.endpoints, 8) as load, Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: kv.topology().meta.epoch and len(load.acked) > 200, 30, "the load to get going")
+        leaving = [_meta_leader(kv)]
+        leaving.append(next(n for n in ("n1", "n2", "n3", "n4", "n5") if n not in leaving))
+        seeded = Client([cluster.spec.node(leaving[0]).api_address], timeout=10.0)  # a client given one node
+        seeded.put(b"seeded", b"0")
+        fewest = 3
+        for node_id in leaving:
+            result = subprocess.run([sys.executable, "-m", "raftkv", "node", "decommission", node_id, "--no-wait",
+                                     "--config", str(cluster.spec_path)], capture_output=True, text=True, timeout=60)
+            assert result.returncode == 0, result.stderr
+
+        def removed() -> bool:
+            nonlocal fewest
+            meta = kv.topology().meta
+            fewest = min([fewest] + [len(voters) for voters in meta.placement])
+            return all(meta.node(n).state == NodeState.REMOVED for n in leaving)
+
+        wait_until(removed, 180, f"{' and '.join(leaving)} to be drained and removed", interval=0.2)
+        for node_id in leaving:
+            assert cluster.procs[node_id].wait(timeout=30) == 0  # the process exits by itself, cleanly
+        meta = kv.topology().meta
+        assert fewest == 3
+        assert all(len(voters) == 3 and not set(voters) & set(leaving) for voters in meta.placement)
+        assert not set(meta.meta_voters) & set(leaving) and len(meta.meta_voters) == 3
+        before = len(load.acked)
+        wait_until(lambda: len(load.acked) > before + 100, 30, "writes after the decommissions")
+        with seeded:
+            seeded.put(b"seeded", b"1")  # it learned the other nodes from the one it was given, now gone
+            assert seeded.get(b"seeded") == b"1"
+    load.check_all_acked_read_back()
+
+
+def test_a_dead_node_is_replaced_by_itself_and_nothing_acknowledged_is_lost(make_cluster):
+    cluster = make_cluster(nodes=4, partitions=8, replication=3, dead_after=10.0, **FAST)
+    with Load(cluster.endpoints, 8) as load, Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: kv.topology().meta.epoch and len(load.acked) > 200, 30, "the load to get going")
+        victim = next(n for n in ("n4", "n3") if n != kv.topology().meta_leader)
+        cluster.kill(victim)
+        shutil.rmtree(cluster.spec.node(victim).data_dir)
+        wait_until(lambda: (meta := kv.topology().meta).node(victim).state == NodeState.DEAD and not meta.moves
+                   and not meta.holds_anything(victim), 120, f"{victim} to be marked dead and replaced")
+        meta = kv.topology().meta
+        assert all(len(voters) == 3 and victim not in voters for voters in meta.placement)
+        before = len(load.acked)
+        wait_until(lambda: len(load.acked) > before + 100, 30, "writes after the replacement")
+    load.check_all_acked_read_back()
+
+
+def test_bad_membership_commands_are_one_line_and_change_nothing(make_cluster, tmp_path):
+    cluster = make_cluster(nodes=3, partitions=2, replication=3)
+    config = ("--config", str(cluster.spec_path))
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: kv.topology().meta.epoch, 30, "the metadata to be bootstrapped")
+        before = kv.topology().meta
+        base = str(free_port_block(ports_per_node(2)))
+        join = ("node", "start", "--node", "n9", "--base-port", base, "--data-dir", str(tmp_path / "n9"))
+        assert_one_line_error(run(*join, "--join", "127.0.0.1:1"), "cannot join through 127.0.0.1:1")
+        assert_one_line_error(run("node", "start", "--node", "n1", "--base-port", base, "--data-dir",
+                                  str(tmp_path / "n1"), "--join", cluster.endpoints[0]),
+                              "node n1 is already in the cluster")
+        assert_one_line_error(run("node", "start", "--node", "n9", "--join", cluster.endpoints[0]),
+                              "--join needs --base-port and --data-dir")
+        assert_one_line_error(run("node", "decommission", "n3", *config),
+                              "decommissioning n3 would leave 2 nodes up for replication factor 3")
+        assert_one_line_error(run("node", "decommission", "n9", *config), "node 'n9' is not in the cluster")
+        assert_one_line_error(run("leader", "transfer", "--partition", "0", "--to", "n9", *config),
+                              "n9 holds no replica of partition 0")
+        assert kv.topology().meta == before
+        planned = run("rebalance", "--dry-run", *config)
+        assert planned.returncode == 0 and ("balanced" in planned.stdout or "plan" in planned.stdout), planned

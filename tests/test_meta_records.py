@@ -1,0 +1,137 @@
+"""The cluster metadata's rules (pure) and its state machine over a real RocksDB."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from raftkv.core.errors import ChangeRefused
+from raftkv.core.spec import build_spec
+from raftkv.meta.bootstrap import bootstrap_command, first_meta_voters, node_record, spec_meta
+from raftkv.meta.records import (
+    META, AddNode, AdvanceMove, BeginMove, ClusterMeta, EndMove, MoveStep, NodeRecord, NodeState, SetNodeState,
+    apply, decode_command, decode_meta, encode_command, encode_meta,
+)
+from raftkv.meta.state_machine import MetaStateMachine
+from raftkv.raft.group import Entry
+from raftkv.storage.engine import Position
+from raftkv.storage.rocks_engine import RocksEngine
+
+
+@pytest.fixture
+def spec(tmp_path):
+    return build_spec(nodes=4, partitions=4, replication=3, base_port=20000, data_dir=tmp_path)
+
+
+@pytest.fixture
+def meta(spec) -> ClusterMeta:
+    return apply(ClusterMeta(), bootstrap_command(spec))
+
+
+def test_bootstrap_takes_the_specs_nodes_and_placement_once(spec, meta):
+    assert meta.epoch == 1
+    assert [n.id for n in meta.nodes] == ["n1", "n2", "n3", "n4"]
+    assert all(n.state == NodeState.UP for n in meta.nodes)
+    assert meta.placement == (("n1", "n2", "n3"), ("n2", "n3", "n4"), ("n3", "n4", "n1"), ("n4", "n1", "n2"))
+    assert meta.meta_voters == ("n1", "n2", "n3") and meta.replication == 3
+    assert meta.node("n2").raft_address(META) == f"127.0.0.1:{spec.node('n2').meta_port(4)}"
+    assert spec_meta(spec) == replace(meta, epoch=0)
+    with pytest.raises(ChangeRefused, match="already exists"):
+        apply(meta, bootstrap_command(spec))
+
+
+def test_nothing_but_the_bootstrap_applies_before_it():
+    with pytest.raises(ChangeRefused, match="does not exist yet"):
+        apply(ClusterMeta(), BeginMove(0, "n1", "n4"))
+
+
+def test_a_move_goes_learner_then_voter_then_takes_the_sources_place(meta):
+    moving = apply(meta, BeginMove(0, "n1", "n4"))
+    assert moving.epoch == 2 and moving.move_of(0).step == MoveStep.CATCHING_UP
+    assert moving.learner_partitions("n4") == [0]
+    assert moving.group_voters(0) == ("n1", "n2", "n3")
+    voting = apply(moving, AdvanceMove(0, MoveStep.VOTING))
+    assert voting.group_voters(0) == ("n1", "n2", "n3", "n4")
+    assert voting.learner_partitions("n4") == [] and 0 in voting.voter_partitions("n4")
+    done = apply(voting, EndMove(0, ("n4", "n2", "n3")))
+    assert done.placement[0] == ("n4", "n2", "n3") and done.moves == () and done.epoch == 4
+    assert 0 not in done.voter_partitions("n1")
+
+
+@pytest.mark.parametrize("command, message", [
+    (BeginMove(0, "n1", "n2"), "n2 already holds a replica of partition 0"),
+    (BeginMove(0, "n1", "n9"), "node 'n9' is not in the cluster; known nodes: n1, n2, n3, n4"),
+    (BeginMove(0, "n9", "n4"), "node 'n9' is not in the cluster"),
+    (BeginMove(0, "n4", "n1"), "n4 holds no replica of partition 0; its replicas are on n1, n2, n3"),
+    (BeginMove(4, "n1", "n4"), "partition 4 does not exist; the cluster has 4"),
+    (BeginMove(META, "n1", "n2"), "n2 already holds a replica of the metadata group"),
+    (BeginMove(0, "", "n4"), "a move of partition 0 needs a source and a target node"),
+    (SetNodeState("n4", NodeState.REMOVED), "n4 is up; it cannot become removed"),
+    (AddNode(NodeRecord("n1", "127.0.0.1", 1, 2, 3, 4)), "node n1 is already in the cluster"),
+    (AdvanceMove(0, MoveStep.VOTING), "partition 0 has no move under way"),
+    (EndMove(0, ("n4", "n2", "n3")), "partition 0 has no move under way"),
+])
+def test_a_change_that_breaks_a_rule_is_refused_with_one_line(meta, command, message):
+    with pytest.raises(ChangeRefused) as refused:
+        apply(meta, command)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_one_move_per_partition_at_a_time(meta):
+    moving = apply(meta, BeginMove(0, "n1", "n4"))
+    with pytest.raises(ChangeRefused, match=r"partition 0 is already moving \(n1 -> n4\)"):
+        apply(moving, BeginMove(0, "n2", "n4"))
+    assert apply(moving, BeginMove(1, "n2", "n1")).moves[-1].group == 1  # another partition may move
+
+
+def test_commands_and_states_survive_their_encoding(spec, meta):
+    moving = apply(apply(meta, BeginMove(0, "n1", "n4")), AdvanceMove(0, MoveStep.VOTING))
+    assert decode_meta(encode_meta(moving)) == moving
+    for command in (bootstrap_command(spec), BeginMove(0, "n1", "n4"), AdvanceMove(0, MoveStep.VOTING),
+                    EndMove(0, ("n4", "n2", "n3")), AddNode(NodeRecord("n9", "h", 1, 2, 3, 4)),
+                    SetNodeState("n2", NodeState.DRAINING, force=True)):
+        assert decode_command(encode_command(command)) == command
+
+
+def test_the_state_machine_keeps_the_state_and_a_refusal_changes_only_its_position(tmp_path, spec):
+    heard = []
+    engine = RocksEngine(tmp_path / "meta")
+    machine = MetaStateMachine(engine, tmp_path, on_change=heard.append)
+    first = machine.apply(Entry(1, 1, encode_command(bootstrap_command(spec))))
+    assert first.epoch == 1 and heard == [first]
+    refused = machine.apply(Entry(2, 1, encode_command(BeginMove(0, "n1", "n2"))))
+    assert isinstance(refused, ChangeRefused)
+    assert machine.meta == first and heard == [first] and machine.position == Position(2, 1)
+    engine.close()
+    again = MetaStateMachine(RocksEngine(tmp_path / "meta"), tmp_path)
+    assert again.meta == first and again.position == Position(2, 1)
+    again.engine.close()
+
+
+def test_the_metadata_group_votes_on_the_specs_first_five_nodes_an_odd_count():
+    ids = tuple(f"n{i}" for i in range(1, 8))
+    assert [first_meta_voters(ids[:n]) for n in (1, 2, 3, 4, 5, 7)] == [
+        ids[:1], ids[:1], ids[:3], ids[:3], ids[:5], ids[:5]]
+
+
+def test_a_node_joins_up_drains_and_is_removed_once_it_holds_nothing(spec, meta):
+    n5 = NodeRecord("n5", "127.0.0.1", 30000, 30001, 30002, 30006)
+    joined = apply(meta, AddNode(n5))
+    assert joined.node("n5").state == NodeState.JOINING
+    assert apply(joined, AddNode(n5)) == joined  # asked again: nothing changes
+    with pytest.raises(ChangeRefused, match="overlap n1's"):
+        apply(meta, AddNode(replace(n5, api_port=node_record(spec, spec.nodes[0]).api_port)))
+    up = apply(joined, SetNodeState("n5", NodeState.UP))
+    draining = apply(up, SetNodeState("n4", NodeState.DRAINING))
+    with pytest.raises(ChangeRefused, match="n4 still holds replicas"):
+        apply(draining, SetNodeState("n4", NodeState.REMOVED))
+    emptied = replace(draining, placement=tuple(tuple("n5" if v == "n4" else v for v in vs) for vs in draining.placement))
+    assert apply(emptied, SetNodeState("n4", NodeState.REMOVED)).node("n4").state == NodeState.REMOVED
+
+
+def test_decommissioning_below_the_replication_factor_needs_force(meta):
+    three_up = apply(meta, SetNodeState("n4", NodeState.DRAINING))
+    with pytest.raises(ChangeRefused, match="would leave 2 nodes up for replication factor 3"):
+        apply(three_up, SetNodeState("n3", NodeState.DRAINING))
+    assert apply(three_up, SetNodeState("n3", NodeState.DRAINING, force=True)).node("n3").state == NodeState.DRAINING

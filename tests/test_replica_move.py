@@ -1,0 +1,167 @@
+"""Replica moves on real node processes: the metadata group, `raftkv replica move`, `raftkv node list`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+
+from raftkv import Client, Unavailable, Undetermined
+from raftkv.core.partitioning import partition_for_key
+from raftkv.storage.engine import KeyRange
+from raftkv.storage.rocks_engine import RocksEngine
+from tests.conftest import changelog_caught_up, wait_until
+from tests.test_cli import assert_one_line_error, run
+
+
+def _bootstrapped(kv: Client) -> bool:
+    return kv.topology().meta.epoch >= 1
+
+
+def _moved(kv: Client) -> bool:
+    return not kv.topology().meta.moves
+
+
+class Writer(threading.Thread):
+    """Puts distinct keys until stopped; remembers every acknowledged one."""
+
+    def __init__(self, endpoints: list[str]):
+        super().__init__(daemon=True)
+        self.endpoints = endpoints
+        self.acked: dict[bytes, bytes] = {}
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        with Client(self.endpoints, timeout=10.0) as kv:
+            i = 0
+            while not self.stopping.is_set():
+                key, value = b"w-%06d" % i, b"v%d" % i
+                try:
+                    kv.put(key, value)
+                    self.acked[key] = value
+                except (Unavailable, Undetermined):
+                    pass
+                i += 1
+
+    def stop(self) -> dict[bytes, bytes]:
+        self.stopping.set()
+        self.join(timeout=30)
+        return self.acked
+
+
+def _hosted(cluster, node_id: str, kv: Client) -> dict[int, object]:
+    status = next(s for s in kv.status() if s.node_id == node_id)
+    return {ps.partition: ps for ps in status.partitions}
+
+
+def test_a_replica_moves_under_load_and_the_move_survives_a_restart(make_cluster):
+    cluster = make_cluster(nodes=4, partitions=4, replication=3, rebalance_interval=0)  # placed by hand
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
+        before = kv.topology().meta
+        assert before.placement[0] == ("n1", "n2", "n3")
+        assert [n.id for n in before.nodes] == ["n1", "n2", "n3", "n4"]
+        for i in range(300):  # something to catch up on before the move starts
+            kv.put(b"pre-%04d" % i, b"x" * 100)
+
+        writer = Writer(cluster.endpoints)
+        writer.start()
+        wait_until(lambda: len(writer.acked) > 50, 30, "the writer to get going")
+        source = _leader_of(kv, 0)  # the hardest replica to move: leadership goes first
+        expected = tuple("n4" if n == source else n for n in before.placement[0])
+        result = run("replica", "move", "--config", str(cluster.spec_path), "--partition", "0",
+                     "--from", source, "--to", "n4", timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert f"partition 0 moved; its replicas are on {', '.join(expected)}" in result.stdout
+        moved_at = len(writer.acked)
+        wait_until(lambda: len(writer.acked) > moved_at + 50, 30, "writes after the move")
+        acked = writer.stop()
+
+        after = kv.topology().meta
+        assert after.placement[0] == expected and not after.moves
+        assert after.placement[1:] == before.placement[1:]
+        assert sum(1 for k in acked if partition_for_key(k, 4) == 0) > 10
+        for key, value in acked.items():
+            assert kv.get(key) == value, key
+        wait_until(lambda: 0 not in _hosted(cluster, source, kv), 10, "the source to drop its replica")
+        assert not (cluster.spec.node(source).data_dir / "p0000").exists()
+        wait_until(lambda: 0 in _hosted(cluster, "n4", kv) and len(
+            {ps.applied_index for s in kv.status() for ps in s.partitions if ps.partition == 0}) == 1,
+                   10, "every voter of partition 0, n4 included, to apply the same entries")
+        listed = run("node", "list", "--config", str(cluster.spec_path), "--json")
+        assert listed.returncode == 0, listed.stderr
+        doc = json.loads(listed.stdout)
+        assert {n["id"]: n["replicas"] for n in doc["nodes"]} == {n: 4 if n == "n4" else 2 if n == source else 3
+                                                                  for n in ("n1", "n2", "n3", "n4")}
+        assert doc["moves"] == [] and doc["epoch"] >= 4
+
+    cluster.stop_all()
+    contents = [_contents(cluster.spec.node(node_id).data_dir / "p0000") for node_id in expected]
+    assert contents[0] == contents[1] == contents[2] and len(contents[0]) > 100
+    cluster.start_all()
+    cluster.wait_ready(timeout=60)
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        assert kv.topology().meta.placement[0] == expected
+        assert 0 not in _hosted(cluster, source, kv)
+        for key, value in acked.items():
+            assert kv.get(key) == value, key
+
+
+def _leader_of(kv: Client, partition: int) -> str:
+    return wait_until(lambda: next((s.node_id for s in kv.status() for ps in s.partitions
+                                    if ps.partition == partition and ps.role == "leader"), None), 10, "a leader")
+
+
+def _contents(folder) -> list[tuple[bytes, bytes]]:
+    engine = RocksEngine(folder)
+    try:
+        return list(engine.scan(KeyRange(b"", None))[1])
+    finally:
+        engine.close()
+
+
+def test_a_move_that_breaks_a_rule_is_one_line_and_changes_nothing(make_cluster):
+    cluster = make_cluster(nodes=4, partitions=4, replication=3, rebalance_interval=0)  # placed by hand
+    move = ("replica", "move", "--config", str(cluster.spec_path))
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
+        before = kv.topology().meta
+        for args, fragment in [
+            (("--partition", "0", "--from", "n1", "--to", "n2"), "n2 already holds a replica of partition 0"),
+            (("--partition", "0", "--from", "n1", "--to", "n9"), "node 'n9' is not in the cluster"),
+            (("--partition", "0", "--from", "n4", "--to", "n1"), "n4 holds no replica of partition 0"),
+            (("--partition", "7", "--from", "n1", "--to", "n4"), "partition 7 does not exist"),
+        ]:
+            assert_one_line_error(run(*move, *args), fragment)
+            assert kv.topology().meta == before
+
+        # A second move of a partition while one is under way: the target is paused, so the first waits.
+        cluster.signal("n4", signal.SIGSTOP)
+        try:
+            started = run(*move, "--partition", "0", "--from", "n1", "--to", "n4", "--no-wait")
+            assert started.returncode == 0, started.stderr
+            assert_one_line_error(run(*move, "--partition", "0", "--from", "n2", "--to", "n4"),
+                                  "partition 0 is already moving (n1 -> n4)")
+        finally:
+            cluster.signal("n4", signal.SIGCONT)
+        wait_until(lambda: _moved(kv), 60, "the first move to finish")
+        assert kv.topology().meta.placement[0] == ("n4", "n2", "n3")
+
+
+def test_a_learner_follows_its_partition_to_a_new_node_that_leads_it(make_cluster, changelog_learner):
+    cluster = make_cluster(nodes=4, partitions=2, replication=3, rebalance_interval=0)
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
+        address = changelog_learner(cluster)
+        for i in range(50):
+            kv.put(b"before-%03d" % i, b"x")
+        wait_until(lambda: changelog_caught_up(cluster, address), 60, "the learner to log the first writes")
+        source = kv.topology().meta.placement[0][0]
+        assert run("replica", "move", "--config", str(cluster.spec_path), "--partition", "0",
+                   "--from", source, "--to", "n4").returncode == 0
+        moved = run("leader", "transfer", "--config", str(cluster.spec_path), "--partition", "0", "--to", "n4")
+        assert moved.returncode == 0, moved.stderr
+        assert _leader_of(kv, 0) == "n4"  # a node the learner was not started with
+        for i in range(200):
+            kv.put(b"after-%03d" % i, b"y")
+        wait_until(lambda: changelog_caught_up(cluster, address), 60, "the learner to log the writes after the move")
