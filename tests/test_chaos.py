@@ -28,7 +28,8 @@ MIN_OPS = 5000
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_minute_of_one_fault_type_breaks_nothing(fault, tmp_path):
     learner = "kafka" if fault == "kill" else None  # the change feed through kill -9 of every node
-    report = run_chaos(ChaosConfig(duration=60, faults=(FaultChoice(fault),), learner=learner, seed=1,
+    nodes = 4 if fault == "membership" else 3  # a replica moves only to a node without one
+    report = run_chaos(ChaosConfig(nodes=nodes, duration=60, faults=(FaultChoice(fault),), learner=learner, seed=1,
                                    out=tmp_path))
     injected = [r for r in report.faults if r.fault == fault]
     summary = "; ".join(f"{v.check} {v.key}: {v.detail}" for v in report.violations[:5])
@@ -37,6 +38,16 @@ def test_a_minute_of_one_fault_type_breaks_nothing(fault, tmp_path):
     assert len(injected) >= 2, [r.name for r in report.faults]
     assert report.ops >= MIN_OPS, report.op_counts
     assert all(c.ok for c in report.checks) and len(report.checks) == (4 if learner else 3)
+
+
+def test_a_minute_of_replica_moves_with_kills_and_partitions_breaks_nothing(tmp_path):
+    faults = (FaultChoice("membership"), FaultChoice("kill"), FaultChoice("partition"))
+    report = run_chaos(ChaosConfig(nodes=4, duration=60, faults=faults, seed=3, out=tmp_path))
+    summary = "; ".join(f"{v.check} {v.key}: {v.detail}" for v in report.violations[:5])
+    assert report.ok, f"{len(report.violations)} violations (files in {tmp_path}): {summary}"
+    assert {r.fault for r in report.faults} == {"membership", "kill", "partition"}
+    assert any("moving" in note for r in report.faults for note in r.notes), [r.notes for r in report.faults]
+    assert report.ops >= MIN_OPS, report.op_counts
 
 
 def test_the_checker_reports_stale_leader_reads_from_an_isolated_leader(tmp_path):

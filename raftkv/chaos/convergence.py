@@ -15,7 +15,6 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.core.partitioning import replicas_for
 from raftkv.core.spec import ClusterSpec
 
 
@@ -38,12 +37,14 @@ def scan_replica(address: str, partition: int, timeout: float = 10.0) -> tuple[i
     return index, contents
 
 
-def replica_differences(spec: ClusterSpec, timeout: float = 60.0) -> list[str]:
-    """One line per partition whose replicas differ, or never reached one applied index before `timeout`."""
+def replica_differences(spec: ClusterSpec, placement: tuple[tuple[str, ...], ...],
+                        timeout: float = 60.0) -> list[str]:
+    """One line per partition whose replicas (`placement`: each partition's voters) differ, or never
+    reached one applied index before `timeout`."""
     deadline = time.monotonic() + timeout
     problems = []
     for p in range(spec.partitions):
-        views = _views_at_one_index(spec, p, deadline)
+        views = _views_at_one_index(spec, p, placement[p], deadline)
         if views is None:
             problems.append(f"partition {p}: the replicas did not reach one applied index within {timeout:.0f}s")
             continue
@@ -55,8 +56,8 @@ def replica_differences(spec: ClusterSpec, timeout: float = 60.0) -> list[str]:
     return problems
 
 
-def _views_at_one_index(spec: ClusterSpec, partition: int, deadline: float) -> list[ReplicaView] | None:
-    replicas = replicas_for(partition, spec.node_ids, spec.replication)
+def _views_at_one_index(spec: ClusterSpec, partition: int, replicas: tuple[str, ...],
+                        deadline: float) -> list[ReplicaView] | None:
     while time.monotonic() < deadline:
         try:
             views = [ReplicaView(n, *scan_replica(spec.node(n).api_address, partition)) for n in replicas]

@@ -27,8 +27,10 @@ from raftkv.client.sync_client import Client
 from raftkv.core.errors import RaftKVError
 from raftkv.dev.local_cluster import LocalCluster
 from raftkv.core.partitioning import replicas_for
+from raftkv.core.spec import ClusterSpec
 
 START_TIMEOUT = 30.0  # for a restarted node to serve its API, or exit
+MOVE_TIMEOUT = 60.0  # for a replica move to finish once the faults are healed
 FLIPPED_BYTES = 8
 JOURNAL_HEADER_BYTES = 12  # raftkv.raft.journal's file header: magic and version
 SNAPSHOT_HEAD_BYTES = 4096  # a snapshot tar's first members: meta.json and the two base entries
@@ -60,8 +62,11 @@ class FaultInjector:
 
     # -- inject and heal ---------------------------------------------------
 
+    def placement(self) -> tuple[tuple[str, ...], ...]:
+        return placement_of(self.spec)
+
     def inject(self, step: FaultStep) -> FaultRecord:
-        replicas = replicas_for(step.partition, self.spec.node_ids, self.spec.replication)
+        replicas = self.placement()[step.partition]
         targets = resolve_targets(step, self.spec.node_ids, self.leaders(), replicas, self.disk_node)
         record = self.timeline.begin(step.fault, step.variant, targets)
         if step.variant in ("leader", "follower", "isolate-leader"):
@@ -181,6 +186,42 @@ class FaultInjector:
                 self._start(node_id)
         return crashed
 
+    # a replica of the step's partition moves to a node without one, or its leadership to a follower
+    def _inject_membership(self, step: FaultStep, record: FaultRecord) -> None:
+        pick = random.Random(step.seed)
+        p = step.partition
+        voters = self.placement()[p]
+        try:
+            with Client(self.cluster.endpoints, timeout=10.0) as kv:
+                spare = [n for n in self.spec.node_ids if n not in voters and n not in self.down | self.paused]
+                if step.variant == "move" and spare:
+                    source, target = pick.choice(list(voters)), pick.choice(spare)
+                    kv.move_replica(p, source, target)
+                    record.notes.append(f"partition {p}: moving {source} -> {target}")
+                    return
+                leader = self.leaders().get(p)
+                followers = [n for n in voters if n != leader and n not in self.down | self.paused]
+                if followers:
+                    target = pick.choice(followers)
+                    kv.transfer_leadership(p, target)
+                    record.notes.append(f"partition {p}: leadership {leader or '?'} -> {target}"
+                                        + ("" if step.variant == "transfer" else " (no node without a replica)"))
+        except RaftKVError as exc:  # refused (a move under way) or unavailable (other faults): noted, not a bug
+            record.notes.append(f"partition {p}: {exc}")
+
+    def _heal_membership(self, record: FaultRecord) -> None:
+        """Until no move is under way (a move that never ends is a problem)."""
+        deadline = time.monotonic() + MOVE_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                with Client(self.cluster.endpoints, timeout=5.0) as kv:
+                    if not kv.topology().meta.moves:
+                        return
+            except RaftKVError:
+                pass
+            time.sleep(0.5)
+        record.problems.append(f"a replica move did not finish within {MOVE_TIMEOUT:.0f}s")
+
     # -- helpers -----------------------------------------------------------
 
     def _kill(self, node_id: str) -> None:
@@ -225,6 +266,18 @@ class FaultInjector:
                 except grpc.RpcError:
                     time.sleep(0.1)
         return proc.poll() is None
+
+
+def placement_of(spec: ClusterSpec) -> tuple[tuple[str, ...], ...]:
+    """Each partition's voters now, from the cluster's metadata (the membership fault moves them)."""
+    try:
+        with Client([n.api_address for n in spec.nodes], timeout=5.0) as kv:
+            meta = kv.topology().meta
+        if meta.epoch:
+            return meta.placement
+    except RaftKVError:
+        pass
+    return tuple(replicas_for(p, spec.node_ids, spec.replication) for p in range(spec.partitions))
 
 
 def flip_bytes(data_dir: Path, variant: str, rng: random.Random) -> str:

@@ -29,6 +29,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "restart": ("clean", "wipe"),
     "diskfull": ("fill",),
     "corrupt": ("journal", "snapshot", "rocksdb"),
+    "membership": ("move", "transfer"),
 }
 FAULTS = tuple(VARIANTS)
 
@@ -40,6 +41,7 @@ HOLD_SECONDS: dict[str, tuple[float, float]] = {
     "restart": (1.0, 3.0),
     "diskfull": (4.0, 8.0),
     "corrupt": (1.0, 3.0),
+    "membership": (1.0, 3.0),  # then the heal waits for the move to finish
 }
 WARMUP_SECONDS = 3.0  # the workload runs undisturbed first
 GAP_SECONDS = (2.0, 4.0)  # quiet time between a heal and the next fault

@@ -154,8 +154,9 @@ class NetCut:
         return str(self.cgroup(node_id).relative_to(CGROUP_ROOT))
 
     def _raft_ports(self, node_id: str) -> str:
-        base = self.spec.node(node_id).raft_port_base
-        return f"{base}-{base + self.spec.partitions - 1}"
+        """Every partition's Raft port and the metadata group's, which follows them."""
+        node = self.spec.node(node_id)
+        return f"{node.raft_port_base}-{node.meta_port(self.spec.partitions)}"
 
     def __enter__(self) -> NetCut:
         return self

@@ -27,7 +27,7 @@ from learners.consumer import read_feed
 from learners.feed_check import chain_breaks, replay
 from raftkv.chaos.config import ChaosConfig
 from raftkv.chaos.convergence import replica_differences, scan_replica
-from raftkv.chaos.faults import FaultInjector
+from raftkv.chaos.faults import FaultInjector, placement_of
 from raftkv.chaos.history import SET_FUNCTIONS, Op, Violation, dump_history
 from raftkv.chaos.linearizability import check_register
 from raftkv.chaos.nemesis import FaultStep, choose_disk_node, schedule
@@ -40,8 +40,7 @@ from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_set
 from raftkv.core.errors import ConfigError
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
 from raftkv.dev.local_feed import LocalFeed
-from raftkv.core.partitioning import replicas_for
-from raftkv.core.spec import build_spec, load_spec, save_spec
+from raftkv.core.spec import build_spec, load_spec, ports_per_node, save_spec
 
 FEED_NAME = "chaos-feed"
 FINAL_READ_CLIENT = 1 << 30  # a client id no workload client reaches
@@ -172,7 +171,7 @@ class _Run:
 
     def _new_spec(self):
         c = self.config
-        base = free_port_block(c.nodes * (c.partitions + 2))
+        base = free_port_block(c.nodes * ports_per_node(c.partitions))
         spec = build_spec(nodes=c.nodes, partitions=c.partitions, replication=3, base_port=base,
                           data_dir=self.run_dir / "cluster")
         spec = dataclasses.replace(spec, tuning=c.tuning)
@@ -232,14 +231,15 @@ class _Run:
             else f"final read failed: {error}"
         self._checked("set: no lost or phantom adds", sets.violations, f"{sets.ops_checked} ops; {read_note}")
 
-        differences = replica_differences(spec)
+        placement = placement_of(spec)
+        differences = replica_differences(spec, placement)
         self._checked("replicas equal", [Violation("replicas-equal", line.split(":")[0], line, ())
                                          for line in differences], f"{spec.partitions} partitions")
         for record in self.timeline.records():
             for problem in record.problems:
                 self.violations.append(Violation("fault-handling", record.name, problem, ()))
         if feed is not None:
-            self._checked("learner feed", self._feed_violations(spec, feed), f"topic {feed.topic}")
+            self._checked("learner feed", self._feed_violations(spec, placement, feed), f"topic {feed.topic}")
 
     def _checked(self, name: str, violations, detail: str) -> None:
         violations = list(violations)
@@ -247,11 +247,11 @@ class _Run:
         self.checks.append(CheckOutcome(name, not violations, detail if not violations else
                                         f"{len(violations)} violations; {detail}"))
 
-    def _feed_violations(self, spec, feed: LocalFeed) -> list[Violation]:
+    def _feed_violations(self, spec, placement, feed: LocalFeed) -> list[Violation]:
         """The deduplicated feed replays to the voters' final contents, with every key's chain complete."""
         final: dict[bytes, bytes] = {}
         for p in range(spec.partitions):  # the replicas are equal by now: any one will do
-            replica = replicas_for(p, spec.node_ids, spec.replication)[0]
+            replica = placement[p][0]
             final.update(scan_replica(spec.node(replica).api_address, p)[1])
         deadline = time.monotonic() + FEED_DEADLINE
         events = read_feed(feed.bootstrap, feed.topic)
