@@ -15,13 +15,13 @@ import sys
 import time
 import urllib.request
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
 from raftkv.dev.local_cluster import LocalCluster
 from raftkv.dev.local_cluster import free_port_block
-from raftkv.core.spec import build_spec, save_spec
+from raftkv.core.spec import Tuning, build_spec, ports_per_node, save_spec
 
 MEMBERS = 3
 ETCD3AIO = "etcd3aio==0.3.0"  # checked against protobuf 7 / grpcio 1.85 (its generated code is 6.31 gencode)
@@ -37,11 +37,14 @@ class Running:
 
 
 @contextmanager
-def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "default") -> Iterator[Running]:
+def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "default",
+                   tuning: Tuning | None = None) -> Iterator[Running]:
     spec = build_spec(
         nodes=MEMBERS, partitions=partitions, replication=MEMBERS, durability=durability,
-        base_port=free_port_block(MEMBERS * (partitions + 2)), data_dir=data_dir,
+        base_port=free_port_block(MEMBERS * ports_per_node(partitions)), data_dir=data_dir,
     )
+    if tuning is not None:
+        spec = replace(spec, tuning=tuning)
     cluster = LocalCluster(spec, save_spec(spec, data_dir / "cluster.toml"))
     try:
         cluster.start_all()
