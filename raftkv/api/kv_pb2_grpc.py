@@ -437,6 +437,11 @@ class AdminStub:
                 request_serializer=raftkv_dot_api_dot_kv__pb2.TransferLeadershipRequest.SerializeToString,
                 response_deserializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
                 _registered_method=True)
+        self.Compact = channel.unary_unary(
+                '/raftkv.v1.Admin/Compact',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -480,6 +485,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Compact(self, request, context):
+        """On the partition's leader: snapshot its log now (as far as learners' retention allows), so that a
+        replica about to catch up gets checkpoint files rather than the log entry by entry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -506,6 +519,11 @@ def add_AdminServicer_to_server(servicer, server):
             'TransferLeadership': grpc.unary_unary_rpc_method_handler(
                     servicer.TransferLeadership,
                     request_deserializer=raftkv_dot_api_dot_kv__pb2.TransferLeadershipRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.SerializeToString,
+            ),
+            'Compact': grpc.unary_unary_rpc_method_handler(
+                    servicer.Compact,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.FromString,
                     response_serializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.SerializeToString,
             ),
     }
@@ -647,6 +665,33 @@ class Admin:
             target,
             '/raftkv.v1.Admin/TransferLeadership',
             raftkv_dot_api_dot_kv__pb2.TransferLeadershipRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Compact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.Admin/Compact',
+            raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
             raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
             options,
             channel_credentials,

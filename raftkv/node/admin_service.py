@@ -132,6 +132,15 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         return pb.ChangeMembershipResponse(done=True, leader=node.me_id)
 
 
+    async def Compact(self, request: pb.ReplicaRequest, context) -> pb.ChangeMembershipResponse:
+        frontend = self._node.frontends.get(request.group)
+        if frontend is None or not frontend.is_leader:
+            hint = frontend.not_leader().leader_hint if frontend is not None else None
+            return pb.ChangeMembershipResponse(done=False, leader=hint or "")
+        frontend.replica.maybe_compact(eager=True)
+        return pb.ChangeMembershipResponse(done=True, leader=self._node.me_id)
+
+
 def _outcome_of(change: Callable, address: str) -> asyncio.Future:
     """The outcome of a membership change (REJECTED while another is in flight, or before the leader's
     first entry of its term is committed: the Raft adapter's guard, docs/elasticity.md §3)."""

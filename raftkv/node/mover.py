@@ -67,6 +67,8 @@ class ReplicaMover:
                     if move.source and self._topology().node(move.source).state == NodeState.DEAD:
                         # Adding first would leave RF - 1 live voters of RF + 1: no majority to commit the add.
                         await self._change_membership(move, "remove", move.source)
+                    if group != META:
+                        await self._compact(move)
                     await self._until_caught_up(move, "learner")
                     await self._change_membership(move, "add", move.target)
                     await self._meta().propose(AdvanceMove(group, MoveStep.VOTING))
@@ -116,6 +118,16 @@ class ReplicaMover:
                 log.info("%s: %s catching up as %s: %s of %d", group_name(move.group), move.target, mode,
                          target.applied_index if target is not None else "?", commit)
             await asyncio.sleep(POLL_SECONDS)
+
+    async def _compact(self, move: Move) -> None:
+        """Have the leader snapshot its log, so that the target installs checkpoint files (best effort)."""
+        request = pb.ReplicaRequest(group=move.group)
+        try:
+            await on_leader(self._peers, lambda: self._topology().group_voters(move.group),
+                            lambda admin: admin.Compact(request, timeout=RPC_TIMEOUT),
+                            f"{group_name(move.group)}: snapshot", timeout=RPC_TIMEOUT)
+        except Unavailable as exc:
+            log.info("%s; the target catches up from the log", exc)
 
     async def _change_membership(self, move: Move, action: str, node_id: str) -> None:
         """Ask the group's leader to add or remove `node_id`, following leader hints, until it is done."""

@@ -8,6 +8,7 @@ position says exactly which entries it holds.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +23,9 @@ from raftkv.raft.engine_state import EngineStateMachine
 from raftkv.raft.group import Entry, ProposalCallback, RaftGroup, Role, StateMachine
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
+
+
+EAGER_COMPACTION_ENTRIES = 64
 
 
 class KVStateMachine(EngineStateMachine):
@@ -96,9 +100,12 @@ class PartitionReplica(Replica):
         touching the engine, and after a restart the engine is ahead until the replay catches up."""
         return max(self.group.last_applied, self.engine.position.index)
 
-    def maybe_compact(self) -> None:
-        """Compact the log when the retention policy allows (called about once a second)."""
+    def maybe_compact(self, eager: bool = False) -> None:
+        """Compact the log when the retention policy allows (called about once a second). `eager`: a new
+        replica is about to catch up, so compact once the log holds more than a few entries (learners'
+        retention still applies): it then gets checkpoint files, not the log entry by entry."""
         now = time.monotonic()
+        tuning = replace(self._tuning, compaction_min_entries=EAGER_COMPACTION_ENTRIES) if eager else self._tuning
         if compaction_due(
             entries=self.group.log_entries,
             size_bytes=self.group.log_bytes,
@@ -106,7 +113,7 @@ class PartitionReplica(Replica):
             applied=self.group.last_applied,
             learner_progress=[i.progress for i in learners_from(self.engine.meta_items()).values()],
             learners_streaming=self.group.learners_caught_up(),
-            tuning=self._tuning,
+            tuning=tuning,
         ):
             self.group.compact()
             self._last_compaction = now

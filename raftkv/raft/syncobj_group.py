@@ -65,6 +65,7 @@ class GroupConfig:
 
 
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
 NEVER = 10**12
 _REGULAR = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: a call of a @replicated method
 _MEMBERSHIP = bytes([2])  # _COMMAND_TYPE.MEMBERSHIP: the first byte of an add or remove entry
@@ -159,6 +160,7 @@ class SyncObjGroup:
             pollerType=poller,
             appendEntriesUseBatch=False,  # we batch ourselves (group commit); pysyncobj's batching adds ~100 ms
             appendEntriesBatchSizeBytes=4 * tuning.max_batch_bytes,  # > any entry: never the chunked path
+            logCompactionBatchSize=SNAPSHOT_CHUNK_BYTES,  # pysyncobj's 64 KiB chunks made snapshots crawl
             sendBufferSize=SOCKET_BUFFER_BYTES,  # pysyncobj's 64 KiB makes big appends trickle out
             recvBufferSize=SOCKET_BUFFER_BYTES,
             journalFile=JournalConfig(folder / "journal", config.fsync),
