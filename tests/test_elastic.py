@@ -227,3 +227,25 @@ def test_bad_membership_commands_are_one_line_and_change_nothing(make_cluster, t
         assert kv.topology().meta == before
         planned = run("rebalance", "--dry-run", *config)
         assert planned.returncode == 0 and ("balanced" in planned.stdout or "plan" in planned.stdout), planned
+
+
+def test_a_dead_metadata_voter_that_comes_back_learns_the_topology_from_the_others(make_cluster):
+    """Replaced while it was away, it is no member of the metadata group any more, and Raft does not
+    tell it: it must ask the other nodes, follow the group as a learner, and come back up."""
+    cluster = make_cluster(nodes=4, partitions=4, replication=3, dead_after=5.0, **FAST)
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: kv.topology().meta.epoch, 30, "the metadata to be bootstrapped")
+        victim = next(n for n in kv.topology().meta.meta_voters if n != kv.topology().meta_leader)
+        for i in range(100):
+            kv.put(b"k%03d" % i, b"v%d" % i)
+        cluster.kill(victim)
+        wait_until(lambda: (meta := kv.topology().meta).node(victim).state == NodeState.DEAD and not meta.moves
+                   and victim not in meta.meta_voters and not meta.holds_anything(victim), 120,
+                   f"{victim} to be dead and replaced, as a metadata voter too")
+        cluster.start(victim)
+        wait_until(lambda: kv.topology().meta.node(victim).state == NodeState.UP, 60, f"{victim} to be up again")
+        with Client([cluster.spec.node(victim).api_address], timeout=10.0) as direct:
+            wait_until(lambda: direct.topology().meta.epoch == kv.topology().meta.epoch, 30,
+                       f"{victim}'s copy of the metadata to catch up")
+            for i in range(100):
+                assert direct.get(b"k%03d" % i) == b"v%d" % i
