@@ -133,3 +133,63 @@ def test_a_new_leader_refuses_a_membership_change_until_its_own_entry_commits(tm
                 g.close()
 
     asyncio.run(scenario())
+
+
+def test_a_member_restarted_from_a_snapshot_older_than_its_leader_reaches_the_leader(tmp_path):
+    """pysyncobj takes a restarted member's peers from its snapshot, and only the member with the
+    higher address opens a connection. A member whose snapshot predates the leader's joining never
+    connected to it, and caught up only once its elections had disrupted the group into electing a
+    leader it knew (a decommission stalled for minutes in CI). The peers our metadata names are
+    kept: it catches up from the same leader, in the same term."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        port = free_port_block(4)
+        newcomer, *addresses = [f"127.0.0.1:{port + i}" for i in range(4)]  # the newcomer's is the lowest
+        stale = addresses[-1]  # the highest: it has to open the connection to the new leader
+
+        def open_member(address: str, peers) -> SyncObjGroup:
+            return SyncObjGroup(GroupConfig(partition=0, self_address=address, peers=tuple(peers),
+                                            folder=tmp_path / address.replace(":", "_"), fsync=False,
+                                            tuning=Tuning(), membership_changes=True), DictStateMachine(), loop)
+
+        async def outcome(call, *args) -> Outcome:
+            done = loop.create_future()
+            call(*args, lambda result, o: done.set_result(o) if not done.done() else None)
+            return await asyncio.wait_for(done, 20)
+
+        groups = {a: open_member(a, [p for p in addresses if p != a]) for a in addresses}
+        try:
+            await until(lambda: sum(g.role == Role.LEADER for g in groups.values()) == 1)
+            leader = next(g for g in groups.values() if g.role == Role.LEADER)
+            await until(lambda: leader.last_applied == leader.last_log_index > 1)
+            assert await outcome(leader.propose, b"a=1") == Outcome.APPLIED
+            if leader is groups[stale]:
+                leader.transfer_leadership(addresses[0])
+                leader = groups[addresses[0]]
+                await until(lambda: leader.role == Role.LEADER and leader.last_applied == leader.last_log_index)
+            await until(lambda: groups[stale].last_applied >= leader.last_applied)
+            groups[stale].compact()  # its snapshot's members: the first three
+            await until(lambda: groups[stale].log_entries <= 2)
+            groups.pop(stale).close()
+
+            added = asyncio.ensure_future(outcome(leader.add_member, newcomer))  # commits once the newcomer runs
+            groups[newcomer] = open_member(newcomer, addresses)
+            assert await added == Outcome.APPLIED
+            await until(lambda: groups[newcomer].last_applied >= leader.last_applied)
+            leader.transfer_leadership(newcomer)
+            await until(lambda: groups[newcomer].role == Role.LEADER)
+            new_leader = groups[newcomer]
+            assert await outcome(new_leader.propose, b"b=2") == Outcome.APPLIED
+            term = new_leader.term
+
+            groups[stale] = open_member(stale, [newcomer] + addresses[:-1])  # as the metadata names them now
+            await until(lambda: groups[stale].last_applied >= new_leader.last_applied)
+            assert new_leader.role == Role.LEADER and new_leader.term == term
+            assert groups[stale].term == term
+        finally:
+            for g in groups.values():
+                g.close()
+
+    asyncio.run(scenario())
+

@@ -3,9 +3,9 @@
 This is where our parts are wired into pysyncobj (docs/pysyncobj.md lists every override):
 - the Raft log is our `RaftJournal` (checksummed, fsync-able), plugged in
   through pysyncobj's module-level `createJournal`;
-- in fsync mode the transport syncs the journal before any message leaves, so
-  an entry is durable before a follower acknowledges it or a leader counts
-  itself, at one fsync per group commit;
+- the transport (`GroupTransport`) syncs the journal before any message leaves
+  in fsync mode, and keeps the peers named at open connected while a snapshot
+  (whose members may be older) is loaded;
 - log compaction writes the state machine's checkpoint into a snapshot file
   (`snapshot_file`), never pysyncobj's pickle of the whole object, and never
   with fork;
@@ -43,9 +43,10 @@ from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import AddressInUse, Entry, Outcome, ProposalCallback, Role, Snapshot, StateMachine
 from raftkv.raft.journal import RaftJournal, fsync_directory
-from raftkv.raft.syncobj_journal import JournalConfig, SyncingTransport
+from raftkv.raft.syncobj_journal import JournalConfig
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 from raftkv.raft.syncobj_patches import PatchedSyncObj
+from raftkv.raft.syncobj_transport import GroupTransport
 from raftkv.raft.syncobj_wire import set_compression_level
 from raftkv.storage.engine import Position
 
@@ -104,7 +105,7 @@ class _Member(PatchedSyncObj):
 
     def __init__(self, group: SyncObjGroup, self_address, peers, conf):
         self._group = group
-        super().__init__(self_address, list(peers), conf, transportClass=SyncingTransport)
+        super().__init__(self_address, list(peers), conf, transportClass=GroupTransport)
 
     @replicated
     def _apply(self, payload: bytes):
@@ -126,7 +127,8 @@ class _Member(PatchedSyncObj):
         """
         if not clearJournal:
             self._group._compact_journal_to_snapshot()
-        PatchedSyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        with self._SyncObj__transport.loading_snapshot():
+            PatchedSyncObj._SyncObj__loadDumpFile(self, clearJournal)
 
     def _snapshotLastEntry(self):
         """The received snapshot's last entry, read without installing it (see PatchedSyncObj)."""

@@ -1,9 +1,5 @@
-"""Our `RaftJournal` wired into pysyncobj: built by its `createJournal`, synced before any send.
-
-In fsync mode the transport syncs the journal before any message leaves, so
-an entry is durable before a follower acknowledges it or a leader counts
-itself, at one fsync per group commit.
-"""
+"""Our `RaftJournal` wired into pysyncobj: built by its `createJournal` (synced before any send by
+`syncobj_transport.GroupTransport`)."""
 
 from __future__ import annotations
 
@@ -11,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pysyncobj.syncobj
-from pysyncobj.transport import TCPTransport
 
 from raftkv.raft.journal import RaftJournal
 
@@ -34,11 +29,3 @@ def _create_journal(journal_file):
 
 
 pysyncobj.syncobj.createJournal = _create_journal
-
-
-class SyncingTransport(TCPTransport):
-    """Syncs a dirty journal before sending, so nothing is acknowledged before it is durable."""
-
-    def send(self, node, message):
-        self._syncObj.sync_journal()
-        return super().send(node, message)
