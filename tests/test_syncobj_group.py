@@ -11,6 +11,7 @@ import asyncio
 
 from raftkv.core.spec import Tuning
 from raftkv.dev.local_cluster import free_port_block
+from raftkv.raft import snapshot_file
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from tests.raft_scenarios import DictStateMachine
@@ -193,3 +194,39 @@ def test_a_member_restarted_from_a_snapshot_older_than_its_leader_reaches_the_le
 
     asyncio.run(scenario())
 
+
+def test_a_snapshot_lists_the_members_as_of_its_last_entry_not_a_change_still_uncommitted(tmp_path):
+    """pysyncobj stores its current members in a snapshot, uncommitted changes included. A new leader
+    may truncate such a change; a member restarted from the snapshot would still count it."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        port = free_port_block(4)
+        addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
+        newcomer = f"127.0.0.1:{port + 3}"
+        groups = {a: SyncObjGroup(GroupConfig(partition=0, self_address=a, peers=tuple(p for p in addresses if p != a),
+                                              folder=tmp_path / f"n{i}", fsync=False, tuning=Tuning(),
+                                              membership_changes=True), DictStateMachine(), loop)
+                  for i, a in enumerate(addresses)}
+        try:
+            await until(lambda: sum(g.role == Role.LEADER for g in groups.values()) == 1)
+            leader = next(g for g in groups.values() if g.role == Role.LEADER)
+            await until(lambda: leader.last_applied == leader.last_log_index > 1)
+            for i in range(3):
+                done = loop.create_future()
+                leader.propose(f"k{i}=v".encode(), lambda result, o: done.set_result(o))
+                assert await asyncio.wait_for(done, 20) == Outcome.APPLIED
+            for address in [a for a, g in groups.items() if g is not leader]:
+                groups.pop(address).close()  # nothing commits from here on
+            outcomes = []
+            leader.add_member(newcomer, lambda result, o: outcomes.append(o))
+            await until(lambda: newcomer in leader.voters)  # appended, not committed
+            leader.compact()
+            await until(lambda: (leader.config.folder / "raft.snapshot").exists() and leader.log_entries <= 3)
+            assert snapshot_file.read_meta(leader.config.folder / "raft.snapshot").cluster == sorted(addresses)
+            assert not outcomes
+        finally:
+            for g in groups.values():
+                g.close()
+
+    asyncio.run(scenario())

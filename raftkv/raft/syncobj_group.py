@@ -361,7 +361,7 @@ class SyncObjGroup:
                 position=self._sm.checkpoint(work / "db", Position(last_entry[1], last_entry[2])),
                 last_entry=last_entry,
                 prev_entry=prev_entry,
-                cluster=sorted(node.address for node in cluster if node is not None),  # a learner has no address
+                cluster=self._members_at(last_entry[1], cluster),
             )
             # Renaming a hard link over its own inode is a no-op that leaves the link behind.
             Path(tmp_filename).unlink(missing_ok=True)
@@ -373,6 +373,22 @@ class SyncObjGroup:
             shutil.rmtree(work, ignore_errors=True)
             raise
         return _snapshot_writer().submit(self._finish_snapshot, work, meta, fsync)
+
+    def _members_at(self, index: int, cluster) -> list[str]:
+        """The members' addresses as of entry `index`, from pysyncobj's members as of its last entry.
+
+        pysyncobj applies a membership change when it is appended, and stores its current members in
+        the snapshot: a change after the snapshot's last entry, which a new leader may still truncate,
+        would outlive the truncation in the snapshot, and a member restarted from it would count votes
+        against the wrong members. So the changes after `index` are undone here, newest first.
+        """
+        members = {node.address for node in cluster if node is not None}  # a learner has no address
+        journal = self._journal
+        for command, _, _ in reversed(journal[max(index + 1 - journal[0][1], 0):]):
+            if command[:1] == _MEMBERSHIP:
+                change, address = pysyncobj.pickle.loads(command[1:])[:2]
+                (members.discard if change == "add" else members.add)(address)
+        return sorted(members)
 
     def _finish_snapshot(self, work: Path, meta: snapshot_file.Meta, fsync: bool) -> None:
         """On the worker thread: write the tar beside the snapshot (renamed in `_snapshot_state`)."""
