@@ -148,6 +148,38 @@ def test_a_move_that_breaks_a_rule_is_one_line_and_changes_nothing(make_cluster)
         assert kv.topology().meta.placement[0] == ("n4", "n2", "n3")
 
 
+def test_a_move_whose_target_cannot_catch_up_is_rolled_back_after_move_timeout(make_cluster):
+    """A target that is up (not dead) but makes no progress, here a stopped process, must not hold the
+    move, and the moves queued behind it, forever: after `move_timeout` the move is undone."""
+    cluster = make_cluster(nodes=4, partitions=4, replication=3, rebalance_interval=0, move_timeout=3.0)
+    move = ("replica", "move", "--config", str(cluster.spec_path), "--partition", "0", "--from", "n1", "--to", "n4")
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
+        before = kv.topology().meta
+        assert before.placement[0] == ("n1", "n2", "n3") and "n4" not in before.meta_voters
+        for i in range(100):
+            kv.put(b"pre-%04d" % i, b"x" * 100)
+        post = next(k for k in (b"post-%d" % i for i in range(100)) if partition_for_key(k, 4) == 0)
+        cluster.signal("n4", signal.SIGSTOP)
+        try:
+            with Client(cluster.endpoints[:3], timeout=10.0) as running:  # n4's answers would wait for it
+                started = run(*move, "--no-wait")
+                assert started.returncode == 0, started.stderr
+                wait_until(lambda: running.topology().meta.moves, 10, "the move to be recorded")
+                wait_until(lambda: _moved(running), 60, "the stalled move to be rolled back")
+                after = running.topology().meta
+                assert after.placement == before.placement and after.epoch > before.epoch
+                running.put(post, b"1")  # partition 0's group is whole: its three voters commit
+        finally:
+            cluster.signal("n4", signal.SIGCONT)
+        wait_until(lambda: not (cluster.spec.node("n4").data_dir / "p0000").exists(), 30,
+                   "n4 to delete the copy it had begun")
+        result = run(*move, timeout=120)  # with n4 running again, the same move goes through
+        assert result.returncode == 0, result.stderr
+        assert kv.topology().meta.placement[0] == ("n4", "n2", "n3")
+        assert all(kv.get(b"pre-%04d" % i) == b"x" * 100 for i in range(100)) and kv.get(post) == b"1"
+
+
 def test_a_learner_follows_its_partition_to_a_new_node_that_leads_it(make_cluster, changelog_learner):
     cluster = make_cluster(nodes=4, partitions=2, replication=3, rebalance_interval=0)
     with Client(cluster.endpoints, timeout=10.0) as kv:

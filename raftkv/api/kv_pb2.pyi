@@ -474,16 +474,18 @@ class ReplicaRequest(_message.Message):
     def __init__(self, group: _Optional[int] = ...) -> None: ...
 
 class ReplicaState(_message.Message):
-    __slots__ = ("mode", "applied_index", "commit_index", "leader")
+    __slots__ = ("mode", "applied_index", "commit_index", "leader", "snapshot_bytes_received")
     MODE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     mode: str
     applied_index: int
     commit_index: int
     leader: str
-    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ...) -> None: ...
+    snapshot_bytes_received: int
+    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ...) -> None: ...
 
 class ChangeMembershipRequest(_message.Message):
     __slots__ = ("group", "action", "node")

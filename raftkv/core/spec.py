@@ -59,6 +59,7 @@ class Tuning:
     max_moves: int = 2  # replica moves under way in the cluster at once
     max_moves_per_node: int = 1  # ... and per node, as source or target
     dead_after: float = 300.0  # a node unreachable this long is dead: its replicas are re-created elsewhere
+    move_timeout: float = 300.0  # a move whose new replica makes no progress this long is rolled back
 
     def problems(self) -> list[str]:
         problems = []
@@ -71,7 +72,7 @@ class Tuning:
             if getattr(self, name) < 2:
                 problems.append(f"tuning.{name}: must be at least 2")
         for name in ("connection_retry_seconds", "compaction_min_seconds", "request_timeout", "dead_after",
-                     "max_moves", "max_moves_per_node"):
+                     "move_timeout", "max_moves", "max_moves_per_node"):
             if getattr(self, name) <= 0:
                 problems.append(f"tuning.{name}: must be positive")
         if self.rebalance_interval < 0:

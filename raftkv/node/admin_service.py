@@ -72,6 +72,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
             return pb.ReplicaState(mode="none")
         return pb.ReplicaState(mode=mode, applied_index=replica.group.last_applied,
                                commit_index=replica.group.commit_index,
+                               snapshot_bytes_received=replica.group.snapshot_bytes_received,
                                leader=node.node_at(g, replica.leader_address) or "")
 
     async def _leading(self, g: int, node_id: str, context) -> tuple[Replica, Callable[[], Awaitable], str] | \

@@ -36,9 +36,15 @@ RPC_TIMEOUT = 5.0
 MEMBERSHIP_TIMEOUT = 30.0
 
 
+class MoveStalled(Exception):
+    """The new replica made no progress for `move_timeout`: the move is rolled back."""
+
+
 class ReplicaMover:
-    def __init__(self, meta: Callable[[], MetaReplica], topology: Callable[[], ClusterMeta], peers: Peers):
+    def __init__(self, meta: Callable[[], MetaReplica], topology: Callable[[], ClusterMeta], peers: Peers,
+                 move_timeout: float):
         self._meta = meta
+        self._move_timeout = move_timeout
         self._topology = topology
         self._peers = peers
         self._tasks: dict[int, asyncio.Task] = {}
@@ -61,38 +67,46 @@ class ReplicaMover:
         try:
             while self._meta().is_leader and (move := self._topology().move_of(group)) is not None:
                 if move.target and self._topology().node(move.target).state == NodeState.DEAD:
-                    await self._abandon(move)
+                    await self._abandon(move, f"{move.target} is dead")
                     continue
-                if move.target and move.step == MoveStep.CATCHING_UP:
-                    if move.source and self._topology().node(move.source).state == NodeState.DEAD:
-                        # Adding first would leave RF - 1 live voters of RF + 1: no majority to commit the add.
-                        await self._change_membership(move, "remove", move.source)
-                    if group != META:
-                        await self._compact(move)
-                    await self._until_caught_up(move, "learner")
-                    await self._change_membership(move, "add", move.target)
-                    await self._meta().propose(AdvanceMove(group, MoveStep.VOTING))
-                    log.info("%s: %s added to the group", group_name(group), move.target)
-                    continue
-                if move.target and move.step == MoveStep.VOTING:
-                    await self._until_caught_up(move, "voter")
-                if group == META and move.source and move.step != MoveStep.LEAVING:
-                    await self._meta().propose(AdvanceMove(group, MoveStep.LEAVING))
-                    continue
-                if move.source:
-                    await self._change_membership(move, "remove", move.source)
-                voters = _after(self._topology().voters_of(group), move)
-                await self._meta().propose(EndMove(group, voters))
-                log.info("%s: moved from %s to %s; voters %s", group_name(group), move.source or "nowhere",
-                         move.target or "nowhere", ", ".join(voters))
+                try:
+                    await self._step(move)
+                except MoveStalled as stalled:
+                    await self._abandon(move, str(stalled))
         except Exception as exc:  # the next poke, a second later, tries again from the record
             log.warning("%s: move paused: %s", group_name(group), exc)
 
-    async def _abandon(self, move: Move) -> None:
-        """The target died: undo its addition if it was added, and end the move with the voters as they were."""
+    async def _step(self, move: Move) -> None:
+        """Take the move's next step and record it."""
+        group = move.group
+        if move.target and move.step == MoveStep.CATCHING_UP:
+            if move.source and self._topology().node(move.source).state == NodeState.DEAD:
+                # Adding first would leave RF - 1 live voters of RF + 1: no majority to commit the add.
+                await self._change_membership(move, "remove", move.source)
+            if group != META:
+                await self._compact(move)
+            await self._until_caught_up(move, "learner")
+            await self._change_membership(move, "add", move.target)
+            await self._meta().propose(AdvanceMove(group, MoveStep.VOTING))
+            log.info("%s: %s added to the group", group_name(group), move.target)
+            return
+        if move.target and move.step == MoveStep.VOTING:
+            await self._until_caught_up(move, "voter")
+        if group == META and move.source and move.step != MoveStep.LEAVING:
+            await self._meta().propose(AdvanceMove(group, MoveStep.LEAVING))
+            return
+        if move.source:
+            await self._change_membership(move, "remove", move.source)
+        voters = _after(self._topology().voters_of(group), move)
+        await self._meta().propose(EndMove(group, voters))
+        log.info("%s: moved from %s to %s; voters %s", group_name(group), move.source or "nowhere",
+                 move.target or "nowhere", ", ".join(voters))
+
+    async def _abandon(self, move: Move, why: str) -> None:
+        """Undo the target's addition if it was added, and end the move with the voters as they were."""
         await self._change_membership(move, "remove", move.target)
         await self._meta().propose(EndMove(move.group, self._topology().voters_of(move.group)))
-        log.warning("%s: move to %s abandoned: %s is dead", group_name(move.group), move.target, move.target)
+        log.warning("%s: move to %s abandoned: %s", group_name(move.group), move.target, why)
 
     async def _progress(self, node_id: str, group: int) -> pb.ReplicaState | None:
         try:
@@ -102,8 +116,13 @@ class ReplicaMover:
             return None
 
     async def _until_caught_up(self, move: Move, mode: str) -> None:
-        """Until the target runs the group in `mode`, within CATCH_UP_ENTRIES of the leader's commit index."""
-        reported = time.monotonic()
+        """Until the target runs the group in `mode`, within CATCH_UP_ENTRIES of the leader's commit index.
+
+        MoveStalled if the target makes no progress (entries applied, snapshot bytes received) for
+        `move_timeout`: a target that is up but cannot catch up (a full or failing disk, a process
+        stopped) would otherwise hold the move, and the moves queued behind it, forever."""
+        reported = progressed = time.monotonic()
+        progress = None
         while True:
             voters = [v for v in self._topology().group_voters(move.group) if v != move.target]
             states = await asyncio.gather(self._progress(move.target, move.group),
@@ -113,8 +132,14 @@ class ReplicaMover:
             if target is not None and target.mode == mode and commit and \
                     target.applied_index + CATCH_UP_ENTRIES >= commit:
                 return
-            if time.monotonic() - reported > 5:
-                reported = time.monotonic()
+            now = time.monotonic()
+            if target is not None and (target.applied_index, target.snapshot_bytes_received) != progress:
+                progress, progressed = (target.applied_index, target.snapshot_bytes_received), now
+            elif now - progressed > self._move_timeout:
+                raise MoveStalled(f"{move.target} made no progress for {self._move_timeout:g}s "
+                                  f"(applied index {progress[0] if progress else '?'} of {commit})")
+            if now - reported > 5:
+                reported = now
                 log.info("%s: %s catching up as %s: %s of %d", group_name(move.group), move.target, mode,
                          target.applied_index if target is not None else "?", commit)
             await asyncio.sleep(POLL_SECONDS)

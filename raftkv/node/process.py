@@ -62,7 +62,7 @@ class Node:
         self.learning: dict[int, PartitionReplica] = {}  # the partitions moving here, still catching up
         self.meta: MetaReplica | None = None
         self.peers = Peers(self.address_of)
-        self.mover = ReplicaMover(lambda: self.meta, lambda: self.topology, self.peers)
+        self.mover = ReplicaMover(lambda: self.meta, lambda: self.topology, self.peers, spec.tuning.move_timeout)
         self.rebalancer = Rebalancer(spec.tuning, lambda: self.topology, self.peers, self.change_topology)
         self.removed = asyncio.Event()  # the metadata says this node is removed: the process exits
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -124,6 +124,10 @@ class RaftGroup(Protocol):
     def log_full(self) -> bool:
         """The log's disk is full: this member can append nothing."""
 
+    @property
+    def snapshot_bytes_received(self) -> int:
+        """Bytes of a snapshot this member is receiving from the leader so far; 0 when none."""
+
     def learners_caught_up(self) -> int:
         """On the leader: connected learners that hold every applied entry."""
 

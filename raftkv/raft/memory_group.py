@@ -85,6 +85,7 @@ class MemoryGroup:
     log_entries = property(lambda self: len(self.disk.log))
     log_bytes = property(lambda self: sum(len(e.data or b"") for e in self.disk.log))
     log_full = property(lambda self: False)
+    snapshot_bytes_received = property(lambda self: 0)  # a snapshot arrives in one message
     voters = property(lambda self: frozenset(self._voters))
 
     @property

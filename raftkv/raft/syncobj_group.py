@@ -245,6 +245,13 @@ class SyncObjGroup:
     def log_full(self) -> bool:
         return self._journal.full
 
+    @property
+    def snapshot_bytes_received(self) -> int:
+        try:  # pysyncobj's serializer writes the chunks it receives to this file
+            return os.stat(f"{self._snapshot_path}.1.tmp").st_size
+        except FileNotFoundError:
+            return 0
+
     def learners_caught_up(self) -> int:
         if self.role != Role.LEADER:
             return 0
