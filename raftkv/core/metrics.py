@@ -23,6 +23,9 @@ APPLY_SECONDS = Histogram(
     buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
 )
 JOURNAL_FSYNCS = Counter("raftkv_journal_fsyncs_total", "fdatasync calls on the Raft journal (fsync mode)", ["partition"])
+RAFT_BYTES_SENT = Counter("raftkv_raft_bytes_sent_total",
+                          "Bytes of log entries and of snapshot chunks this replica sent to other members",
+                          ["partition", "kind"])
 API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")
 API_OPS = Counter("raftkv_api_ops_total", "Operations received in Execute requests (several per request)")
 
@@ -33,6 +36,8 @@ def init_partition(partition: int) -> None:
     IS_LEADER.labels(partition).set(0)
     PROPOSALS.labels(partition)
     JOURNAL_FSYNCS.labels(partition)
+    for kind in ("entries", "snapshot"):
+        RAFT_BYTES_SENT.labels(partition, kind)
 
 
 def serve(host: str, port: int) -> None:

@@ -65,6 +65,7 @@ class GroupConfig:
     membership_changes: bool = False  # pysyncobj's dynamicMembershipChange (add_member, remove_member)
 
 
+SNAPSHOT_FILE = "raft.snapshot"  # in the replica's folder: pysyncobj's fullDumpFile
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
 NEVER = 10**12
@@ -114,6 +115,9 @@ class _Member(PatchedSyncObj):
     def sync_journal(self) -> None:
         self._group.sync_journal()
 
+    def on_sent(self, message: dict) -> None:
+        self._group.count_sent(message)
+
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         """pysyncobj's snapshot load, after compacting the journal to the snapshot at start-up.
 
@@ -147,12 +151,14 @@ class SyncObjGroup:
         self._sm = state_machine
         folder = Path(config.folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self._snapshot_path = folder / "raft.snapshot"
-        self._next_snapshot = folder / "raft.snapshot.next"
+        self._snapshot_path = folder / SNAPSHOT_FILE
+        self._next_snapshot = folder / f"{SNAPSHOT_FILE}.next"
         snapshot_file.check(self._snapshot_path)
         self._snapshot_job: Future | None = None
         self._change_pending = False  # a membership change was asked for and has not ended yet
         self._fsyncs = metrics.JOURNAL_FSYNCS.labels(config.partition)
+        self._entry_bytes_sent = metrics.RAFT_BYTES_SENT.labels(config.partition, "entries")
+        self._snapshot_bytes_sent = metrics.RAFT_BYTES_SENT.labels(config.partition, "snapshot")
         tuning = config.tuning
         set_compression_level(tuning.wire_compression)
         poller = LoopPoller(loop)
@@ -325,6 +331,15 @@ class SyncObjGroup:
         self.sync_journal()  # a single-member leader commits without sending, so no send synced it
         term = self._journal[index - self._journal[0][1]][2]
         return self._sm.apply(Entry(index, term, payload))
+
+    def count_sent(self, message: dict) -> None:
+        """An append-entries message left for another member: count its entries' or snapshot chunk's bytes."""
+        serialized = message.get("serialized")
+        if serialized is not None:
+            self._snapshot_bytes_sent.inc(len(serialized[0]))
+        else:
+            self._entry_bytes_sent.inc(sum(len(entry[0]) for entry in message.get("entries", ()))
+                                       + len(message.get("data", b"")))
 
     def sync_journal(self) -> None:
         """fsync mode: make every journal write so far durable (one fdatasync for all of them)."""

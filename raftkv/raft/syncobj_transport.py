@@ -1,5 +1,6 @@
-"""pysyncobj's TCP transport with the two changes raftkv needs.
+"""pysyncobj's TCP transport with the changes raftkv needs.
 
+- Every append-entries message sent is counted (entry and snapshot bytes).
 - In fsync mode a dirty journal is synced before any message leaves, so an
   entry is durable before a follower acknowledges it or a leader counts itself,
   at one fsync per group commit.
@@ -47,4 +48,8 @@ class GroupTransport(TCPTransport):
 
     def send(self, node, message):
         self._syncObj.sync_journal()
-        return super().send(node, message)
+        if not super().send(node, message):
+            return False
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            self._syncObj.on_sent(message)
+        return True
