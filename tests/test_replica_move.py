@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
+import urllib.request
 
 from raftkv import Client, Unavailable, Undetermined
 from raftkv.core.partitioning import partition_for_key
@@ -146,6 +148,41 @@ def test_a_move_that_breaks_a_rule_is_one_line_and_changes_nothing(make_cluster)
             cluster.signal("n4", signal.SIGCONT)
         wait_until(lambda: _moved(kv), 60, "the first move to finish")
         assert kv.topology().meta.placement[0] == ("n4", "n2", "n3")
+
+
+def _bytes_sent(cluster, partition: int, kind: str) -> float:
+    """raftkv_raft_bytes_sent_total of `partition` and `kind`, summed over every node."""
+    total = 0.0
+    for node in cluster.spec.nodes:
+        with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        pattern = rf'^raftkv_raft_bytes_sent_total{{kind="{kind}",partition="{partition}"}} (\S+)'
+        total += sum(float(v) for v in re.findall(pattern, text, re.M))
+    return total
+
+
+def test_a_moved_replica_gets_checkpoint_files_and_the_leader_sends_it_only_the_log_after_them(make_cluster):
+    """The new replica copies a voter's checkpoint over gRPC, off the Raft loop; the group's members send
+    it no snapshot and, beyond heartbeats, only the entries written since (here none: 1% of the data)."""
+    cluster = make_cluster(nodes=4, partitions=2, replication=3, rebalance_interval=0)
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
+        keys = [k for k in (b"k-%05d" % i for i in range(6000)) if partition_for_key(k, 2) == 0][:2000]
+        value = b"v" * 1000
+        for i in range(0, len(keys), 200):
+            kv.put_many(keys[i:i + 200], [value] * 200)
+        data_bytes = len(keys) * len(value)
+        snapshots, entries = _bytes_sent(cluster, 0, "snapshot"), _bytes_sent(cluster, 0, "entries")
+        result = run("replica", "move", "--config", str(cluster.spec_path), "--partition", "0",
+                     "--from", "n1", "--to", "n4", timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert _bytes_sent(cluster, 0, "snapshot") == snapshots
+        assert _bytes_sent(cluster, 0, "entries") - entries < data_bytes / 100
+        assert "partition 0: copied a checkpoint at index" in cluster.log_path("n4").read_text()
+        assert all(kv.get(k) == value for k in keys[::50])
+    cluster.stop_all()
+    contents = [_contents(cluster.spec.node(node_id).data_dir / "p0000") for node_id in ("n2", "n3", "n4")]
+    assert contents[0] == contents[1] == contents[2] and len(contents[0]) == len(keys)
 
 
 def test_a_move_whose_target_cannot_catch_up_is_rolled_back_after_move_timeout(make_cluster):

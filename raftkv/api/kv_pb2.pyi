@@ -487,6 +487,18 @@ class ReplicaState(_message.Message):
     snapshot_bytes_received: int
     def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ...) -> None: ...
 
+class CheckpointChunk(_message.Message):
+    __slots__ = ("index", "term", "path", "data")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    term: int
+    path: str
+    data: bytes
+    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., path: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class ChangeMembershipRequest(_message.Message):
     __slots__ = ("group", "action", "node")
     GROUP_FIELD_NUMBER: _ClassVar[int]

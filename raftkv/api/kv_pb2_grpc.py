@@ -442,6 +442,11 @@ class AdminStub:
                 request_serializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
                 response_deserializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
                 _registered_method=True)
+        self.Checkpoint = channel.unary_stream(
+                '/raftkv.v1.Admin/Checkpoint',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.CheckpointChunk.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -493,6 +498,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Checkpoint(self, request, context):
+        """A checkpoint of this node's voter of the partition, file by file: a new replica seeds itself with it
+        and then catches up from the leader's log, so the files never go through the Raft loop.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -525,6 +538,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Compact,
                     request_deserializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.FromString,
                     response_serializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_stream_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.CheckpointChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -693,6 +711,33 @@ class Admin:
             '/raftkv.v1.Admin/Compact',
             raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
             raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/raftkv.v1.Admin/Checkpoint',
+            raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.CheckpointChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,6 +17,7 @@ from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT
 from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
+from raftkv.node.replica_copy import ReplicaCopying, checkpoint_chunks
 from raftkv.raft.group import Outcome, Role
 
 
@@ -26,6 +27,7 @@ class AdminHost(Protocol):
     me_id: str
     frontends: dict[int, PartitionFrontend]
     learning: dict[int, Replica]
+    copying: dict[int, ReplicaCopying]
     meta: MetaReplica
     peers: Peers
     topology: ClusterMeta
@@ -68,12 +70,22 @@ class AdminService(kv_pb2_grpc.AdminServicer):
             replica, mode = node.frontends[g].replica, "voter"
         elif g in node.learning:
             replica, mode = node.learning[g], "learner"
+        elif g in node.copying:
+            return pb.ReplicaState(mode="copying", snapshot_bytes_received=node.copying[g].received)
         else:
             return pb.ReplicaState(mode="none")
         return pb.ReplicaState(mode=mode, applied_index=replica.group.last_applied,
                                commit_index=replica.group.commit_index,
                                snapshot_bytes_received=replica.group.snapshot_bytes_received,
                                leader=node.node_at(g, replica.leader_address) or "")
+
+    async def Checkpoint(self, request: pb.ReplicaRequest, context):
+        frontend = self._node.frontends.get(request.group)
+        if frontend is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"{self._node.me_id} holds no voter of partition {request.group}")
+        async for chunk in checkpoint_chunks(frontend.replica):
+            yield chunk
 
     async def _leading(self, g: int, node_id: str, context) -> tuple[Replica, Callable[[], Awaitable], str] | \
             pb.ChangeMembershipResponse:

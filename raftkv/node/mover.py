@@ -40,6 +40,28 @@ class MoveStalled(Exception):
     """The new replica made no progress for `move_timeout`: the move is rolled back."""
 
 
+class _Stall:
+    """MoveStalled once the target has made no progress (entries applied, checkpoint or snapshot bytes
+    received) for `timeout`: a target that is up but cannot catch up (a full or failing disk, a process
+    stopped) would otherwise hold its move, and the moves queued behind it, forever."""
+
+    def __init__(self, target: str, timeout: float):
+        self._target = target
+        self._timeout = timeout
+        self._progress = None
+        self._since = time.monotonic()
+
+    def check(self, state: pb.ReplicaState | None, commit: int) -> None:
+        now = time.monotonic()
+        progress = None if state is None else (state.mode, state.applied_index, state.snapshot_bytes_received)
+        if progress is not None and progress != self._progress:
+            self._progress, self._since = progress, now
+        elif now - self._since > self._timeout:
+            applied = self._progress[1] if self._progress else "?"
+            raise MoveStalled(f"{self._target} made no progress for {self._timeout:g}s "
+                              f"(applied index {applied} of {commit})")
+
+
 class ReplicaMover:
     def __init__(self, meta: Callable[[], MetaReplica], topology: Callable[[], ClusterMeta], peers: Peers,
                  move_timeout: float):
@@ -83,8 +105,8 @@ class ReplicaMover:
             if move.source and self._topology().node(move.source).state == NodeState.DEAD:
                 # Adding first would leave RF - 1 live voters of RF + 1: no majority to commit the add.
                 await self._change_membership(move, "remove", move.source)
-            if group != META:
-                await self._compact(move)
+            if group != META and not (await self._until_open(move)).applied_index:
+                await self._compact(move)  # nothing was copied: the leader snapshots, the learner gets files
             await self._until_caught_up(move, "learner")
             await self._change_membership(move, "add", move.target)
             await self._meta().propose(AdvanceMove(group, MoveStep.VOTING))
@@ -115,14 +137,20 @@ class ReplicaMover:
         except grpc.aio.AioRpcError:
             return None
 
-    async def _until_caught_up(self, move: Move, mode: str) -> None:
-        """Until the target runs the group in `mode`, within CATCH_UP_ENTRIES of the leader's commit index.
+    async def _until_open(self, move: Move) -> pb.ReplicaState:
+        """Until the target runs the group (its copy of a voter's checkpoint, if any, is in)."""
+        stall = _Stall(move.target, self._move_timeout)
+        while True:
+            target = await self._progress(move.target, move.group)
+            if target is not None and target.mode in ("learner", "voter"):
+                return target
+            stall.check(target, 0)
+            await asyncio.sleep(POLL_SECONDS)
 
-        MoveStalled if the target makes no progress (entries applied, snapshot bytes received) for
-        `move_timeout`: a target that is up but cannot catch up (a full or failing disk, a process
-        stopped) would otherwise hold the move, and the moves queued behind it, forever."""
-        reported = progressed = time.monotonic()
-        progress = None
+    async def _until_caught_up(self, move: Move, mode: str) -> None:
+        """Until the target runs the group in `mode`, within CATCH_UP_ENTRIES of the leader's commit index."""
+        reported = time.monotonic()
+        stall = _Stall(move.target, self._move_timeout)
         while True:
             voters = [v for v in self._topology().group_voters(move.group) if v != move.target]
             states = await asyncio.gather(self._progress(move.target, move.group),
@@ -132,14 +160,9 @@ class ReplicaMover:
             if target is not None and target.mode == mode and commit and \
                     target.applied_index + CATCH_UP_ENTRIES >= commit:
                 return
-            now = time.monotonic()
-            if target is not None and (target.applied_index, target.snapshot_bytes_received) != progress:
-                progress, progressed = (target.applied_index, target.snapshot_bytes_received), now
-            elif now - progressed > self._move_timeout:
-                raise MoveStalled(f"{move.target} made no progress for {self._move_timeout:g}s "
-                                  f"(applied index {progress[0] if progress else '?'} of {commit})")
-            if now - reported > 5:
-                reported = now
+            stall.check(target, commit)
+            if time.monotonic() - reported > 5:
+                reported = time.monotonic()
                 log.info("%s: %s catching up as %s: %s of %d", group_name(move.group), move.target, mode,
                          target.applied_index if target is not None else "?", commit)
             await asyncio.sleep(POLL_SECONDS)

@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import time
+from pathlib import Path
 
 import grpc
 
@@ -32,6 +33,7 @@ from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
 from raftkv.node.peers import Peers
 from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica import PartitionReplica
+from raftkv.node.replica_copy import ReplicaCopying, copy_replica
 from raftkv.node.service import KVService
 from raftkv.raft.group import AddressInUse, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
@@ -60,6 +62,8 @@ class Node:
         self._told = ClusterMeta()  # a newer topology than this node's copy, from a member (`_ask_members`)
         self.frontends: dict[int, PartitionFrontend] = {}  # the partitions this node is a voter of
         self.learning: dict[int, PartitionReplica] = {}  # the partitions moving here, still catching up
+        self.copying: dict[int, ReplicaCopying] = {}  # ... whose checkpoint files are on their way
+        self._copy_tried: set[int] = set()  # ... copied (or not) already: they open as learners now
         self.meta: MetaReplica | None = None
         self.peers = Peers(self.address_of)
         self.mover = ReplicaMover(lambda: self.meta, lambda: self.topology, self.peers, spec.tuning.move_timeout)
@@ -227,7 +231,7 @@ class Node:
             partition=p,
             self_address=self.me.raft_address(p) if voter else None,
             peers=tuple(topology.node(i).raft_address(p) for i in topology.group_voters(p) if i != self.me.id),
-            folder=self.me.data_dir / f"p{p:04d}",
+            folder=self._folder(p),
             fsync=self.spec.durability == "fsync",
             tuning=self.spec.tuning,
             on_role_changed=on_role_changed if voter else None,
@@ -275,13 +279,25 @@ class Node:
             log.info("metadata group: now a %s here", "voter" if votes_meta else "learner")
         voters = set(topology.voter_partitions(self.me.id))
         learners = set(topology.learner_partitions(self.me.id))
-        for p in sorted(voters - self.frontends.keys()):
+        for p in sorted(voters - self.frontends.keys() - self.copying.keys()):  # a copy under way ends first
             if p in self.learning:  # added to the group: the same data, now as a voter
                 self.learning.pop(p).close()
             self.frontends[p] = self._frontend(self._open_partition(p, voter=True))
             if not at_start:
                 log.info("partition %d: now a voter here", p)
-        for p in sorted(learners - self.learning.keys() - self.frontends.keys()):
+        for p in sorted(self.copying.keys() - learners - voters):  # the move ended without this node
+            self.copying.pop(p).task.cancel()
+        for p in sorted(self._copy_tried - learners):
+            self._copy_tried.discard(p)
+            if p not in voters:  # copied, and the move ended before the replica opened
+                self._delete(p)
+        for p in sorted(learners - self.learning.keys() - self.frontends.keys() - self.copying.keys()):
+            if p not in self._copy_tried and self._empty(p):
+                self._copy_tried.add(p)
+                copying = self.copying[p] = ReplicaCopying()
+                copying.task = asyncio.ensure_future(self._copy(p, copying))
+                continue
+            self._copy_tried.discard(p)
             self.learning[p] = self._open_partition(p, voter=False)
             log.info("partition %d: catching up here as a learner", p)
         for p in sorted(self.frontends.keys() - voters):
@@ -291,8 +307,37 @@ class Node:
             self.learning.pop(p).close()
             self._delete(p)
 
+    def _folder(self, p: int) -> Path:
+        return self.me.data_dir / f"p{p:04d}"
+
+    def _empty(self, p: int) -> bool:
+        folder = self._folder(p)
+        return not folder.exists() or not any(folder.iterdir())
+
+    async def _copy(self, p: int, copying: ReplicaCopying) -> None:
+        """Seed a new replica with a voter's checkpoint files; then it opens as a learner (seeded or not)."""
+        topology = self.topology
+        others = [v for v in topology.group_voters(p) if v != self.me_id]
+        sources = [v for v in others if topology.node(v).state != NodeState.DEAD]
+        members = [topology.node(v).raft_address(p) for v in others]
+        try:
+            position = await copy_replica(self.peers, sources, p, self._folder(p), members, copying.count)
+            log.info("partition %d: copied a checkpoint at index %d here (%d bytes)", p, position.index,
+                     copying.received)
+        except Unavailable as exc:
+            shutil.rmtree(self._folder(p), ignore_errors=True)
+            log.warning("%s; catching up from the leader instead", exc)
+        except BaseException:  # cancelled: the move ended without this node
+            shutil.rmtree(self._folder(p), ignore_errors=True)
+            log.info("partition %d: copy abandoned, the move ended without this node", p)
+            raise
+        finally:
+            if self.copying.get(p) is copying:
+                del self.copying[p]
+        self._on_meta_change()
+
     def _delete(self, p: int) -> None:
-        shutil.rmtree(self.me.data_dir / f"p{p:04d}", ignore_errors=True)
+        shutil.rmtree(self._folder(p), ignore_errors=True)
         log.info("partition %d: no replica here any more; its data is deleted", p)
 
     def _fail(self, error: Exception) -> None:
@@ -369,6 +414,8 @@ class Node:
             frontend.replica.close()
         for replica in self.learning.values():
             replica.close()
+        for copying in self.copying.values():
+            copying.task.cancel()
         if self.meta is not None:
             self.meta.close()
 

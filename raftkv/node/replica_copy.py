@@ -1,0 +1,123 @@
+"""A new replica's data, copied as checkpoint files from a voter over gRPC (`Admin.Checkpoint`).
+
+The voter checkpoints its replica (hard links: milliseconds) and streams the files;
+the new replica's node writes them to a scratch folder and seeds the replica's folder
+with them (`raftkv.raft.syncobj_seed`). The replica then starts at the checkpoint's
+entry, and the leader sends it only the entries after that one. The files never go
+through the Raft loop, which pickles every snapshot chunk on the event loop all of a
+node's replicas share and restarts a transfer whenever a connection drops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import AsyncIterator, Callable, Iterable
+
+import grpc
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.core.errors import CorruptData, Unavailable
+from raftkv.node.peers import Peers
+from raftkv.node.replica import Replica
+from raftkv.raft.syncobj_seed import seed
+from raftkv.storage.engine import Position
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1024 * 1024
+SILENCE_SECONDS = 30.0  # a source that sends nothing for this long is given up for the next one
+
+
+class ReplicaCopying:
+    """A copy on its way to this node: the task, and the bytes received so far (`Admin.ReplicaProgress`)."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.task: asyncio.Task | None = None
+
+    def count(self, n: int) -> None:
+        self.received += n
+
+
+async def checkpoint_chunks(replica: Replica) -> AsyncIterator[pb.CheckpointChunk]:
+    """The replica's state, checkpointed now, as chunks of its files (the scratch copy is removed after)."""
+    work = Path(tempfile.mkdtemp(dir=replica.folder, prefix="copy-"))
+    try:
+        position = replica.engine.checkpoint(work / "db")
+        root = work / "db"
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            name = path.relative_to(root).as_posix()
+            with open(path, "rb") as f:
+                while True:
+                    data = await asyncio.to_thread(f.read, CHUNK_BYTES)
+                    yield pb.CheckpointChunk(index=position.index, term=position.term, path=name, data=data)
+                    if len(data) < CHUNK_BYTES:
+                        break
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, folder: Path, members: Iterable[str],
+                       received: Callable[[int], None]) -> Position:
+    """Seed `folder` (absent or empty) with a checkpoint from the first of `sources` that sends one whole.
+
+    `received(n)` is told of every n bytes that arrive. Unavailable if no source could send one.
+    """
+    scratch = folder.with_name(f".copy-{folder.name}")
+    failures = []
+    try:
+        for node_id in sources:
+            shutil.rmtree(scratch, ignore_errors=True)
+            call = peers.admin(node_id).Checkpoint(pb.ReplicaRequest(group=partition))
+            try:
+                position = await _receive(call, scratch, received)
+            except (grpc.aio.AioRpcError, asyncio.TimeoutError, CorruptData) as exc:
+                call.cancel()
+                failures.append(f"{node_id}: {_reason(exc)}")
+                continue
+            if position.index:  # an empty state: there is nothing to seed with
+                await asyncio.to_thread(seed, folder, partition, scratch, position, members)
+            return position
+        raise Unavailable(f"partition {partition}: no checkpoint could be copied ({'; '.join(failures) or 'no voter'})")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+async def _receive(call, dest: Path, received: Callable[[int], None]) -> Position:
+    position = None
+    current, out = None, None
+    try:
+        while (chunk := await asyncio.wait_for(call.read(), SILENCE_SECONDS)) is not grpc.aio.EOF:
+            if position is None:
+                position = Position(chunk.index, chunk.term)
+            if chunk.path != current:
+                if out is not None:
+                    out.close()
+                target = dest / _relative(chunk.path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                out, current = open(target, "wb"), chunk.path
+            await asyncio.to_thread(out.write, chunk.data)
+            received(len(chunk.data))
+    finally:
+        if out is not None:
+            out.close()
+    if position is None:
+        raise CorruptData("the checkpoint stream was empty")
+    return position
+
+
+def _relative(name: str) -> PurePosixPath:
+    path = PurePosixPath(name)
+    if not name or path.is_absolute() or ".." in path.parts:
+        raise CorruptData(f"a checkpoint file named {name!r} would land outside the checkpoint")
+    return path
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return str(exc) or type(exc).__name__
