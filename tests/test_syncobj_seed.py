@@ -11,7 +11,6 @@ from raftkv.dev.local_cluster import free_port_block
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.raft.syncobj_seed import seed
-from raftkv.storage.engine import Position
 from tests.raft_scenarios import DictStateMachine
 from tests.test_snapshot_writer import until
 

@@ -33,7 +33,7 @@ from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
 from raftkv.node.peers import Peers
 from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica import PartitionReplica
-from raftkv.node.replica_copy import ReplicaCopying, copy_replica
+from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replica
 from raftkv.node.service import KVService
 from raftkv.raft.group import AddressInUse, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
@@ -136,6 +136,8 @@ class Node:
             await self._ask_members()
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
         self._server.add_insecure_port(self.me.api_address)
+        for scratch in self.me.data_dir.glob(f"{SCRATCH_PREFIX}*"):  # copies a crash interrupted
+            shutil.rmtree(scratch, ignore_errors=True)
         self._reconcile(at_start=True)
         kv_pb2_grpc.add_KVServicer_to_server(
             KVService(self.spec, self.me.id, self.frontends, lambda: self.topology, self.peers), self._server)
@@ -324,13 +326,12 @@ class Node:
             position = await copy_replica(self.peers, sources, p, self._folder(p), members, copying.count)
             log.info("partition %d: copied a checkpoint at index %d here (%d bytes)", p, position.index,
                      copying.received)
-        except Unavailable as exc:
+        except asyncio.CancelledError:  # the move ended without this node, or the node stops
             shutil.rmtree(self._folder(p), ignore_errors=True)
-            log.warning("%s; catching up from the leader instead", exc)
-        except BaseException:  # cancelled: the move ended without this node
-            shutil.rmtree(self._folder(p), ignore_errors=True)
-            log.info("partition %d: copy abandoned, the move ended without this node", p)
             raise
+        except (Unavailable, OSError) as exc:  # no voter could send one, or this disk could not take it
+            shutil.rmtree(self._folder(p), ignore_errors=True)
+            log.warning("partition %d: no checkpoint copied here (%s); catching up from the leader instead", p, exc)
         finally:
             if self.copying.get(p) is copying:
                 del self.copying[p]

@@ -29,6 +29,7 @@ from raftkv.storage.engine import Position
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1024 * 1024
+SCRATCH_PREFIX = ".copy-"  # a copy lands beside the replica's folder first: <data_dir>/.copy-p0003
 SILENCE_SECONDS = 30.0  # a source that sends nothing for this long is given up for the next one
 
 
@@ -65,9 +66,10 @@ async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, fol
                        received: Callable[[int], None]) -> Position:
     """Seed `folder` (absent or empty) with a checkpoint from the first of `sources` that sends one whole.
 
-    `received(n)` is told of every n bytes that arrive. Unavailable if no source could send one.
+    `received(n)` is told of every n bytes that arrive. Unavailable if no source could send one (naming
+    each and why); OSError if this disk could not take it.
     """
-    scratch = folder.with_name(f".copy-{folder.name}")
+    scratch = folder.with_name(f"{SCRATCH_PREFIX}{folder.name}")
     failures = []
     try:
         for node_id in sources:
@@ -82,7 +84,7 @@ async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, fol
             if position.index:  # an empty state: there is nothing to seed with
                 await asyncio.to_thread(seed, folder, partition, scratch, position, members)
             return position
-        raise Unavailable(f"partition {partition}: no checkpoint could be copied ({'; '.join(failures) or 'no voter'})")
+        raise Unavailable("; ".join(failures) or "no live voter to copy from")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
