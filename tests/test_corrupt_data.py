@@ -32,10 +32,14 @@ def the_error_line(cluster, node_id: str) -> str:
     return errors[0]
 
 
-def wipe_and_resync(cluster, node_id: str, expected: dict[bytes, bytes]) -> None:
+def wipe(cluster, node_id: str) -> None:
     for item in cluster.spec.node(node_id).data_dir.iterdir():
         if item.is_dir():
             shutil.rmtree(item)
+
+
+def wipe_and_resync(cluster, node_id: str, expected: dict[bytes, bytes]) -> None:
+    wipe(cluster, node_id)
     cluster.start(node_id)
     address = [cluster.spec.node(node_id).api_address]
     with Client(address, timeout=5) as kv:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 
@@ -38,15 +39,17 @@ def scan_replica(address: str, partition: int, timeout: float = 10.0) -> tuple[i
 
 
 def replica_differences(spec: ClusterSpec, placement: tuple[tuple[str, ...], ...],
-                        timeout: float = 60.0) -> list[str]:
+                        each_round: Callable[[], None], timeout: float = 60.0) -> list[str]:
     """One line per partition whose replicas (`placement`: each partition's voters) differ, or never
-    reached one applied index before `timeout`."""
+    reached one applied index before `timeout`. `each_round()` runs before every look: a scan may
+    read a damaged block a node started on and stop that node, which the runner then restarts."""
     deadline = time.monotonic() + timeout
     problems = []
     for p in range(spec.partitions):
-        views = _views_at_one_index(spec, p, placement[p], deadline)
-        if views is None:
-            problems.append(f"partition {p}: the replicas did not reach one applied index within {timeout:.0f}s")
+        views = _views_at_one_index(spec, p, placement[p], each_round, deadline)
+        if isinstance(views, str):
+            problems.append(f"partition {p}: the replicas did not reach one applied index within {timeout:.0f}s "
+                            f"(last seen: {views})")
             continue
         first, *others = views
         for view in others:
@@ -57,17 +60,23 @@ def replica_differences(spec: ClusterSpec, placement: tuple[tuple[str, ...], ...
 
 
 def _views_at_one_index(spec: ClusterSpec, partition: int, replicas: tuple[str, ...],
-                        deadline: float) -> list[ReplicaView] | None:
+                        each_round: Callable[[], None], deadline: float) -> list[ReplicaView] | str:
+    """The replicas' views once they answer at one applied index; else, at the deadline, what each
+    said last."""
+    last: dict[str, str] = {}
     while time.monotonic() < deadline:
-        try:
-            views = [ReplicaView(n, *scan_replica(spec.node(n).api_address, partition)) for n in replicas]
-        except grpc.RpcError:
-            time.sleep(0.2)
-            continue
-        if len({v.applied_index for v in views}) == 1:
+        each_round()
+        views = []
+        for n in replicas:
+            try:
+                views.append(ReplicaView(n, *scan_replica(spec.node(n).api_address, partition)))
+                last[n] = f"{n} at {views[-1].applied_index}"
+            except grpc.RpcError as e:
+                last[n] = f"{n}: {e.code().name} {e.details()}"
+        if len(views) == len(replicas) and len({v.applied_index for v in views}) == 1:
             return views
-        time.sleep(0.1)
-    return None
+        time.sleep(0.2 if len(views) < len(replicas) else 0.1)
+    return ", ".join(last.get(n, f"{n}: not asked") for n in replicas)
 
 
 def _difference(a: ReplicaView, b: ReplicaView) -> str:

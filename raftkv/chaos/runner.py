@@ -167,7 +167,7 @@ class _Run:
         self._after_heal(injector, spec, None, time.monotonic())
         workload.stop()
         self.status.phase = "checking"
-        self._final_checks(spec, feed)
+        self._final_checks(spec, injector, feed)
 
     def _new_spec(self):
         c = self.config
@@ -214,7 +214,7 @@ class _Run:
 
     # -- checks ------------------------------------------------------------
 
-    def _final_checks(self, spec, feed: LocalFeed | None) -> None:
+    def _final_checks(self, spec, injector: FaultInjector, feed: LocalFeed | None) -> None:
         ops = self.history.ops()
         self.final_read, error = asyncio.run(read_set([n.api_address for n in spec.nodes],
                                                       client_id=FINAL_READ_CLIENT, timeout=30.0))
@@ -232,7 +232,8 @@ class _Run:
         self._checked("set: no lost or phantom adds", sets.violations, f"{sets.ops_checked} ops; {read_note}")
 
         placement = placement_of(spec)
-        differences = replica_differences(spec, placement)
+        differences = replica_differences(spec, placement,
+                                          each_round=lambda: self._restart_crashed(injector, "the final checks"))
         self._checked("replicas equal", [Violation("replicas-equal", line.split(":")[0], line, ())
                                          for line in differences], f"{spec.partitions} partitions")
         for record in self.timeline.records():
