@@ -1,6 +1,6 @@
 """Restoring a backup onto a stopped cluster, and backing up a running cluster without a learner.
 
-Both go through `BackupStore` (backup_store.py): the layout under the URL, the
+Both go through `BackupStore` (raftkv/backup/store.py): the layout under the URL, the
 manifest and the checksums are its.
 """
 
@@ -20,7 +20,7 @@ from raftkv.core.errors import ConfigError
 from raftkv.core.partitioning import partitions_hosted_by
 from raftkv.storage.rocks_engine import RocksEngine
 from raftkv.core.spec import ClusterSpec
-from learners.backup_store import BackupInfo, BackupStore, partition_dir
+from raftkv.backup.store import BackupInfo, BackupStore, partition_dir
 
 _SCAN_WRITE_KEYS = 1000
 
@@ -108,22 +108,24 @@ def backup_cluster(client: Client, cluster: str, store: BackupStore, work: Path,
     Each partition is consistent on its own, at the applied index its scan was
     served at; partitions are scanned one after another, at different moments.
     """
+    cluster_id = client.topology().meta.cluster_id
     checkpoints = {p: _scan_into(client, p, work) for p in range(client.partitions)}
-    return store.export(cluster, checkpoints, created)
+    return store.export(cluster, checkpoints, created, cluster_id)
 
 
 def _scan_into(client: Client, partition: int, work: Path) -> tuple[Path, Position]:
-    """Copy one partition, from one linearizable view, into a RocksDB under `work`; its checkpoint and position."""
-    served_at: list[int] = []
+    """Copy one partition, from one linearizable view, into a RocksDB under `work`; its checkpoint and position
+    (the applied entry and its term, which a node seeding a new replica from the backup checks)."""
     engine = RocksEngine(work / "copy" / partition_dir(partition))
     try:
-        batch: list[Put] = []
-        for key, value in client.scan_partition(partition, consistency="linearizable", on_index=served_at.append):
-            batch.append(Put(key, value))
-            if len(batch) >= _SCAN_WRITE_KEYS:
-                engine.write(batch, Position(served_at[0], 0))
-                batch = []
-        engine.write(batch, Position(served_at[0], 0))  # a scan reports its applied index, not a term
+        position = ZERO
+        for chunk in client.scan_chunks(partition, consistency="linearizable"):
+            if position == ZERO:  # every chunk comes from the first one's view
+                position = Position(chunk.applied_index, chunk.applied_term)
+            puts = [Put(kv.key, kv.value) for kv in chunk.items]
+            for start in range(0, len(puts), _SCAN_WRITE_KEYS):
+                engine.write(puts[start:start + _SCAN_WRITE_KEYS], position)
+        engine.write([], position)
         checkpoint = work / "export" / partition_dir(partition)
         checkpoint.parent.mkdir(exist_ok=True)
         return checkpoint, engine.checkpoint(checkpoint)

@@ -100,8 +100,7 @@ class FeedPump:
         prepared, events = self._prepare()
         if not prepared:
             return False
-        positions = {p.replica.partition: p.last.index for p in prepared}
-        await self._deliver(events, positions)
+        await self._deliver(events, {p.replica.partition: p.last for p in prepared})
         for p in prepared:
             p.replica.engine.write(p.view.mutations, p.last)
             p.replica.compact_when_longer_than(COMPACT_AFTER_ENTRIES)
@@ -136,15 +135,17 @@ class FeedPump:
                 events = capture_snapshot(replica.engine, theirs, ctx)
             finally:
                 theirs.close()
-            await self._deliver(events, {replica.partition: index})
+            await self._deliver(events, {replica.partition: snapshot.last})
             replica.engine.install(checkpoint)
         replica.mark_snapshot_installed(snapshot)
         self.resyncs += 1
         log.info("partition %d re-synced from a snapshot at index %d (%d events)", replica.partition, index,
                  len(events))
 
-    async def _deliver(self, events: list[ChangeEvent], positions: dict[int, int]) -> None:
-        await asyncio.to_thread(_deliver_and_flush, self.sink, DeliveryBatch(events, positions))
+    async def _deliver(self, events: list[ChangeEvent], positions: dict[int, Position]) -> None:
+        batch = DeliveryBatch(events, {p: pos.index for p, pos in positions.items()},
+                              {p: pos.term for p, pos in positions.items()})
+        await asyncio.to_thread(_deliver_and_flush, self.sink, batch)
 
 
 def _deliver_and_flush(sink: Sink, batch: DeliveryBatch) -> None:

@@ -96,12 +96,12 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     sink = load_sink(sink_name)
-    await _open_sink(sink, {"learner": name, **sink_options}, stop)
     client = AsyncClient([n.api_address for n in spec.nodes], timeout=5.0)
     replicas: dict[int, LearnerReplica] = {}
     server: grpc.aio.Server | None = None
     try:
         topology = await _topology(client, spec)
+        await _open_sink(sink, {"learner": name, "cluster_id": topology.cluster_id, **sink_options}, stop)
         for p in partitions:
             voters = [topology.node(n).raft_address(p) for n in topology.group_voters(p)]
             config = GroupConfig(partition=p, self_address=None, peers=tuple(voters), folder=folder / f"p{p:04d}",

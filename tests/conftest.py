@@ -17,7 +17,7 @@ from raftkv.raft import snapshot_file
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import CorruptData, Unavailable, Undetermined
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
-from raftkv.core.spec import ClusterSpec, Tuning, build_spec, ports_per_node, save_spec
+from raftkv.core.spec import BackupConfig, ClusterSpec, Tuning, build_spec, ports_per_node, save_spec
 
 
 def random_write(kv, rng: random.Random, keys: int, deletes: float) -> None:
@@ -70,15 +70,15 @@ def wait_for_compaction(cluster, partitions, past_index: int, except_node: str |
 
 @pytest.fixture
 def make_cluster(tmp_path: Path):
-    """make_cluster(nodes=3, partitions=4, **tuning) -> a started, ready LocalCluster."""
+    """make_cluster(nodes=3, partitions=4, backup=None, **tuning) -> a started, ready LocalCluster."""
     clusters: list[LocalCluster] = []
 
     def make(nodes: int = 3, partitions: int = 4, replication: int = 3, durability: str = "default",
-             start: bool = True, **tuning) -> LocalCluster:
+             start: bool = True, backup: BackupConfig | None = None, **tuning) -> LocalCluster:
         base = free_port_block(nodes * ports_per_node(partitions))
         spec: ClusterSpec = build_spec(nodes=nodes, partitions=partitions, replication=replication,
                                        base_port=base, data_dir=tmp_path / f"c{len(clusters)}", durability=durability)
-        spec = dataclasses.replace(spec, tuning=Tuning(**tuning))
+        spec = dataclasses.replace(spec, tuning=Tuning(**tuning), backup=backup)
         spec_path = save_spec(spec, tmp_path / f"c{len(clusters)}" / "cluster.toml")
         cluster = LocalCluster(spec, spec_path)
         clusters.append(cluster)

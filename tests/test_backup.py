@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from learners.backup_restore import restore, restore_targets
-from learners.backup_store import LATEST, list_backups, parse_storage_options, partition_dir
+from raftkv.backup.store import LATEST, list_backups, parse_storage_options, partition_dir
 from learners.change_event import ChangeEvent
 from learners.sinks.backup_sink import BackupSink
 from learners.sinks.base import DeliveryBatch, load_sink
@@ -115,6 +115,20 @@ def test_sink_exports_lists_keeps_and_restores(tmp_path, target):
             assert contents(folder) == (ZERO, STATE[p])  # the data, with the Raft position reset
 
 
+def test_a_backup_records_the_term_of_each_position_and_the_clusters_id(tmp_path):
+    """A node seeds a new replica from a copy only if its leader's log has the copy's entry with the copy's
+    term, and only from its own cluster's backups."""
+    url = (tmp_path / "backups").as_uri()
+    sink = open_sink(tmp_path, url, cluster_id="c0ffee")
+    sink.deliver(DeliveryBatch(EVENTS, {0: 9, 1: 6}, {0: 4, 1: 3}))  # p0 ends on a no-op of term 4
+    sink.flush()
+    info = sink.export_now()
+    sink.close()
+    [listed] = list_backups(url)
+    assert listed == info and info.cluster_id == "c0ffee"
+    assert info.positions == {0: Position(9, 4), 1: Position(6, 3)}
+
+
 def test_recover_after_reopen_and_redelivery_is_skipped(tmp_path):
     url = (tmp_path / "backups").as_uri()
     sink = load_sink("backup")  # found through its entry point, as a learner finds it
@@ -213,6 +227,7 @@ def test_cli_backup_of_a_running_cluster_restores_into_a_fresh_one(make_cluster,
     written = {f"key/{i:05d}".encode(): f"value-{i}".encode() for i in range(2000)}
     with Client(source.endpoints) as kv, ThreadPoolExecutor(32) as pool:
         list(pool.map(lambda item: kv.put(*item), written.items()))
+        cluster_id = kv.topology().meta.cluster_id
 
     file_url = (tmp_path / "cli-backups").as_uri()
     s3_url = f"s3://{BUCKET}/cli"
@@ -224,7 +239,8 @@ def test_cli_backup_of_a_running_cluster_restores_into_a_fresh_one(make_cluster,
         assert listed.returncode == 0, listed.stderr
         [backup] = json.loads(listed.stdout)
         assert backup["partitions"] == [0, 1, 2, 3] and backup["id"] in created.stdout
-        assert all(pos["index"] > 0 for pos in backup["positions"].values())
+        assert all(pos["index"] > 0 and pos["term"] > 0 for pos in backup["positions"].values())
+        assert backup["cluster_id"] == cluster_id  # a node of this cluster may seed replicas from it
     table = run("backup", "list", "--from", file_url)
     assert table.returncode == 0 and source.spec.name in table.stdout
     source.stop_all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -36,7 +37,8 @@ def test_bootstrap_takes_the_specs_nodes_and_placement_once(spec, meta):
     assert meta.placement == (("n1", "n2", "n3"), ("n2", "n3", "n4"), ("n3", "n4", "n1"), ("n4", "n1", "n2"))
     assert meta.meta_voters == ("n1", "n2", "n3") and meta.replication == 3
     assert meta.node("n2").raft_address(META) == f"127.0.0.1:{spec.node('n2').meta_port(4)}"
-    assert spec_meta(spec) == replace(meta, epoch=0)
+    assert spec_meta(spec) == replace(meta, epoch=0, cluster_id="")
+    assert len(meta.cluster_id) == 32 and meta.cluster_id != apply(ClusterMeta(), bootstrap_command(spec)).cluster_id
     with pytest.raises(ChangeRefused, match="already exists"):
         apply(meta, bootstrap_command(spec))
 
@@ -92,6 +94,12 @@ def test_commands_and_states_survive_their_encoding(spec, meta):
                     EndMove(0, ("n4", "n2", "n3")), AddNode(NodeRecord("n9", "h", 1, 2, 3, 4)),
                     SetNodeState("n2", NodeState.DRAINING, force=True)):
         assert decode_command(encode_command(command)) == command
+
+
+def test_metadata_bootstrapped_before_cluster_ids_existed_decodes_without_one(meta):
+    doc = json.loads(encode_meta(meta))
+    del doc["cluster_id"]
+    assert decode_meta(json.dumps(doc).encode()) == replace(meta, cluster_id="")
 
 
 def test_the_state_machine_keeps_the_state_and_a_refusal_changes_only_its_position(tmp_path, spec):

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 import re
+import shutil
 import signal
 import threading
 import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
 
-from raftkv import Client, Unavailable, Undetermined
+from raftkv import Client, CorruptData, Unavailable, Undetermined
+from raftkv.backup.store import backup_id_for, list_backups
 from raftkv.core.partitioning import partition_for_key
-from raftkv.storage.engine import KeyRange
+from raftkv.core.spec import BackupConfig
+from raftkv.raft.snapshot_file import read_meta
+from raftkv.storage.engine import KeyRange, Position
 from raftkv.storage.rocks_engine import RocksEngine
 from tests.conftest import changelog_caught_up, wait_until
 from tests.test_cli import assert_one_line_error, run
@@ -183,6 +191,85 @@ def test_a_moved_replica_gets_checkpoint_files_and_the_leader_sends_it_only_the_
     cluster.stop_all()
     contents = [_contents(cluster.spec.node(node_id).data_dir / "p0000") for node_id in ("n2", "n3", "n4")]
     assert contents[0] == contents[1] == contents[2] and len(contents[0]) == len(keys)
+
+
+def _snapshot_index(cluster, node_id: str, partition: int) -> int:
+    try:
+        return read_meta(cluster.spec.node(node_id).data_dir / f"p{partition:04d}" / "raft.snapshot").last_entry[1]
+    except CorruptData:  # none yet
+        return 0
+
+
+def _checkpoint_bytes_sent(cluster, partition: int) -> float:
+    total = 0.0
+    for node in cluster.spec.nodes:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5).read().decode()
+        pattern = rf'^raftkv_checkpoint_bytes_sent_total{{partition="{partition}"}} (\S+)'
+        total += sum(float(v) for v in re.findall(pattern, text, re.M))
+    return total
+
+
+def test_a_moved_replica_is_seeded_from_the_newest_backup_and_catches_up_from_the_log_after_it(make_cluster,
+                                                                                               tmp_path):
+    """With a backup URL in the spec, the new replica downloads the partition's newest backup copy and the
+    group sends it only the entries written since, although the members compacted their logs after the
+    backup: they keep the log from the backup's entry on (10% of the data at most, asserted from metrics)."""
+    url = (tmp_path / "backups").as_uri()
+    cluster = make_cluster(nodes=4, partitions=2, replication=3, rebalance_interval=0, compaction_min_entries=100,
+                           backup_poll_seconds=0.5, backup=BackupConfig(url))
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
+        keys = [k for k in (b"k-%05d" % i for i in range(6000)) if partition_for_key(k, 2) == 0][:2000]
+        rng = random.Random(7)
+        values = [rng.randbytes(1000) for _ in keys]  # incompressible: the backup holds all 2 MB
+        for i in range(0, len(keys), 200):
+            kv.put_many(keys[i:i + 200], values[i:i + 200])
+        data_bytes = len(keys) * 1000
+        result = run("backup", "create", "--config", str(cluster.spec_path), "--to", url, timeout=120)
+        assert result.returncode == 0, result.stderr
+        wait_until(lambda: all("is the newest copy of partitions [0, 1]" in cluster.log_path(n).read_text()
+                               for n in cluster.spec.node_ids), 30, "every node to find the backup")
+        later = [k for k in (b"later-%04d" % i for i in range(1000)) if partition_for_key(k, 2) == 0][:150]
+        for key in later:  # more entries than compaction_min_entries: the voters compact past the backup
+            kv.put(key, b"w" * 100)
+        backup_index = list_backups(url)[-1].positions[0].index
+        wait_until(lambda: all(_snapshot_index(cluster, n, 0) > backup_index for n in ("n1", "n2", "n3")), 30,
+                   "the voters to compact their logs past the backup")
+        sent = (_bytes_sent(cluster, 0, "snapshot"), _bytes_sent(cluster, 0, "entries"), _checkpoint_bytes_sent(cluster, 0))
+        result = run("replica", "move", "--config", str(cluster.spec_path), "--partition", "0",
+                     "--from", "n1", "--to", "n4", timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "partition 0: seeded from backup" in cluster.log_path("n4").read_text()
+        assert _bytes_sent(cluster, 0, "snapshot") == sent[0] and _checkpoint_bytes_sent(cluster, 0) == sent[2]
+        assert _bytes_sent(cluster, 0, "entries") - sent[1] < data_bytes / 10
+        assert all(kv.get(k) == v for k, v in zip(keys[::50], values[::50]))
+        assert all(kv.get(k) == b"w" * 100 for k in later)
+
+        # A newer copy whose entry has another term than the leader's is not from this history: not used.
+        forged = _forge_newer_backup(tmp_path / "backups", partition=1)
+        wait_until(lambda: f"backups: {forged} is the newest" in cluster.log_path("n1").read_text(), 30,
+                   "n1 to find the forged backup")
+        result = run("replica", "move", "--config", str(cluster.spec_path), "--partition", "1",
+                     "--from", "n4", "--to", "n1", timeout=120)
+        assert result.returncode == 0, result.stderr
+        n1_log = cluster.log_path("n1").read_text()
+        assert "partition 1: the leader's log holds no entry" in n1_log and "partition 1: seeded" not in n1_log
+    cluster.stop_all()
+    contents = [_contents(cluster.spec.node(node_id).data_dir / "p0000") for node_id in ("n2", "n3", "n4")]
+    assert contents[0] == contents[1] == contents[2] and len(contents[0]) == len(keys) + len(later)
+    contents = [_contents(cluster.spec.node(node_id).data_dir / "p0001") for node_id in ("n1", "n2", "n3")]
+    assert contents[0] == contents[1] == contents[2]
+
+
+def _forge_newer_backup(root: Path, partition: int) -> str:
+    """A copy of the newest backup under a newer id, `partition`'s term changed in its manifest."""
+    [info] = list_backups(root.as_uri())[-1:]
+    copies = tuple(dataclasses.replace(c, position=Position(c.position.index, c.position.term + 5))
+                   if c.partition == partition else c for c in info.copies)
+    forged = dataclasses.replace(info, id=backup_id_for(datetime.now(timezone.utc)), copies=copies)
+    shutil.copytree(root / info.id, root / forged.id)
+    (root / forged.id / "manifest.json").write_bytes(forged.to_manifest())
+    return forged.id
 
 
 def test_a_move_whose_target_cannot_catch_up_is_rolled_back_after_move_timeout(make_cluster):

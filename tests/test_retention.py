@@ -1,8 +1,8 @@
-"""retention.compaction_due: when a voter may compact its log."""
+"""retention: when a voter may compact its log (compaction_due), and what it keeps for seeds (kept_for_seeds)."""
 
 from __future__ import annotations
 
-from raftkv.core.retention import compaction_due
+from raftkv.core.retention import compaction_due, kept_for_seeds
 from raftkv.core.spec import Tuning
 
 TUNING = Tuning(compaction_min_entries=100, learner_retention_entries=1000, learner_retention_bytes=10**9)
@@ -31,3 +31,20 @@ def test_a_learner_behind_holds_compaction_unless_the_leader_sees_it_streaming()
 def test_past_the_retention_bound_compaction_goes_ahead_anyway():
     assert due(entries=1001, progress=[10])
     assert due(entries=150, progress=[10], size_bytes=10**9 + 1)
+
+
+def kept(backup_index=300, in_log=True, applied=500, bytes_after=0) -> int:
+    return kept_for_seeds(backup_index=backup_index, in_log=in_log, applied=applied, bytes_after=bytes_after,
+                          tuning=TUNING)
+
+
+def test_a_compaction_keeps_the_log_after_the_newest_backup_copy():
+    assert kept() == 300
+
+
+def test_nothing_is_kept_without_a_copy_in_the_log_or_past_the_retention_bounds():
+    assert kept(backup_index=0) == 0
+    assert kept(in_log=False) == 0  # compacted past it already: a seed needs a snapshot anyway
+    assert kept(backup_index=500) == 0 and kept(backup_index=499) == 499  # nothing after it to keep
+    assert kept(applied=300 + TUNING.learner_retention_entries + 1) == 0
+    assert kept(bytes_after=TUNING.learner_retention_bytes + 1) == 0

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Tuning, parse_spec
+from raftkv.core.spec import (DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, BackupConfig, Tuning, parse_spec,
+                               spec_to_toml)
 
 BASE = Path("/srv/raftkv")
 
@@ -142,6 +144,26 @@ def test_unknown_keys_are_named_by_table():
     assert "cluster: unknown keys partitons" in problems
     assert "nodes[1]: unknown keys port, zone" in problems
     assert "tuning.heartbeat: unknown key" in problems
+
+
+def test_a_backup_table_is_parsed_and_written_back():
+    doc = valid_doc()
+    doc["backup"] = {"url": "s3://bucket/raftkv", "storage": {"endpoint_url": "http://127.0.0.1:9000", "anon": True}}
+    spec = parse_spec(doc, BASE)
+    assert spec.backup == BackupConfig("s3://bucket/raftkv", True,
+                                       (("endpoint_url", "http://127.0.0.1:9000"), ("anon", "true")))
+    assert parse_spec(tomllib.loads(spec_to_toml(spec)), BASE).backup == spec.backup
+    assert parse_spec(valid_doc(), BASE).backup is None
+
+
+def test_a_bad_backup_table_is_named_by_key():
+    doc = valid_doc()
+    doc["backup"] = {"url": "", "seed": "yes", "storage": {"retries": [1]}, "bucket": "b"}
+    problems = problems_of(doc)
+    assert any(p.startswith("backup.url: expected a URL") for p in problems)
+    assert "backup.seed: expected true or false, got 'yes'" in problems
+    assert any(p.startswith("backup.storage: expected a table of fsspec options") for p in problems)
+    assert "backup: unknown keys bucket" in problems
 
 
 def test_every_problem_is_reported_at_once():

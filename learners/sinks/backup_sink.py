@@ -5,7 +5,7 @@ RocksEngine), written in one atomic batch per partition together with the
 Raft position they reach, so the copy's position IS the sink's durable
 position (`recover`). Every `interval_seconds`, and on `export_now()`, each
 partition is checkpointed (exactly the state at its recorded position) and
-the checkpoints are exported to `url` with `learners.backup_store`, which
+the checkpoints are exported to `url` with `raftkv.backup.store`, which
 writes the manifest last and applies retention (`keep`).
 
 Options (all text, as a learner passes them):
@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
-from learners.backup_store import BackupInfo, BackupStore, parse_storage_options, partition_dir
+from raftkv.backup.store import BackupInfo, BackupStore, parse_storage_options, partition_dir
 from learners.change_event import ChangeEvent
 from learners.sinks.base import DeliveryBatch
 from learners.sinks.options import OptionReader
@@ -52,6 +52,7 @@ class BackupOptions:
     interval_seconds: float = 300.0
     keep: int = 7
     storage_options: dict = field(default_factory=dict)
+    cluster_id: str = ""  # the learner passes it; nodes seed new replicas only from their cluster's backups
 
     @classmethod
     def parse(cls, config: Mapping[str, str]) -> BackupOptions:
@@ -62,9 +63,10 @@ class BackupOptions:
         interval = read.number("interval_seconds", 300.0, 0)
         keep = read.integer("keep", 7, 1)
         work_dir = read.text("work_dir") or f"./raftkv-backup-work/{read.text('learner') or 'backup'}"
+        cluster_id = read.text("cluster_id")
         read.done()
         storage = parse_storage_options(read.prefixed(_STORAGE_PREFIX).items())
-        return cls(url, Path(work_dir), interval, keep, storage)
+        return cls(url, Path(work_dir), interval, keep, storage, cluster_id)
 
 
 @dataclass
@@ -116,10 +118,8 @@ class BackupSink:
             pending.position = Position(event.index, event.term)
         for p, index in batch.positions.items():
             pending = self._pending_for(p)
-            if index > pending.position.index:
-                # An entry without events (a no-op, a read barrier) carries no term here:
-                # keep the last known one, a lower bound of the entry's term.
-                pending.position = Position(index, pending.position.term)
+            if index > pending.position.index:  # an entry without events: a no-op, a read barrier
+                pending.position = Position(index, batch.terms.get(p, pending.position.term))
 
     def flush(self) -> None:
         """Write each partition's events with its position in one atomic batch, then sync."""
@@ -156,7 +156,7 @@ class BackupSink:
             try:
                 checkpoints = self._checkpoint_all(work)
                 now = datetime.now(timezone.utc)
-                info = self._store.export(self._cluster, checkpoints, now)
+                info = self._store.export(self._cluster, checkpoints, now, self.options.cluster_id)
                 self._store.prune(self.options.keep, now)
             finally:
                 shutil.rmtree(work)

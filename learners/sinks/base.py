@@ -32,11 +32,14 @@ ENTRY_POINT_GROUP = "raftkv.sinks"
 class DeliveryBatch:
     """Events in Raft order per partition, and the index each partition reaches with them.
 
-    `positions` may advance a partition with no events (entries without writes).
+    `positions` may advance a partition with no events (entries without writes); `terms` holds
+    the term of each position's entry (a backup records it: a replica seeded from the backup
+    must match its leader's log there).
     """
 
     events: Sequence[ChangeEvent]
     positions: Mapping[int, int] = field(default_factory=dict)
+    terms: Mapping[int, int] = field(default_factory=dict)
 
 
 class Sink(Protocol):

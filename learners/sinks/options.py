@@ -17,8 +17,8 @@ from typing import Iterable, Mapping
 from raftkv.core.errors import ConfigError
 
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
-# Every learner passes its name to its sink; a sink may use it or not.
-COMMON = frozenset({"learner"})
+# Every learner passes its name and its cluster's id (made at bootstrap) to its sink; a sink may use them or not.
+COMMON = frozenset({"learner", "cluster_id"})
 
 
 class OptionReader:

@@ -217,14 +217,16 @@ class Columns(_message.Message):
     def __init__(self, count: _Optional[int] = ..., keys: _Optional[bytes] = ..., key_offsets: _Optional[bytes] = ..., values: _Optional[bytes] = ..., value_offsets: _Optional[bytes] = ...) -> None: ...
 
 class ScanChunk(_message.Message):
-    __slots__ = ("items", "applied_index", "columns")
+    __slots__ = ("items", "applied_index", "columns", "applied_term")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_TERM_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[KeyValue]
     applied_index: int
     columns: Columns
-    def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., applied_index: _Optional[int] = ..., columns: _Optional[_Union[Columns, _Mapping]] = ...) -> None: ...
+    applied_term: int
+    def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., applied_index: _Optional[int] = ..., columns: _Optional[_Union[Columns, _Mapping]] = ..., applied_term: _Optional[int] = ...) -> None: ...
 
 class SplitKeysRequest(_message.Message):
     __slots__ = ("partition", "start", "end", "every")
@@ -442,7 +444,7 @@ class MoveInfo(_message.Message):
     def __init__(self, group: _Optional[int] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., step: _Optional[str] = ...) -> None: ...
 
 class TopologyResponse(_message.Message):
-    __slots__ = ("epoch", "nodes", "placement", "moves", "meta_leader", "replication", "meta_voters", "spec_toml")
+    __slots__ = ("epoch", "nodes", "placement", "moves", "meta_leader", "replication", "meta_voters", "spec_toml", "cluster_id")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
@@ -451,6 +453,7 @@ class TopologyResponse(_message.Message):
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
     META_VOTERS_FIELD_NUMBER: _ClassVar[int]
     SPEC_TOML_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeRecord]
     placement: _containers.RepeatedCompositeFieldContainer[Voters]
@@ -459,7 +462,8 @@ class TopologyResponse(_message.Message):
     replication: int
     meta_voters: Voters
     spec_toml: str
-    def __init__(self, epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeRecord, _Mapping]]] = ..., placement: _Optional[_Iterable[_Union[Voters, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[MoveInfo, _Mapping]]] = ..., meta_leader: _Optional[str] = ..., replication: _Optional[int] = ..., meta_voters: _Optional[_Union[Voters, _Mapping]] = ..., spec_toml: _Optional[str] = ...) -> None: ...
+    cluster_id: str
+    def __init__(self, epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeRecord, _Mapping]]] = ..., placement: _Optional[_Iterable[_Union[Voters, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[MoveInfo, _Mapping]]] = ..., meta_leader: _Optional[str] = ..., replication: _Optional[int] = ..., meta_voters: _Optional[_Union[Voters, _Mapping]] = ..., spec_toml: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
 
 class ChangeTopologyRequest(_message.Message):
     __slots__ = ("command",)
@@ -468,24 +472,28 @@ class ChangeTopologyRequest(_message.Message):
     def __init__(self, command: _Optional[bytes] = ...) -> None: ...
 
 class ReplicaRequest(_message.Message):
-    __slots__ = ("group",)
+    __slots__ = ("group", "log_index")
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
     group: int
-    def __init__(self, group: _Optional[int] = ...) -> None: ...
+    log_index: int
+    def __init__(self, group: _Optional[int] = ..., log_index: _Optional[int] = ...) -> None: ...
 
 class ReplicaState(_message.Message):
-    __slots__ = ("mode", "applied_index", "commit_index", "leader", "snapshot_bytes_received")
+    __slots__ = ("mode", "applied_index", "commit_index", "leader", "snapshot_bytes_received", "log_index_term")
     MODE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    LOG_INDEX_TERM_FIELD_NUMBER: _ClassVar[int]
     mode: str
     applied_index: int
     commit_index: int
     leader: str
     snapshot_bytes_received: int
-    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ...) -> None: ...
+    log_index_term: int
+    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ..., log_index_term: _Optional[int] = ...) -> None: ...
 
 class CheckpointChunk(_message.Message):
     __slots__ = ("index", "term", "path", "data")

@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from learners.backup_restore import backup_cluster, restore
-from learners.backup_store import LATEST, BackupInfo, BackupStore, list_backups, parse_storage_options
+from raftkv.backup.store import LATEST, BackupInfo, BackupStore, list_backups, parse_storage_options
 from raftkv.cli.options import config_option, json_option
 from raftkv.cli.output import console
 from raftkv.client.sync_client import Client
@@ -105,6 +105,7 @@ def _row(info: BackupInfo) -> dict:
         "id": info.id,
         "created": info.created.isoformat(),
         "cluster": info.cluster,
+        "cluster_id": info.cluster_id,
         "partitions": list(info.partitions),
         "positions": {str(p): {"index": pos.index, "term": pos.term} for p, pos in info.positions.items()},
         "total_bytes": info.total_bytes,

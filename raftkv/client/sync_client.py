@@ -126,12 +126,9 @@ class Client:
         return self._run(self._async.split_keys(partition, start, end, every=every))
 
     def scan_partition(self, partition: int, start: bytes = b"", end: bytes | None = None, *, limit: int = 0,
-                       consistency: str | None = None, on_index=None) -> Iterator[tuple[bytes, bytes]]:
-        """One partition's keys in order from one view; `on_index(i)` receives that view's applied index."""
+                       consistency: str | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """One partition's keys in order from one view (`scan_chunks` tells the view's applied index)."""
         for chunk in self.scan_chunks(partition, start, end, limit=limit, consistency=consistency):
-            if on_index is not None:
-                on_index(chunk.applied_index)
-                on_index = None
             for kv in chunk.items:
                 yield kv.key, kv.value
 

@@ -26,6 +26,9 @@ JOURNAL_FSYNCS = Counter("raftkv_journal_fsyncs_total", "fdatasync calls on the 
 RAFT_BYTES_SENT = Counter("raftkv_raft_bytes_sent_total",
                           "Bytes of log entries and of snapshot chunks this replica sent to other members",
                           ["partition", "kind"])
+CHECKPOINT_BYTES_SENT = Counter("raftkv_checkpoint_bytes_sent_total",
+                                "Bytes of checkpoint files this node's voter sent to a new replica (Admin.Checkpoint)",
+                                ["partition"])
 API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")
 API_OPS = Counter("raftkv_api_ops_total", "Operations received in Execute requests (several per request)")
 
@@ -38,6 +41,7 @@ def init_partition(partition: int) -> None:
     JOURNAL_FSYNCS.labels(partition)
     for kind in ("entries", "snapshot"):
         RAFT_BYTES_SENT.labels(partition, kind)
+    CHECKPOINT_BYTES_SENT.labels(partition)
 
 
 def serve(host: str, port: int) -> None:

@@ -19,6 +19,12 @@
     [tuning]                 # optional; every key has a default (see Tuning)
     compaction_min_entries = 5000
 
+    [backup]                 # optional: where this cluster's backups live (docs/backup.md)
+    url = "s3://bucket/raftkv"
+    seed = true              # a new replica starts from the newest backup (docs/elasticity.md §4)
+    [backup.storage]         # fsspec storage options
+    endpoint_url = "http://127.0.0.1:9000"
+
 `validate` names every problem by field; `load_spec` raises one ConfigError
 listing them all.
 """
@@ -49,8 +55,9 @@ class Tuning:
     connection_retry_seconds: float = 0.5
     compaction_min_entries: int = 5000
     compaction_min_seconds: float = 300.0
-    learner_retention_entries: int = 50_000  # keep entries a stopped learner needs, up to this
+    learner_retention_entries: int = 50_000  # keep entries a stopped learner or a backup seed needs, up to this
     learner_retention_bytes: int = 256 * 1024 * 1024
+    backup_poll_seconds: float = 60.0  # how often nodes list the [backup] URL for the newest copies
     max_batch_ops: int = 4096
     max_batch_bytes: int = 2 * 1024 * 1024
     request_timeout: float = 10.0
@@ -72,7 +79,7 @@ class Tuning:
             if getattr(self, name) < 2:
                 problems.append(f"tuning.{name}: must be at least 2")
         for name in ("connection_retry_seconds", "compaction_min_seconds", "request_timeout", "dead_after",
-                     "move_timeout", "max_moves", "max_moves_per_node"):
+                     "backup_poll_seconds", "move_timeout", "max_moves", "max_moves_per_node"):
             if getattr(self, name) <= 0:
                 problems.append(f"tuning.{name}: must be positive")
         if self.rebalance_interval < 0:
@@ -104,6 +111,16 @@ class NodeSpec:
 
 
 @dataclass(frozen=True)
+class BackupConfig:
+    """Where the cluster's backups are: nodes seed new replicas from them, and the log a seeded
+    replica catches up from is kept on the replicas."""
+
+    url: str
+    seed: bool = True
+    storage: tuple[tuple[str, str], ...] = ()  # fsspec options as text pairs (raftkv.backup.store types them)
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     partitions: int
@@ -113,6 +130,7 @@ class ClusterSpec:
     max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     tuning: Tuning = field(default_factory=Tuning)
+    backup: BackupConfig | None = None
     path: Path | None = field(default=None, compare=False)
 
     @property
@@ -234,6 +252,7 @@ def spec_to_toml(spec: ClusterSpec, relative_to: Path | None = None) -> str:
             "max_value_bytes": spec.max_value_bytes,
         },
         **({"tuning": tuning_doc} if (tuning_doc := _non_default_tuning(spec.tuning)) else {}),
+        **({"backup": _backup_doc(spec.backup)} if spec.backup else {}),
         "nodes": [
             {
                 "id": n.id,
@@ -252,6 +271,10 @@ def spec_to_toml(spec: ClusterSpec, relative_to: Path | None = None) -> str:
 def _non_default_tuning(tuning: Tuning) -> dict:
     default = Tuning()
     return {k: v for k, v in vars(tuning).items() if v != getattr(default, k)}
+
+
+def _backup_doc(backup: BackupConfig) -> dict:
+    return {"url": backup.url, "seed": backup.seed, **({"storage": dict(backup.storage)} if backup.storage else {})}
 
 
 def save_spec(spec: ClusterSpec, path: str | Path) -> Path:
@@ -309,6 +332,7 @@ def parse_spec(doc: dict, base_dir: Path, source: str = "spec") -> ClusterSpec:
     if unknown:
         problems.append(f"cluster: unknown keys {', '.join(sorted(unknown))}")
     spec_values["tuning"] = _parse_tuning(doc.get("tuning", {}), problems)
+    spec_values["backup"] = _parse_backup(doc["backup"], problems) if "backup" in doc else None
     if problems:
         raise ConfigError(problems, source=source)
     spec = ClusterSpec(nodes=tuple(nodes), **spec_values)
@@ -334,6 +358,26 @@ def _parse_tuning(table: object, problems: list[str]) -> Tuning:
             continue
         values[key] = kind(value)
     return Tuning(**values)
+
+
+def _parse_backup(table: object, problems: list[str]) -> BackupConfig | None:
+    if not isinstance(table, dict):
+        problems.append("backup: expected a table")
+        return None
+    url, seed, storage = table.get("url"), table.get("seed", True), table.get("storage", {})
+    before = len(problems)
+    if not isinstance(url, str) or not url:
+        problems.append(f"backup.url: expected a URL such as s3://bucket/prefix or file:///path, got {url!r}")
+    if not isinstance(seed, bool):
+        problems.append(f"backup.seed: expected true or false, got {seed!r}")
+    if not isinstance(storage, dict) or not all(isinstance(v, (str, int, bool)) for v in storage.values()):
+        problems.append("backup.storage: expected a table of fsspec options (text, integer or boolean values)")
+    if unknown := set(table) - {"url", "seed", "storage"}:
+        problems.append(f"backup: unknown keys {', '.join(sorted(unknown))}")
+    if len(problems) > before:
+        return None
+    pairs = tuple((k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in storage.items())
+    return BackupConfig(url, seed, pairs)
 
 
 def load_spec(path: str | Path) -> ClusterSpec:

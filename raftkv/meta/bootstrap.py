@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from raftkv.core.partitioning import replicas_for
 from raftkv.core.spec import ClusterSpec, NodeSpec
 from raftkv.meta.records import Bootstrap, ClusterMeta, NodeRecord, meta_voter_count
@@ -18,6 +20,7 @@ def bootstrap_command(spec: ClusterSpec) -> Bootstrap:
         nodes=tuple(node_record(spec, n) for n in spec.nodes),
         placement=tuple(replicas_for(p, spec.node_ids, spec.replication) for p in range(spec.partitions)),
         meta_voters=first_meta_voters(spec.node_ids),
+        cluster_id=uuid.uuid4().hex,
     )
 
 

@@ -86,6 +86,7 @@ class ClusterMeta:
     placement: tuple[tuple[str, ...], ...] = ()  # partition -> its voters' node ids
     meta_voters: tuple[str, ...] = ()
     moves: tuple[Move, ...] = ()
+    cluster_id: str = ""  # random, made at bootstrap: tells this cluster's backups from another's of one name
 
     def node(self, node_id: str) -> NodeRecord:
         for n in self.nodes:
@@ -146,6 +147,7 @@ class Bootstrap:
     nodes: tuple[NodeRecord, ...]
     placement: tuple[tuple[str, ...], ...]
     meta_voters: tuple[str, ...]
+    cluster_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,8 @@ def apply(meta: ClusterMeta, command: MetaCommand) -> ClusterMeta:
         if meta.epoch:
             raise ChangeRefused("the cluster's metadata already exists")
         return ClusterMeta(epoch=1, replication=command.replication, nodes=command.nodes,
-                           placement=command.placement, meta_voters=command.meta_voters)
+                           placement=command.placement, meta_voters=command.meta_voters,
+                           cluster_id=command.cluster_id)
     if not meta.epoch:
         raise ChangeRefused("the cluster's metadata does not exist yet; retry once the nodes have started")
     if isinstance(command, AddNode):
@@ -302,7 +305,7 @@ def decode_command(data: bytes) -> MetaCommand:
     kind = _COMMANDS[doc.pop("kind")]
     if kind is Bootstrap:
         return Bootstrap(doc["replication"], _nodes(doc["nodes"]), _placement(doc["placement"]),
-                         tuple(doc["meta_voters"]))
+                         tuple(doc["meta_voters"]), doc.get("cluster_id", ""))
     if kind is AddNode:
         return AddNode(_node(doc["node"]))
     if kind is SetNodeState:
@@ -327,6 +330,7 @@ def decode_meta(data: bytes) -> ClusterMeta:
         placement=_placement(doc["placement"]),
         meta_voters=tuple(doc["meta_voters"]),
         moves=tuple(Move(m["group"], m["source"], m["target"], MoveStep(m["step"])) for m in doc["moves"]),
+        cluster_id=doc.get("cluster_id", ""),  # none in metadata bootstrapped before it existed
     )
 
 

@@ -27,6 +27,7 @@ def topology_reply(meta: ClusterMeta, meta_leader: str | None, spec_toml: str = 
         moves=[pb.MoveInfo(group=m.group, source=m.source, target=m.target, step=m.step.value) for m in meta.moves],
         meta_leader=meta_leader or "",
         spec_toml=spec_toml,
+        cluster_id=meta.cluster_id,
     )
 
 
@@ -39,5 +40,6 @@ def topology_of(reply: pb.TopologyResponse) -> Topology:
         placement=tuple(tuple(v.nodes) for v in reply.placement),
         meta_voters=tuple(reply.meta_voters.nodes),
         moves=tuple(Move(m.group, m.source, m.target, MoveStep(m.step)) for m in reply.moves),
+        cluster_id=reply.cluster_id,
     )
     return Topology(meta, reply.meta_leader or None, reply.spec_toml)

@@ -9,6 +9,7 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.core import metrics
 from raftkv.core.errors import ChangeRefused
 from raftkv.meta.records import META, ClusterMeta, MetaCommand, decode_command
 from raftkv.meta.wire import topology_reply
@@ -74,17 +75,20 @@ class AdminService(kv_pb2_grpc.AdminServicer):
             return pb.ReplicaState(mode="copying", snapshot_bytes_received=node.copying[g].received)
         else:
             return pb.ReplicaState(mode="none")
-        return pb.ReplicaState(mode=mode, applied_index=replica.group.last_applied,
-                               commit_index=replica.group.commit_index,
-                               snapshot_bytes_received=replica.group.snapshot_bytes_received,
-                               leader=node.node_at(g, replica.leader_address) or "")
+        group = replica.group
+        return pb.ReplicaState(mode=mode, applied_index=group.last_applied, commit_index=group.commit_index,
+                               snapshot_bytes_received=group.snapshot_bytes_received,
+                               leader=node.node_at(g, replica.leader_address) or "",
+                               log_index_term=(request.log_index and group.term_at(request.log_index)) or 0)
 
     async def Checkpoint(self, request: pb.ReplicaRequest, context):
         frontend = self._node.frontends.get(request.group)
         if frontend is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"{self._node.me_id} holds no voter of partition {request.group}")
+        sent = metrics.CHECKPOINT_BYTES_SENT.labels(request.group)
         async for chunk in checkpoint_chunks(frontend.replica):
+            sent.inc(len(chunk.data))
             yield chunk
 
     async def _leading(self, g: int, node_id: str, context) -> tuple[Replica, Callable[[], Awaitable], str] | \

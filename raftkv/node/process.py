@@ -33,6 +33,7 @@ from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
 from raftkv.node.peers import Peers
 from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica import PartitionReplica
+from raftkv.node.backup_seed import BackupCatalog, seed_from_backup
 from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replica
 from raftkv.node.service import KVService
 from raftkv.raft.group import AddressInUse, Role
@@ -76,6 +77,7 @@ class Node:
         self._leaderless = 0  # seconds this node's metadata group has known no leader
         self._server: grpc.aio.Server | None = None
         self.failure: asyncio.Future | None = None  # set to the error that must stop the node (corrupt data)
+        self.backups = BackupCatalog(spec.backup, lambda: self.topology.cluster_id) if spec.backup else None
 
     # -- topology ---------------------------------------------------------
 
@@ -149,6 +151,8 @@ class Node:
                               source=f"node {self.me.id} metrics_port") from None
         await self._server.start()
         self._tasks = [loop.create_task(self._housekeeping()), loop.create_task(self._metadata_loop())]
+        if self.backups is not None:
+            self._tasks.append(loop.create_task(self.backups.watch(self.spec.tuning.backup_poll_seconds)))
         log.info("node %s serving %s; partitions %s", self.me.id, self.me.api_address, sorted(self.frontends))
 
     async def _metadata_caught_up(self, timeout: float) -> bool:
@@ -244,6 +248,7 @@ class Node:
                 p, config.folder, self.spec.tuning,
                 open_group=lambda state_machine: SyncObjGroup(config, state_machine, loop),
                 on_corrupt=lambda error: loop.call_soon_threadsafe(self._fail, error),
+                backup_index=(lambda: self.backups.index(p)) if self.backups is not None else lambda: 0,
             )
 
     def _frontend(self, replica: PartitionReplica) -> PartitionFrontend:
@@ -317,15 +322,17 @@ class Node:
         return not folder.exists() or not any(folder.iterdir())
 
     async def _copy(self, p: int, copying: ReplicaCopying) -> None:
-        """Seed a new replica with a voter's checkpoint files; then it opens as a learner (seeded or not)."""
+        """Seed a new replica from the newest backup, or else with a voter's checkpoint files; then it
+        opens as a learner (seeded or not)."""
         topology = self.topology
         others = [v for v in topology.group_voters(p) if v != self.me_id]
         sources = [v for v in others if topology.node(v).state != NodeState.DEAD]
         members = [topology.node(v).raft_address(p) for v in others]
         try:
-            position = await copy_replica(self.peers, sources, p, self._folder(p), members, copying.count)
-            log.info("partition %d: copied a checkpoint at index %d here (%d bytes)", p, position.index,
-                     copying.received)
+            if self.backups is None or not await self._seeded(p, sources, members, copying):
+                position = await copy_replica(self.peers, sources, p, self._folder(p), members, copying.count)
+                log.info("partition %d: copied a checkpoint at index %d here (%d bytes)", p, position.index,
+                         copying.received)
         except asyncio.CancelledError:  # the move ended without this node, or the node stops
             shutil.rmtree(self._folder(p), ignore_errors=True)
             raise
@@ -336,6 +343,15 @@ class Node:
             if self.copying.get(p) is copying:
                 del self.copying[p]
         self._on_meta_change()
+
+    async def _seeded(self, p: int, sources: list[str], members: list[str], copying: ReplicaCopying) -> bool:
+        try:
+            return await seed_from_backup(self.backups, self.peers, sources, p, self._folder(p), members,
+                                          copying.count) is not None
+        except (RaftKVError, OSError) as exc:  # the storage failed, a file was damaged, or this disk is full
+            shutil.rmtree(self._folder(p), ignore_errors=True)
+            log.warning("partition %d: not seeded from a backup (%s); copying from a voter", p, exc)
+            return False
 
     def _delete(self, p: int) -> None:
         shutil.rmtree(self._folder(p), ignore_errors=True)

@@ -16,7 +16,7 @@ from raftkv.core import metrics
 from raftkv.core.log_codec import decode_proposal
 from raftkv.core.errors import CorruptData
 from raftkv.core.learner_registry import learners_from
-from raftkv.core.retention import compaction_due
+from raftkv.core.retention import compaction_due, kept_for_seeds
 from raftkv.core.spec import Tuning
 from raftkv.core.state_machine import apply_proposal
 from raftkv.raft.engine_state import EngineStateMachine
@@ -84,8 +84,10 @@ class PartitionReplica(Replica):
 
     def __init__(self, partition: int, folder: Path, tuning: Tuning,
                  open_group: Callable[[StateMachine], RaftGroup],
-                 on_corrupt: Callable[[CorruptData], None] | None = None):
+                 on_corrupt: Callable[[CorruptData], None] | None = None,
+                 backup_index: Callable[[], int] = lambda: 0):
         self._tuning = tuning
+        self._backup_index = backup_index  # of the newest backup copy of the partition (0: none)
         self._last_compaction = time.monotonic()
         self._stepped_aside = 0.0  # when this leader last handed leadership on for want of disk space
         super().__init__(partition, folder, open_group,
@@ -99,6 +101,14 @@ class PartitionReplica(Replica):
         """The index the local state reflects: Raft's no-op entries advance it without
         touching the engine, and after a restart the engine is ahead until the replay catches up."""
         return max(self.group.last_applied, self.engine.position.index)
+
+    @property
+    def applied_position(self) -> Position:
+        """`applied_index` and its term (0 if the log no longer holds that entry)."""
+        engine = self.engine.position
+        if engine.index >= self.group.last_applied:
+            return engine
+        return Position(self.group.last_applied, self.group.term_at(self.group.last_applied) or 0)
 
     def maybe_compact(self, eager: bool = False) -> None:
         """Compact the log when the retention policy allows (called about once a second). `eager`: a new
@@ -115,8 +125,14 @@ class PartitionReplica(Replica):
             learners_streaming=self.group.learners_caught_up(),
             tuning=tuning,
         ):
-            self.group.compact()
+            self.group.compact(self._kept_for_seeds())
             self._last_compaction = now
+
+    def _kept_for_seeds(self) -> int:
+        backup_index = self._backup_index()
+        return kept_for_seeds(backup_index=backup_index, in_log=self.group.term_at(backup_index) is not None,
+                              applied=self.group.last_applied, bytes_after=self.group.log_bytes_after(backup_index),
+                              tuning=self._tuning)
 
     def step_aside(self) -> None:
         """A leader that cannot write hands leadership to its most caught-up follower (at most once a

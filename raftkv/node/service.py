@@ -148,15 +148,16 @@ class KVService(kv_pb2_grpc.KVServicer):
             code = grpc.StatusCode.FAILED_PRECONDITION if isinstance(error, NotLeader) else grpc.StatusCode.UNAVAILABLE
             await context.abort(code, str(error), trailing_metadata=error_metadata(error))
         key_range = KeyRange(request.start, request.end if request.HasField("end") else None, request.limit)
-        applied_index = frontend.replica.applied_index  # nothing applies between these two lines
+        applied = frontend.replica.applied_position  # nothing applies between these two lines
         _, items = frontend.replica.engine.scan(key_range)
         next_chunk = _next_columns if request.columnar else _next_chunk
         sent_any = False
-        while chunk := await asyncio.to_thread(next_chunk, items, applied_index):
+        while chunk := await asyncio.to_thread(next_chunk, items, applied.index):
             sent_any = True
+            chunk.applied_term = applied.term
             yield chunk
-        if not sent_any:
-            yield pb.ScanChunk(applied_index=applied_index)  # an empty range still reports its index
+        if not sent_any:  # an empty range still reports its position
+            yield pb.ScanChunk(applied_index=applied.index, applied_term=applied.term)
 
     async def SplitKeys(self, request: pb.SplitKeysRequest, context) -> pb.SplitKeysResponse:
         frontend = self._frontends.get(request.partition)

@@ -114,8 +114,15 @@ class RaftGroup(Protocol):
     def has_quorum(self) -> bool:
         """This member is connected to a majority of the voters (itself included)."""
 
+    def term_at(self, index: int) -> int | None:
+        """The term of entry `index` in this member's log; None when the log does not hold it."""
+
     @property
-    def log_entries(self) -> int: ...
+    def log_entries(self) -> int:
+        """Entries after the last snapshot (entries kept before it, see `compact`, do not count)."""
+
+    def log_bytes_after(self, index: int) -> int:
+        """Bytes of the log's entries after `index`."""
 
     @property
     def log_bytes(self) -> int: ...
@@ -136,8 +143,10 @@ class RaftGroup(Protocol):
     def committed_entries(self, after: int, limit: int) -> list[Entry]:
         """Committed entries after index `after`, at most `limit`; LookupError if compacted away."""
 
-    def compact(self) -> None:
-        """Snapshot the state machine and drop the log it covers (asynchronously)."""
+    def compact(self, keep_from: int = 0) -> None:
+        """Snapshot the state machine and drop the log it covers (asynchronously), except the entries
+        from `keep_from` on (0: none), which a replica seeded from a backup catches up from. A group
+        may keep fewer: the in-memory twin keeps none."""
 
     def transfer_leadership(self, to: str | None = None) -> None: ...
 

@@ -136,6 +136,10 @@ class RaftJournal(Journal):
         """Bytes of the log file (header included)."""
         return self._end
 
+    def bytes_from(self, position: int) -> int:
+        """Bytes of the records from list position `position` to the end."""
+        return self._end - self._offsets[position] if 0 <= position < len(self._offsets) else 0
+
     @property
     def full(self) -> bool:
         """An add failed for want of space, and the disk has not had FULL_UNTIL_FREE_BYTES free since."""

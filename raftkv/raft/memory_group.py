@@ -83,6 +83,13 @@ class MemoryGroup:
     commit_index = property(lambda self: self.disk.commit)
     last_log_index = property(lambda self: self.disk.log[-1].index if self.disk.log else self._snapshot_index())
     log_entries = property(lambda self: len(self.disk.log))
+
+    def log_bytes_after(self, index: int) -> int:
+        return sum(len(e.data or b"") for e in self.disk.log if e.index > index)
+
+    def term_at(self, index: int) -> int | None:
+        held = self._snapshot_index() <= index <= self.last_log_index and index > 0
+        return self._term_at(index) if held else None
     log_bytes = property(lambda self: sum(len(e.data or b"") for e in self.disk.log))
     log_full = property(lambda self: False)
     snapshot_bytes_received = property(lambda self: 0)  # a snapshot arrives in one message
@@ -114,7 +121,7 @@ class MemoryGroup:
         return [Entry(e.index, e.term, e.data if e.kind == PAYLOAD else None)
                 for e in self.disk.log if after < e.index <= min(self.last_applied, after + limit)]
 
-    def compact(self) -> None:
+    def compact(self, keep_from: int = 0) -> None:
         if self.last_applied <= self._snapshot_index():
             return
         last = self._entry(self.last_applied)

@@ -118,6 +118,10 @@ class _Member(PatchedSyncObj):
     def on_sent(self, message: dict) -> None:
         self._group.count_sent(message)
 
+    def _SyncObj__deleteEntriesTo(self, toIDx: int) -> None:
+        """A compaction drops the log up to its snapshot, but for the entries kept for seeded replicas."""
+        PatchedSyncObj._SyncObj__deleteEntriesTo(self, self._group._compacted_to(toIDx))
+
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         """pysyncobj's snapshot load, after compacting the journal to the snapshot at start-up.
 
@@ -159,6 +163,8 @@ class SyncObjGroup:
         self._fsyncs = metrics.JOURNAL_FSYNCS.labels(config.partition)
         self._entry_bytes_sent = metrics.RAFT_BYTES_SENT.labels(config.partition, "entries")
         self._snapshot_bytes_sent = metrics.RAFT_BYTES_SENT.labels(config.partition, "snapshot")
+        self._keep_from = 0  # the first entry the next compaction keeps (`compact`)
+        self._snapshot_base = 0  # the entry the last compaction dropped the log to, had it kept none
         tuning = config.tuning
         set_compression_level(tuning.wire_compression)
         poller = LoopPoller(loop)
@@ -230,6 +236,10 @@ class SyncObjGroup:
     def last_log_index(self) -> int:
         return self._journal[-1][1]
 
+    def term_at(self, index: int) -> int | None:
+        first = self._journal[0][1]
+        return self._journal[index - first][2] if first <= index <= self.last_log_index else None
+
     @property
     def voters(self) -> frozenset[str]:
         others = {node.address for node in self._member._SyncObj__otherNodes}
@@ -241,7 +251,10 @@ class SyncObjGroup:
 
     @property
     def log_entries(self) -> int:
-        return len(self._journal)
+        return len(self._journal) - max(0, self._snapshot_base - self._journal[0][1])
+
+    def log_bytes_after(self, index: int) -> int:
+        return self._journal.bytes_from(index + 1 - self._journal[0][1])
 
     @property
     def log_bytes(self) -> int:
@@ -281,9 +294,16 @@ class SyncObjGroup:
         self._member._apply(payload, callback=lambda result, reason: callback(result, _outcome(reason)))
         self._ticker.soon()
 
-    def compact(self) -> None:
+    def compact(self, keep_from: int = 0) -> None:
+        self._keep_from = keep_from
         self._member.forceLogCompaction()
         self._ticker.soon()
+
+    def _compacted_to(self, index: int) -> int:
+        """Where a compaction whose snapshot covers the log to `index` drops it to. The kept entries
+        go at the next restart: pysyncobj loads a journal only if it starts at the snapshot."""
+        self._snapshot_base = index
+        return min(index, self._keep_from - 1) if self._keep_from else index
 
     def transfer_leadership(self, to: str | None = None) -> None:
         """Best effort: pysyncobj refuses when no connected follower holds every entry."""

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import fsspec
 
@@ -77,6 +77,7 @@ class BackupInfo:
     cluster: str
     created: datetime
     copies: tuple[PartitionCopy, ...]
+    cluster_id: str = ""  # the cluster's metadata id: a node seeds replicas only from its own cluster's backups
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -99,6 +100,7 @@ class BackupInfo:
             "version": VERSION,
             "id": self.id,
             "cluster": self.cluster,
+            "cluster_id": self.cluster_id,
             "created": self.created.isoformat(),
             "partitions": [
                 {
@@ -120,7 +122,8 @@ class BackupInfo:
             if doc.get("format") != FORMAT or doc.get("version") != VERSION:
                 raise ValueError(f"not a {FORMAT} manifest of version {VERSION}")
             copies = tuple(_partition_copy(p) for p in doc["partitions"])
-            return cls(doc["id"], doc["cluster"], datetime.fromisoformat(doc["created"]), copies)
+            return cls(doc["id"], doc["cluster"], datetime.fromisoformat(doc["created"]), copies,
+                       str(doc.get("cluster_id", "")))
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptData(f"{where}: unreadable backup manifest ({exc})") from None
 
@@ -198,14 +201,15 @@ class BackupStore:
 
     # export
 
-    def export(self, cluster: str, checkpoints: Mapping[int, tuple[Path, Position]], created: datetime) -> BackupInfo:
+    def export(self, cluster: str, checkpoints: Mapping[int, tuple[Path, Position]], created: datetime,
+               cluster_id: str = "") -> BackupInfo:
         """Upload checkpoints (partition -> (folder, position)), then the manifest that makes them a backup."""
         backup_id = backup_id_for(created)
         copies = tuple(
             self._upload_partition(backup_id, p, folder, position)
             for p, (folder, position) in sorted(checkpoints.items())
         )
-        info = BackupInfo(backup_id, cluster, created.astimezone(timezone.utc), copies)
+        info = BackupInfo(backup_id, cluster, created.astimezone(timezone.utc), copies, cluster_id)
         manifest, staged = self._path(backup_id, MANIFEST), self._path(backup_id, MANIFEST + ".tmp")
         with self._storage("write the manifest to"):
             self._fs.pipe_file(staged, info.to_manifest())
@@ -297,26 +301,30 @@ class BackupStore:
 
     # download
 
-    def download(self, info: BackupInfo, partition: int, dest: Path) -> None:
-        """Fetch a partition's checkpoint into `dest`, checking every file against the manifest."""
+    def download(self, info: BackupInfo, partition: int, dest: Path,
+                 received: Callable[[int], None] = lambda n: None) -> None:
+        """Fetch a partition's checkpoint into `dest`, checking every file against the manifest;
+        `received(n)` hears of every n bytes."""
         dest.mkdir(parents=True)
         for entry in info.copy_of(partition).files:
             where = f"{self.url}/{info.id}/{entry.path}"
             with self._storage("download from"):
-                digest, size = self._fetch(self._path(info.id, entry.path), dest / PurePosixPath(entry.path).name)
+                digest, size = self._fetch(self._path(info.id, entry.path), dest / PurePosixPath(entry.path).name,
+                                           received)
             if (digest, size) != (entry.sha256, entry.size):
                 raise CorruptData(
                     f"{where}: {size} bytes with sha256 {digest[:12]}…, the manifest says {entry.size} bytes "
                     f"with sha256 {entry.sha256[:12]}…; the backup is damaged, restore another one"
                 )
 
-    def _fetch(self, remote: str, local: Path) -> tuple[str, int]:
+    def _fetch(self, remote: str, local: Path, received: Callable[[int], None]) -> tuple[str, int]:
         digest, size = hashlib.sha256(), 0
         with self._fs.open(remote, "rb") as src, local.open("wb") as dst:
             while chunk := src.read(_CHUNK):
                 digest.update(chunk)
                 dst.write(chunk)
                 size += len(chunk)
+                received(len(chunk))
         return digest.hexdigest(), size
 
 
