@@ -125,22 +125,33 @@ class FeedPump:
         return prepared, events
 
     async def _resync(self, replica: LearnerReplica) -> None:
+        """Install the snapshot the leader sent; the sink gets its differences from the copy as `r`
+        events, unless it has everything up to the snapshot already: a learner restarted with an empty
+        disk (another host, KUDU-3290) gets the leader's latest snapshot, often older than what its
+        sink has, and its `r` events would take the sink back to that older state."""
         snapshot = replica.pending_snapshot
         index, term = snapshot.last.index, snapshot.last.term
+        delivered = self.delivered_before_start.get(replica.partition, 0)
         with tempfile.TemporaryDirectory(dir=replica.folder, prefix="resync-") as tmp:
             checkpoint = await asyncio.to_thread(snapshot_file.extract_db, snapshot.path, Path(tmp))
-            theirs = RocksEngine(checkpoint.parent)  # opens <tmp>/db
-            try:
-                ctx = EntryContext(self.cluster, replica.partition, index, term, int(self.clock() * 1000))
-                events = capture_snapshot(replica.engine, theirs, ctx)
-            finally:
-                theirs.close()
-            await self._deliver(events, {replica.partition: snapshot.last})
+            events = []
+            if index > delivered:
+                theirs = RocksEngine(checkpoint.parent)  # opens <tmp>/db
+                try:
+                    ctx = EntryContext(self.cluster, replica.partition, index, term, int(self.clock() * 1000))
+                    events = capture_snapshot(replica.engine, theirs, ctx)
+                finally:
+                    theirs.close()
+                await self._deliver(events, {replica.partition: snapshot.last})
             replica.engine.install(checkpoint)
         replica.mark_snapshot_installed(snapshot)
         self.resyncs += 1
-        log.info("partition %d re-synced from a snapshot at index %d (%d events)", replica.partition, index,
-                 len(events))
+        if index > delivered:
+            log.info("partition %d re-synced from a snapshot at index %d (%d events)", replica.partition, index,
+                     len(events))
+        else:
+            log.info("partition %d: installed a snapshot at index %d; the sink has up to %d already", replica.partition,
+                     index, delivered)
 
     async def _deliver(self, events: list[ChangeEvent], positions: dict[int, Position]) -> None:
         batch = DeliveryBatch(events, {p: pos.index for p, pos in positions.items()},

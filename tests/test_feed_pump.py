@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import pytest
 
@@ -112,3 +113,25 @@ def test_a_learner_that_missed_compacted_entries_resyncs_from_a_snapshot_as_r_ev
     feed.write(Put(b"d", b"1"))  # and the live feed goes on after the snapshot
     feed.pump_all()
     assert ops(feed.sink)[-1] == ("c", b"d", None, b"1")
+
+
+def test_a_learner_restarted_with_an_empty_disk_skips_a_snapshot_its_sink_is_past(feed):
+    """KUDU-3290: the learner's host is lost and a new one starts with an empty disk. The leader's
+    snapshot is older than what the sink has: its `r` events would take the sink back to that older
+    state, and the entries after it up to the sink's position are not delivered again."""
+    feed.write(Put(b"a", b"1"), Put(b"b", b"1"))
+    feed.voter.group.compact()
+    feed.write(Put(b"b", b"2"))  # after the snapshot, and delivered
+    feed.pump_all()
+    delivered = len(feed.sink.events)
+    feed.learner.close()
+    shutil.rmtree(feed.tmp_path / "l1")
+    feed.disks["l1"] = Disk(feed.tmp_path / "l1", voters=frozenset({"n1"}))
+    feed.disks["l1"].folder.mkdir()
+    feed.open_learner()
+    feed.write(Put(b"c", b"1"))
+    feed.pump_all()
+    assert feed.pump.resyncs == 1
+    assert not [e for e in feed.sink.events if e.snapshot]  # a journal sink would append them after b=2
+    assert ops(feed.sink)[delivered:] == [("c", b"c", None, b"1")]
+    assert feed.learner.engine.get(b"b") == b"2" and feed.learner.engine.get(b"a") == b"1"
