@@ -5,7 +5,8 @@ from __future__ import annotations
 from raftkv.core.retention import compaction_due, kept_for_seeds
 from raftkv.core.spec import Tuning
 
-TUNING = Tuning(compaction_min_entries=100, learner_retention_entries=1000, learner_retention_bytes=10**9)
+TUNING = Tuning(compaction_min_entries=100, learner_retention_entries=1000, learner_retention_bytes=10**9,
+                seed_retention_bytes=10**6)
 
 
 def due(entries=150, applied=500, progress=(), streaming=0, size_bytes=0, seconds=0.0) -> bool:
@@ -47,4 +48,4 @@ def test_nothing_is_kept_without_a_copy_in_the_log_or_past_the_retention_bounds(
     assert kept(in_log=False) == 0  # compacted past it already: a seed needs a snapshot anyway
     assert kept(backup_index=500) == 0 and kept(backup_index=499) == 499  # nothing after it to keep
     assert kept(applied=300 + TUNING.learner_retention_entries + 1) == 0
-    assert kept(bytes_after=TUNING.learner_retention_bytes + 1) == 0
+    assert kept(bytes_after=TUNING.seed_retention_bytes + 1) == 0

@@ -16,9 +16,10 @@ never a silent gap. Followers see no readonly replicas (only the leader
 sends to them), so they hold the log for any learner that is behind.
 
 A compaction also keeps the entries after the newest backup's copy of the
-partition (`kept_for_seeds`), within the same bounds: a new replica seeded
-from that copy then catches up from the log instead of a snapshot
-(docs/elasticity.md §4).
+partition (`kept_for_seeds`), up to `learner_retention_entries` and
+`seed_retention_bytes` (the log is held in memory, on every replica of every
+partition): a new replica seeded from that copy then catches up from the log
+instead of a snapshot (docs/elasticity.md §5).
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ def compaction_due(
 def kept_for_seeds(*, backup_index: int, in_log: bool, applied: int, bytes_after: int, tuning: Tuning) -> int:
     """The first entry a compaction keeps for replicas seeded from the backup copy at `backup_index`,
     or 0 (compact as usual): no copy, the log no longer holds its entry (`in_log`), or the entries
-    after it pass the retention bounds (a snapshot then costs less than the log)."""
+    after it pass the bounds (a busy partition then seeds from a voter's checkpoint instead)."""
     if not (in_log and 0 < backup_index < applied):
         return 0
-    if applied - backup_index > tuning.learner_retention_entries or bytes_after > tuning.learner_retention_bytes:
+    if applied - backup_index > tuning.learner_retention_entries or bytes_after > tuning.seed_retention_bytes:
         return 0
     return backup_index

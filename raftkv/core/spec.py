@@ -57,6 +57,7 @@ class Tuning:
     compaction_min_seconds: float = 300.0
     learner_retention_entries: int = 50_000  # keep entries a stopped learner or a backup seed needs, up to this
     learner_retention_bytes: int = 256 * 1024 * 1024
+    seed_retention_bytes: int = 32 * 1024 * 1024  # ... a backup seed needs, up to this (held in memory)
     backup_poll_seconds: float = 60.0  # how often nodes list the [backup] URL for the newest copies
     max_batch_ops: int = 4096
     max_batch_bytes: int = 2 * 1024 * 1024
@@ -75,7 +76,7 @@ class Tuning:
         if self.leader_fallback_timeout <= self.heartbeat_period:
             problems.append("tuning.leader_fallback_timeout: must exceed heartbeat_period")
         for name in ("compaction_min_entries", "max_batch_ops", "max_batch_bytes", "learner_retention_entries",
-                     "learner_retention_bytes"):
+                     "learner_retention_bytes", "seed_retention_bytes"):
             if getattr(self, name) < 2:
                 problems.append(f"tuning.{name}: must be at least 2")
         for name in ("connection_retry_seconds", "compaction_min_seconds", "request_timeout", "dead_after",
