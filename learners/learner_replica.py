@@ -63,6 +63,10 @@ class LearnerReplica(Replica):
         return self.engine.position.index
 
     @property
+    def applied_position(self) -> Position:
+        return self.engine.position
+
+    @property
     def pending_snapshot(self) -> Snapshot | None:
         """A snapshot the leader sent that the copy has not caught up with yet."""
         return self.state_machine.pending_snapshot

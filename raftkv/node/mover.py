@@ -40,6 +40,11 @@ class MoveStalled(Exception):
     """The new replica made no progress for `move_timeout`: the move is rolled back."""
 
 
+class MoveSuperseded(Exception):
+    """The move's record changed under a step waiting on it (another node's mover took it further, or
+    this node no longer leads the metadata group): the step is dropped and the record read again."""
+
+
 class _Stall:
     """MoveStalled once the target has made no progress (entries applied, checkpoint or snapshot bytes
     received) for `timeout`: a target that is up but cannot catch up (a full or failing disk, a process
@@ -95,6 +100,8 @@ class ReplicaMover:
                     await self._step(move)
                 except MoveStalled as stalled:
                     await self._abandon(move, str(stalled))
+                except MoveSuperseded:
+                    continue
         except Exception as exc:  # the next poke, a second later, tries again from the record
             log.warning("%s: move paused: %s", group_name(group), exc)
 
@@ -137,10 +144,20 @@ class ReplicaMover:
         except grpc.aio.AioRpcError:
             return None
 
+    def _still_current(self, move: Move) -> None:
+        """MoveSuperseded unless this node leads the metadata group and `move` is still its record.
+
+        When the metadata leadership moves, the old leader's mover finishes the step it is in while
+        the new leader's starts from the record; a step that waits on a record the other one has
+        since advanced would wait forever (a learner that is a voter by now never reports `learner`)."""
+        if not self._meta().is_leader or self._topology().move_of(move.group) != move:
+            raise MoveSuperseded()
+
     async def _until_open(self, move: Move) -> pb.ReplicaState:
         """Until the target runs the group (its copy of a voter's checkpoint, if any, is in)."""
         stall = _Stall(move.target, self._move_timeout)
         while True:
+            self._still_current(move)
             target = await self._progress(move.target, move.group)
             if target is not None and target.mode in ("learner", "voter"):
                 return target
@@ -152,6 +169,7 @@ class ReplicaMover:
         reported = time.monotonic()
         stall = _Stall(move.target, self._move_timeout)
         while True:
+            self._still_current(move)
             voters = [v for v in self._topology().group_voters(move.group) if v != move.target]
             states = await asyncio.gather(self._progress(move.target, move.group),
                                           *(self._progress(v, move.group) for v in voters))
