@@ -123,7 +123,7 @@ def test_api_rejects_bad_input_and_writes_nothing(make_cluster):
         assert kv.get(b"still") == b"alive"
 
 
-def test_dev_up_starts_serves_and_stops_cleanly(tmp_path):
+def test_dev_up_starts_serves_and_stops_everything_even_with_its_stdout_gone(tmp_path):
     base = free_port_block(3 * ports_per_node(2))
     proc = subprocess.Popen(
         [*RAFTKV, "dev", "up", "--partitions", "2", "--base-port", str(base), "--data-dir", "devdata"],
@@ -146,10 +146,27 @@ def test_dev_up_starts_serves_and_stops_cleanly(tmp_path):
         event = json.loads(tail.stdout.splitlines()[0])
         assert event["op"] == "c" and base64.b64decode(event["key"]) == b"dev", tail.stdout + tail.stderr
     finally:
+        started = _children(proc.pid)  # nodes, learner, broker (in a session of its own: no Ctrl-C reaches it)
+        proc.stdout.close()  # as a `| tee` does when Ctrl-C stops it first: "stopping..." cannot be printed
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
-    assert proc.returncode == 0
+        left = [pid for pid in started if _running(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"dev up left processes running: {left}"
+    assert proc.returncode == 1  # rich's exit when stdout is gone, once everything is stopped
     wait_until(lambda: all(port_free(base + i) for i in range(13)), 10, "every node and broker port to be released")
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"  # a zombie has stopped
+    except FileNotFoundError:
+        return False
 
 
 def test_a_node_whose_peers_are_unreachable_keeps_running_and_writes_fail_clearly(make_cluster):

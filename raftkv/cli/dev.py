@@ -69,11 +69,13 @@ def up(nodes, partitions, replication, base_port, data_dir, durability, learner)
                 break
             time.sleep(0.2)
     finally:
-        console.print("stopping...")
-        if feed is not None:
-            feed.stop()
-        cluster.stop_all()
-        signal.signal(signal.SIGINT, previous)
+        try:
+            console.print("stopping...")
+        finally:  # rich exits (SystemExit) when stdout is gone: a `| tee` that Ctrl-C stopped first
+            if feed is not None:
+                feed.stop()
+            cluster.stop_all()
+            signal.signal(signal.SIGINT, previous)
 
 
 def _start_feed(spec) -> LocalFeed:
