@@ -20,7 +20,7 @@ from raftkv.cli.output import err_console
 from raftkv.core.errors import RaftKVError
 
 COMMANDS = {  # command -> the module of raftkv.cli that defines it
-    "backup": "backup", "chaos": "chaos", "cluster": "cluster", "dev": "dev", "feed": "feed",
+    "backup": "backup", "certs": "certs", "chaos": "chaos", "cluster": "cluster", "dev": "dev", "feed": "feed",
     "learner": "learner", "node": "node", "status": "status",
     "replica": "replica", "rebalance": "replica", "leader": "replica",
     "put": "data", "get": "data", "delete": "data", "scan": "data",

@@ -1,0 +1,1 @@
+"""Certificates, TLS settings and permission checks (docs/security.md)."""

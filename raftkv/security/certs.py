@@ -1,0 +1,142 @@
+"""A cluster's certificates: its CA, one certificate per node, and client certificates for users
+and learner processes (docs/security.md §3).
+
+The role a certificate grants is its subject's organizational unit (`raftkv-node`,
+`raftkv-learner`, `raftkv-user`), so a node can tell it from the TLS session alone;
+the name is the common name (node id, user name, `learner`). Keys are EC P-256,
+written 0600 and never overwritten: running `init` again adds what is missing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from raftkv.core.errors import ConfigError
+from raftkv.core.spec import ClusterSpec
+
+ROLES = ("node", "learner", "user")
+CA_DAYS = 3650
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a file name and a CN alike
+_BACKDATE = datetime.timedelta(minutes=5)  # clocks of a cluster's hosts differ a little
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    role: str
+
+
+@dataclass(frozen=True)
+class Written:
+    path: Path  # the certificate; its key is beside it
+    created: bool  # False: it was there already and is kept
+
+
+def identity_of(cert: x509.Certificate) -> Identity:
+    """Who a certificate this cluster's CA issued names, and in which role."""
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    units = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
+    role = units[0].value.removeprefix("raftkv-") if units else ""
+    if not names or role not in ROLES:
+        raise ConfigError(f"certificate {cert.subject.rfc4514_string()} names no raftkv role", source="tls")
+    return Identity(str(names[0].value), role)
+
+
+def init_certs(out: Path, spec: ClusterSpec | None, users: Iterable[str], days: int) -> list[Written]:
+    """The CA (made if absent), a certificate per node of `spec`, per user, and the learners' one."""
+    users = list(users)
+    for name in users:
+        if not _NAME.match(name):
+            raise ConfigError(f"{name!r} cannot be a user name: letters, digits, '.', '_' and '-' only, "
+                              "up to 64", source="--user")
+    out.mkdir(parents=True, exist_ok=True)
+    ca_cert, ca_key, written = _ca(out)
+    wanted = [(f"node-{n.id}", n.id, "node", [n.host]) for n in (spec.nodes if spec else ())]
+    wanted += [(f"user-{name}", name, "user", []) for name in users]
+    wanted.append(("learner", "learner", "learner", []))
+    for stem, name, role, hosts in wanted:
+        written.append(_leaf(out, stem, name, role, hosts, days, ca_cert, ca_key))
+    return written
+
+
+def _ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey, list[Written]]:
+    cert_path, key_path = out / "ca.pem", out / "ca.key"
+    if cert_path.exists():
+        if not key_path.exists():
+            raise ConfigError(f"{key_path} is missing: certificates cannot be issued without the CA's key; "
+                              "bring it back, or use another --out for a new CA", source="--out")
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        return cert, key, [Written(cert_path, False)]
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "raftkv cluster CA")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(subject).issuer_name(subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - _BACKDATE).not_valid_after(now + datetime.timedelta(days=CA_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
+                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    _write(key_path, key, cert_path, cert)
+    return cert, key, [Written(cert_path, True)]
+
+
+def _leaf(out: Path, stem: str, name: str, role: str, hosts: list[str], days: int,
+          ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey) -> Written:
+    cert_path, key_path = out / f"{stem}.pem", out / f"{stem}.key"
+    if cert_path.exists():
+        return Written(cert_path, False)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if role == "node" else [])
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, f"raftkv-{role}"),
+                                        x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+               .issuer_name(ca_cert.subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - _BACKDATE).not_valid_after(now + datetime.timedelta(days=days))
+               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                                            data_encipherment=False, key_agreement=True, key_cert_sign=False,
+                                            crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
+               .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False))
+    if hosts:
+        builder = builder.add_extension(x509.SubjectAlternativeName([_general_name(h) for h in hosts]), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    _write(key_path, key, cert_path, cert)
+    return Written(cert_path, True)
+
+
+def _general_name(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def _write(key_path: Path, key: ec.EllipticCurvePrivateKey, cert_path: Path, cert: x509.Certificate) -> None:
+    """The key first (0600 from its creation, never over an existing file), then the certificate that
+    makes the pair count as present."""
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a key left by an interrupted run may have had another mode
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
