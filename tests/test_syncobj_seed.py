@@ -41,7 +41,7 @@ def test_a_replica_seeded_from_a_checkpoint_gets_only_the_entries_after_it_and_a
         def learner(name: str, checkpoint) -> tuple[SyncObjGroup, DictStateMachine]:
             folder = tmp_path / name
             if checkpoint is not None:
-                seed(folder, PARTITION, checkpoint, position, addresses)
+                seed(folder, PARTITION, checkpoint, position, base, addresses)
             machine = DictStateMachine()
             return SyncObjGroup(GroupConfig(partition=PARTITION, self_address=None, peers=tuple(addresses),
                                             folder=folder, fsync=False, tuning=Tuning(), membership_changes=True),
@@ -57,6 +57,7 @@ def test_a_replica_seeded_from_a_checkpoint_gets_only_the_entries_after_it_and_a
             position = leader_machine.position
             checkpoint = tmp_path / "checkpoint"
             assert leader_machine.checkpoint(checkpoint, position) == position
+            base = leader.log_base_at(position.index)
             for i in range(20):
                 await put(leader, f"after-{i}")
 
@@ -65,6 +66,8 @@ def test_a_replica_seeded_from_a_checkpoint_gets_only_the_entries_after_it_and_a
             opened.append(seeded)
             await until(lambda: machine.data == leader_machine.data)
             assert _sent("snapshot") == snapshots
+            # its log starts with the group's real entries, which it would send a follower were it to lead
+            assert seeded.log_base_at(position.index) == base and base[1][0] != bytes([1])  # not a no-op
             assert 20 * len(VALUE) <= _sent("entries") - entries < 30 * len(VALUE)  # the 20 after, not the 50 before
 
             leader.compact()  # past the checkpoint: a replica seeded with it now gets the leader's snapshot

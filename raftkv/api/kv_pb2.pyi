@@ -480,32 +480,46 @@ class ReplicaRequest(_message.Message):
     def __init__(self, group: _Optional[int] = ..., log_index: _Optional[int] = ...) -> None: ...
 
 class ReplicaState(_message.Message):
-    __slots__ = ("mode", "applied_index", "commit_index", "leader", "snapshot_bytes_received", "log_index_term")
+    __slots__ = ("mode", "applied_index", "commit_index", "leader", "snapshot_bytes_received", "log_index_term", "base")
     MODE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     LOG_INDEX_TERM_FIELD_NUMBER: _ClassVar[int]
+    BASE_FIELD_NUMBER: _ClassVar[int]
     mode: str
     applied_index: int
     commit_index: int
     leader: str
     snapshot_bytes_received: int
     log_index_term: int
-    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ..., log_index_term: _Optional[int] = ...) -> None: ...
+    base: _containers.RepeatedCompositeFieldContainer[LogEntry]
+    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ..., log_index_term: _Optional[int] = ..., base: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ...) -> None: ...
 
 class CheckpointChunk(_message.Message):
-    __slots__ = ("index", "term", "path", "data")
+    __slots__ = ("index", "term", "path", "data", "base")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    BASE_FIELD_NUMBER: _ClassVar[int]
     index: int
     term: int
     path: str
     data: bytes
-    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., path: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+    base: _containers.RepeatedCompositeFieldContainer[LogEntry]
+    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., path: _Optional[str] = ..., data: _Optional[bytes] = ..., base: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ...) -> None: ...
+
+class LogEntry(_message.Message):
+    __slots__ = ("command", "index", "term")
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    command: bytes
+    index: int
+    term: int
+    def __init__(self, command: _Optional[bytes] = ..., index: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class ChangeMembershipRequest(_message.Message):
     __slots__ = ("group", "action", "node")

@@ -79,7 +79,9 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         return pb.ReplicaState(mode=mode, applied_index=group.last_applied, commit_index=group.commit_index,
                                snapshot_bytes_received=group.snapshot_bytes_received,
                                leader=node.node_at(g, replica.leader_address) or "",
-                               log_index_term=(request.log_index and group.term_at(request.log_index)) or 0)
+                               log_index_term=(request.log_index and group.term_at(request.log_index)) or 0,
+                               base=[pb.LogEntry(command=c, index=i, term=t)
+                                     for c, i, t in (request.log_index and group.log_base_at(request.log_index)) or ()])
 
     async def Checkpoint(self, request: pb.ReplicaRequest, context):
         frontend = self._node.frontends.get(request.group)

@@ -31,7 +31,7 @@ from raftkv.core.errors import RaftKVError
 from raftkv.core.spec import BackupConfig
 from raftkv.node.peers import Peers
 from raftkv.node.replica_copy import SCRATCH_PREFIX
-from raftkv.raft.syncobj_seed import seed
+from raftkv.raft.syncobj_seed import LogEntry, seed
 from raftkv.storage.engine import Position
 
 log = logging.getLogger(__name__)
@@ -97,8 +97,8 @@ async def seed_from_backup(catalog: BackupCatalog, peers: Peers, voters: Iterabl
     found = catalog.newest.get(partition) if catalog.seeding else None
     if found is None:
         return None
-    position = found.copy.position
-    if not await _leader_holds(peers, voters, partition, position):
+    position, voters = found.copy.position, list(voters)
+    if await _leaders_base(peers, voters, partition, position) is None:
         log.info("partition %d: the leader's log holds no entry %d of term %d, where backup %s ends (compacted "
                  "away, or another history); copying from a voter", partition, position.index, position.term,
                  found.backup.id)
@@ -107,15 +107,23 @@ async def seed_from_backup(catalog: BackupCatalog, peers: Peers, voters: Iterabl
     shutil.rmtree(scratch, ignore_errors=True)
     try:
         await asyncio.to_thread(catalog.store.download, found.backup, partition, scratch, received)
-        await asyncio.to_thread(seed, folder, partition, scratch, position, members)
+        base = await _leaders_base(peers, voters, partition, position)  # still there after the download?
+        if base is None:
+            log.info("partition %d: the leader compacted past backup %s while it downloaded; copying from a voter",
+                     partition, found.backup.id)
+            return None
+        await asyncio.to_thread(seed, folder, partition, scratch, position, base, members)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     log.info("partition %d: seeded from backup %s at index %d", partition, found.backup.id, position.index)
     return position
 
 
-async def _leader_holds(peers: Peers, voters: Iterable[str], partition: int, position: Position) -> bool:
-    """Whether the partition's leader, as its voters tell, has entry `position.index` of term `position.term`."""
+async def _leaders_base(peers: Peers, voters: list[str], partition: int,
+                        position: Position) -> tuple[LogEntry, LogEntry] | None:
+    """The partition's leader's entries `position.index - 1` and `position.index`, as its voters tell,
+    if the latter has term `position.term`: by Raft's log matching the copy is then the state after
+    an entry of the leader's log. None otherwise."""
     request = pb.ReplicaRequest(group=partition, log_index=position.index)
     states: dict[str, pb.ReplicaState] = {}
     for node_id in voters:
@@ -123,5 +131,9 @@ async def _leader_holds(peers: Peers, voters: Iterable[str], partition: int, pos
             states[node_id] = await peers.admin(node_id).ReplicaProgress(request, timeout=ASK_TIMEOUT)
         except grpc.aio.AioRpcError:
             continue
-    leaders = {s.leader for s in states.values() if s.leader}
-    return any(leader in states and states[leader].log_index_term == position.term for leader in leaders)
+    for leader in {s.leader for s in states.values() if s.leader} & states.keys():
+        state = states[leader]
+        if state.log_index_term == position.term and len(state.base) == 2:
+            prev, last = state.base
+            return (prev.command, prev.index, prev.term), (last.command, last.index, last.term)
+    return None

@@ -23,7 +23,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.core.errors import CorruptData, Unavailable
 from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
-from raftkv.raft.syncobj_seed import seed
+from raftkv.raft.syncobj_seed import LogEntry, seed
 from raftkv.storage.engine import Position
 
 log = logging.getLogger(__name__)
@@ -48,14 +48,19 @@ async def checkpoint_chunks(replica: Replica) -> AsyncIterator[pb.CheckpointChun
     """The replica's state, checkpointed now, as chunks of its files (the scratch copy is removed after)."""
     work = Path(tempfile.mkdtemp(dir=replica.folder, prefix="copy-"))
     try:
+        # No await between these: the entries applied since the database's position changed nothing in it.
         position = replica.engine.checkpoint(work / "db")
+        base = [pb.LogEntry(command=c, index=i, term=t)
+                for c, i, t in replica.group.log_base_at(replica.group.last_applied) or ()]
         root = work / "db"
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
             name = path.relative_to(root).as_posix()
             with open(path, "rb") as f:
                 while True:
                     data = await asyncio.to_thread(f.read, CHUNK_BYTES)
-                    yield pb.CheckpointChunk(index=position.index, term=position.term, path=name, data=data)
+                    yield pb.CheckpointChunk(index=position.index, term=position.term, path=name, data=data,
+                                             base=base)
+                    base = []
                     if len(data) < CHUNK_BYTES:
                         break
     finally:
@@ -76,26 +81,27 @@ async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, fol
             shutil.rmtree(scratch, ignore_errors=True)
             call = peers.admin(node_id).Checkpoint(pb.ReplicaRequest(group=partition))
             try:
-                position = await _receive(call, scratch, received)
+                position, base = await _receive(call, scratch, received)
             except (grpc.aio.AioRpcError, asyncio.TimeoutError, CorruptData) as exc:
                 call.cancel()
                 failures.append(f"{node_id}: {_reason(exc)}")
                 continue
             if position.index:  # an empty state: there is nothing to seed with
-                await asyncio.to_thread(seed, folder, partition, scratch, position, members)
+                await asyncio.to_thread(seed, folder, partition, scratch, position, base, members)
             return position
         raise Unavailable("; ".join(failures) or "no live voter to copy from")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-async def _receive(call, dest: Path, received: Callable[[int], None]) -> Position:
-    position = None
+async def _receive(call, dest: Path, received: Callable[[int], None]) -> tuple[Position, tuple[LogEntry, LogEntry]]:
+    position, base = None, None
     current, out = None, None
     try:
         while (chunk := await asyncio.wait_for(call.read(), SILENCE_SECONDS)) is not grpc.aio.EOF:
             if position is None:
                 position = Position(chunk.index, chunk.term)
+                base = tuple((e.command, e.index, e.term) for e in chunk.base)
             if chunk.path != current:
                 if out is not None:
                     out.close()
@@ -109,7 +115,9 @@ async def _receive(call, dest: Path, received: Callable[[int], None]) -> Positio
             out.close()
     if position is None:
         raise CorruptData("the checkpoint stream was empty")
-    return position
+    if position.index and len(base) != 2:
+        raise CorruptData("the checkpoint came without the two log entries a seeded replica's log starts with")
+    return position, base
 
 
 def _relative(name: str) -> PurePosixPath:

@@ -117,6 +117,10 @@ class RaftGroup(Protocol):
     def term_at(self, index: int) -> int | None:
         """The term of entry `index` in this member's log; None when the log does not hold it."""
 
+    def log_base_at(self, index: int) -> tuple[tuple[bytes, int, int], tuple[bytes, int, int]] | None:
+        """The log's entries `index - 1` and `index` in pysyncobj's form, for a replica seeded elsewhere
+        to start its log with; None unless the log holds both (the in-memory twin never does)."""
+
     @property
     def log_entries(self) -> int:
         """Entries after the last snapshot (entries kept before it, see `compact`, do not count)."""
@@ -145,8 +149,9 @@ class RaftGroup(Protocol):
 
     def compact(self, keep_from: int = 0) -> None:
         """Snapshot the state machine and drop the log it covers (asynchronously), except the entries
-        from `keep_from` on (0: none), which a replica seeded from a backup catches up from. A group
-        may keep fewer: the in-memory twin keeps none."""
+        from `keep_from` - 1 on (0: none): a replica seeded from a backup at `keep_from` starts its log
+        with that entry and the one before, and catches up from the rest. A group may keep fewer:
+        the in-memory twin keeps none."""
 
     def transfer_leadership(self, to: str | None = None) -> None: ...
 

@@ -84,6 +84,9 @@ class MemoryGroup:
     last_log_index = property(lambda self: self.disk.log[-1].index if self.disk.log else self._snapshot_index())
     log_entries = property(lambda self: len(self.disk.log))
 
+    def log_base_at(self, index: int) -> None:
+        return None
+
     def log_bytes_after(self, index: int) -> int:
         return sum(len(e.data or b"") for e in self.disk.log if e.index > index)
 

@@ -45,7 +45,7 @@ from raftkv.raft.group import AddressInUse, Entry, Outcome, ProposalCallback, Ro
 from raftkv.raft.journal import RaftJournal, fsync_directory
 from raftkv.raft.syncobj_journal import JournalConfig
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
-from raftkv.raft.syncobj_patches import PatchedSyncObj
+from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
 from raftkv.raft.syncobj_transport import GroupTransport
 from raftkv.raft.syncobj_wire import set_compression_level
 from raftkv.storage.engine import Position
@@ -239,6 +239,15 @@ class SyncObjGroup:
     def term_at(self, index: int) -> int | None:
         first = self._journal[0][1]
         return self._journal[index - first][2] if first <= index <= self.last_log_index else None
+
+    def log_base_at(self, index: int) -> tuple[LogEntry, LogEntry] | None:
+        """The log's entries `index - 1` and `index` as pysyncobj keeps them (a seeded replica's log
+        starts with them, `syncobj_seed`); None unless the log holds both."""
+        first = self._journal[0][1]
+        if not first < index <= self.last_log_index:
+            return None
+        prev, last = self._journal[index - 1 - first], self._journal[index - first]
+        return (bytes(prev[0]), prev[1], prev[2]), (bytes(last[0]), last[1], last[2])
 
     @property
     def voters(self) -> frozenset[str]:

@@ -3,7 +3,8 @@
 `seed` writes the checkpoint into the replica's folder as the snapshot file pysyncobj
 loads at start-up, so the replica starts as if it had just installed that snapshot
 from the leader: its state is the checkpoint's, its log ends at the checkpoint's
-entry, and the leader sends it only the entries after that one. If the leader's log
+entry (and the one before, both copied from a member's log), and the leader sends
+it only the entries after that one. If the leader's log
 no longer holds them (it compacted past the checkpoint), the leader sends its own
 snapshot instead: a stale seed costs the saving, never correctness.
 """
@@ -17,28 +18,33 @@ from typing import Iterable
 from raftkv.raft import snapshot_file
 from raftkv.raft.journal import fsync_directory
 from raftkv.raft.syncobj_group import SNAPSHOT_FILE
+from raftkv.raft.syncobj_patches import LogEntry
 from raftkv.storage.engine import Position
 
-_NO_OP = bytes([1])  # pysyncobj's _COMMAND_TYPE.NO_OP entry: applying it does nothing
 
+def seed(folder: Path, partition: int, checkpoint: Path, position: Position, base: tuple[LogEntry, LogEntry],
+         members: Iterable[str]) -> None:
+    """Make `folder` a replica of `partition` whose state is `checkpoint`: the state after entry
+    `position` (what the checkpoint's database records), and so after entry `base[1]` too.
 
-def seed(folder: Path, partition: int, checkpoint: Path, position: Position, members: Iterable[str]) -> None:
-    """Make `folder` a replica of `partition` whose state is `checkpoint`, the state after entry `position`.
-
-    `position.term` must be the term of entry `position.index` in the group's log: the leader's
-    first append is checked against it. pysyncobj's log base also holds the entry before, whose
-    term a checkpoint does not record; it gets the same term. Only a leader of that term appends
-    entries of it, so a member whose entry there has that term holds the same entry, and any
-    other member answers "mismatch", which makes a leader send its snapshot.
+    `base` is two consecutive entries of the group's log, as a member's log holds them, the last
+    at or after `position` with nothing between that changes the state. pysyncobj keeps them as
+    the log's first two entries, and a leader sends entries from its log whenever a follower's
+    next index is past the first: made-up entries there would reach a follower that stopped just
+    before them, in place of the real ones, if this replica ever leads.
     """
+    prev, last = base
+    if prev[1] != last[1] - 1 or last[1] < position.index:
+        raise ValueError(f"a seed's base must be two consecutive entries at or after {position.index}, "
+                         f"not {prev[1]} and {last[1]}")
     if folder.exists() and any(folder.iterdir()):
         raise FileExistsError(f"{folder} is not empty: a replica is seeded into an empty folder only")
     folder.mkdir(parents=True, exist_ok=True)
     meta = snapshot_file.Meta(
         partition=partition,
         position=position,
-        last_entry=(_NO_OP, position.index, position.term),
-        prev_entry=(_NO_OP, position.index - 1, position.term),
+        last_entry=last,
+        prev_entry=prev,
         cluster=sorted(members),
     )
     partial = folder / f"{SNAPSHOT_FILE}.seed"  # a crash mid-write leaves no damaged snapshot to refuse
