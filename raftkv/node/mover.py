@@ -116,25 +116,25 @@ class ReplicaMover:
                 await self._compact(move)  # nothing was copied: the leader snapshots, the learner gets files
             await self._until_caught_up(move, "learner")
             await self._change_membership(move, "add", move.target)
-            await self._meta().propose(AdvanceMove(group, MoveStep.VOTING))
+            await self._record(move, AdvanceMove(group, MoveStep.VOTING))
             log.info("%s: %s added to the group", group_name(group), move.target)
             return
         if move.target and move.step == MoveStep.VOTING:
             await self._until_caught_up(move, "voter")
         if group == META and move.source and move.step != MoveStep.LEAVING:
-            await self._meta().propose(AdvanceMove(group, MoveStep.LEAVING))
+            await self._record(move, AdvanceMove(group, MoveStep.LEAVING))
             return
         if move.source:
             await self._change_membership(move, "remove", move.source)
         voters = _after(self._topology().voters_of(group), move)
-        await self._meta().propose(EndMove(group, voters))
+        await self._record(move, EndMove(group, voters))
         log.info("%s: moved from %s to %s; voters %s", group_name(group), move.source or "nowhere",
                  move.target or "nowhere", ", ".join(voters))
 
     async def _abandon(self, move: Move, why: str) -> None:
         """Undo the target's addition if it was added, and end the move with the voters as they were."""
         await self._change_membership(move, "remove", move.target)
-        await self._meta().propose(EndMove(move.group, self._topology().voters_of(move.group)))
+        await self._record(move, EndMove(move.group, self._topology().voters_of(move.group)))
         log.warning("%s: move to %s abandoned: %s", group_name(move.group), move.target, why)
 
     async def _progress(self, node_id: str, group: int) -> pb.ReplicaState | None:
@@ -145,11 +145,13 @@ class ReplicaMover:
             return None
 
     def _still_current(self, move: Move) -> None:
-        """MoveSuperseded unless this node leads the metadata group and `move` is still its record.
+        """MoveSuperseded unless this node leads the metadata group and `move` is still its record;
+        checked before every wait, membership change and proposal of a step.
 
-        When the metadata leadership moves, the old leader's mover finishes the step it is in while
-        the new leader's starts from the record; a step that waits on a record the other one has
-        since advanced would wait forever (a learner that is a voter by now never reports `learner`)."""
+        When the metadata leadership moves, the old leader's mover is in the middle of a step while
+        the new leader's starts from the record: a step that waits on a record the other one has
+        since advanced would wait forever (a learner that is a voter by now never reports `learner`),
+        and one that goes on would act for a record that is no longer there."""
         if not self._meta().is_leader or self._topology().move_of(move.group) != move:
             raise MoveSuperseded()
 
@@ -195,8 +197,14 @@ class ReplicaMover:
         except Unavailable as exc:
             log.info("%s; the target catches up from the log", exc)
 
+    async def _record(self, move: Move, command) -> None:
+        """Propose a step of `move` to the metadata group, unless its record changed meanwhile."""
+        self._still_current(move)
+        await self._meta().propose(command)
+
     async def _change_membership(self, move: Move, action: str, node_id: str) -> None:
         """Ask the group's leader to add or remove `node_id`, following leader hints, until it is done."""
+        self._still_current(move)
         request = pb.ChangeMembershipRequest(group=move.group, action=action, node=node_id)
         await on_leader(self._peers, lambda: self._topology().group_voters(move.group),
                         lambda admin: admin.ChangeMembership(request, timeout=RPC_TIMEOUT),
