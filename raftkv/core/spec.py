@@ -83,6 +83,9 @@ class Tuning:
                      "backup_poll_seconds", "move_timeout", "max_moves", "max_moves_per_node"):
             if getattr(self, name) <= 0:
                 problems.append(f"tuning.{name}: must be positive")
+        if self.seed_retention_bytes > self.learner_retention_bytes:
+            problems.append("tuning.seed_retention_bytes: must not exceed learner_retention_bytes (the log kept for "
+                            "seeds counts against what a stopped learner may hold)")
         if self.rebalance_interval < 0:
             problems.append("tuning.rebalance_interval: must not be negative (0 turns rebalancing off)")
         if not 0 <= self.wire_compression <= 9:
