@@ -31,6 +31,7 @@ from learners.change_capture import EntryContext, capture_entry, capture_snapsho
 from learners.change_event import ChangeEvent
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import DeliveryBatch, Sink
+from raftkv import failpoints
 from raftkv.core.overlay import Overlay
 from raftkv.raft import snapshot_file
 from raftkv.storage.engine import Position
@@ -161,8 +162,11 @@ class FeedPump:
 
 def _deliver_and_flush(sink: Sink, batch: DeliveryBatch) -> None:
     """One trip to a worker thread per step: each costs a hand-off and a wake-up of the loop."""
+    failpoints.hit("learner-deliver-before")
     sink.deliver(batch)
+    failpoints.hit("sink-flush-before")
     sink.flush()
+    failpoints.hit("sink-flush-after")
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -6,6 +6,7 @@ import dataclasses
 import random
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -15,7 +16,7 @@ import pytest
 from learners.changelog_client import ChangeLogClient
 from raftkv.raft import snapshot_file
 from raftkv.client.sync_client import Client
-from raftkv.core.errors import CorruptData, Unavailable, Undetermined
+from raftkv.core.errors import CorruptData, Timeout, Unavailable, Undetermined
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
 from raftkv.core.spec import BackupConfig, ClusterSpec, Tuning, build_spec, ports_per_node, save_spec
 
@@ -32,6 +33,40 @@ def random_write(kv, rng: random.Random, keys: int, deletes: float) -> None:
             kv.put(key, b"v%d" % rng.randrange(10**9))
     except (Unavailable, Undetermined):
         pass
+
+
+class Writer(threading.Thread):
+    """Puts distinct keys until stopped; remembers every acknowledged one. Also a context manager."""
+
+    def __init__(self, endpoints: list[str]):
+        super().__init__(daemon=True)
+        self.endpoints = endpoints
+        self.acked: dict[bytes, bytes] = {}
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        with Client(self.endpoints, timeout=10.0) as kv:
+            i = 0
+            while not self.stopping.is_set():
+                key, value = b"w-%06d" % i, b"v%d" % i
+                try:
+                    kv.put(key, value)
+                    self.acked[key] = value
+                except (Unavailable, Undetermined, Timeout):
+                    pass
+                i += 1
+
+    def stop(self) -> dict[bytes, bytes]:
+        self.stopping.set()
+        self.join(timeout=30)
+        return self.acked
+
+    def __enter__(self) -> Writer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -13,7 +15,7 @@ import jsonschema
 import pytest
 
 from learners.change_event import SCHEMA_PATH, ChangeEvent
-from raftkv import Client, Timeout, Unavailable, Undetermined
+from raftkv import Client, Timeout, Unavailable, Undetermined, failpoints
 from raftkv.dev.local_cluster import free_port_block
 from tests.conftest import random_write, wait_for_compaction, wait_until
 
@@ -37,12 +39,12 @@ class Learner:
                         "--sink-option", f"path={self.feed}", "--config", str(self.cluster.spec_path)],
                        check=True, capture_output=True, timeout=60)
 
-    def start(self, *extra: str) -> None:
+    def start(self, *extra: str, env: dict[str, str] | None = None) -> None:
         log = open(self.feed.parent / f"{self.name}.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "raftkv", "learner", "start", "--name", self.name, "--config",
              str(self.cluster.spec_path), *extra],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
 
     def kill(self) -> None:
         self.proc.kill()
@@ -98,7 +100,8 @@ def assert_in_index_order(events: list[ChangeEvent]) -> None:
         last[event.partition] = event.event_id[1:]
 
 
-def test_feed_survives_learner_kills_and_replays_to_the_final_state(make_cluster, learner_factory):
+def test_feed_survives_learner_kills_and_crashes_at_its_fail_points_and_replays_to_the_final_state(
+        make_cluster, learner_factory):
     cluster = make_cluster(nodes=3, partitions=4)
     learner = learner_factory(cluster)
     stop = threading.Event()
@@ -113,11 +116,17 @@ def test_feed_survives_learner_kills_and_replays_to_the_final_state(make_cluster
     writers = [threading.Thread(target=writer, args=(rng.random(),)) for _ in range(4)]
     for t in writers:
         t.start()
-    for _ in range(2):
-        wait_until(lambda: len(learner.events()) > 300, 30, "the learner to deliver events")
+    for point in (None, *failpoints.LEARNER_POINTS):
+        delivered = len(learner.events())
+        wait_until(lambda: len(learner.events()) > delivered + 200, 30, "the learner to deliver events")
         learner.kill()
+        if point is not None:  # it runs until it crashes exactly there
+            learner.start(env={failpoints.ENVIRONMENT_VARIABLE: f"{point}=3*off->crash"})
+            wait_until(lambda: learner.proc.poll() is not None, 60, f"the learner to crash at {point}")
+            assert learner.proc.returncode == -signal.SIGKILL
         learner.start()
-    wait_until(lambda: len(learner.events()) > 1500, 60, "more events after the restarts")
+    delivered = len(learner.events())
+    wait_until(lambda: len(learner.events()) > delivered + 200, 60, "more events after the restarts")
     stop.set()
     for t in writers:
         t.join(30)

@@ -8,19 +8,18 @@ import random
 import re
 import shutil
 import signal
-import threading
 import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from raftkv import Client, CorruptData, Unavailable, Undetermined
+from raftkv import Client, CorruptData
 from raftkv.backup.store import backup_id_for, list_backups
 from raftkv.core.partitioning import partition_for_key
 from raftkv.core.spec import BackupConfig
 from raftkv.raft.snapshot_file import read_meta
 from raftkv.storage.engine import KeyRange, Position
 from raftkv.storage.rocks_engine import RocksEngine
-from tests.conftest import changelog_caught_up, wait_until
+from tests.conftest import Writer, changelog_caught_up, wait_until
 from tests.test_cli import assert_one_line_error, run
 
 
@@ -30,33 +29,6 @@ def _bootstrapped(kv: Client) -> bool:
 
 def _moved(kv: Client) -> bool:
     return not kv.topology().meta.moves
-
-
-class Writer(threading.Thread):
-    """Puts distinct keys until stopped; remembers every acknowledged one."""
-
-    def __init__(self, endpoints: list[str]):
-        super().__init__(daemon=True)
-        self.endpoints = endpoints
-        self.acked: dict[bytes, bytes] = {}
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        with Client(self.endpoints, timeout=10.0) as kv:
-            i = 0
-            while not self.stopping.is_set():
-                key, value = b"w-%06d" % i, b"v%d" % i
-                try:
-                    kv.put(key, value)
-                    self.acked[key] = value
-                except (Unavailable, Undetermined):
-                    pass
-                i += 1
-
-    def stop(self) -> dict[bytes, bytes]:
-        self.stopping.set()
-        self.join(timeout=30)
-        return self.acked
 
 
 def _hosted(cluster, node_id: str, kv: Client) -> dict[int, object]:

@@ -28,6 +28,7 @@ class ChaosConfig:
     seed: int = 0
     out: Path | None = None  # where the run's files go; None: a temporary folder, kept only on a violation
     read_consistency: str = "linearizable"  # of the register workload's reads
+    durability: str = "default"  # the cluster's: "default" or "fsync"
     client_timeout: float = 3.0
     tuning: Tuning = field(default_factory=lambda: CHAOS_TUNING)
     disk_mb: int = 256  # the tmpfs of the diskfull node

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from raftkv import failpoints
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.chaos.nemesis import FaultStep, resolve_targets
@@ -31,6 +32,8 @@ from raftkv.core.spec import ClusterSpec
 
 START_TIMEOUT = 30.0  # for a restarted node to serve its API, or exit
 MOVE_TIMEOUT = 60.0  # for a replica move to finish once the faults are healed
+FAILPOINT_PASSES = 20  # an armed fail point lets up to this many hits pass before it crashes the node
+SNAPSHOT_PASSES = 2  # a snapshot is taken every few seconds only
 FLIPPED_BYTES = 8
 JOURNAL_HEADER_BYTES = 12  # raftkv.raft.journal's file header: magic and version
 SNAPSHOT_HEAD_BYTES = 4096  # a snapshot tar's first members: meta.json and the two base entries
@@ -48,6 +51,7 @@ class FaultInjector:
         self.down: set[str] = set()  # nodes stopped on purpose
         self.paused: set[str] = set()
         self.damaged: dict[str, FaultRecord] = {}  # nodes running on files a corrupt fault damaged
+        self.armed: dict[str, str] = {}  # nodes running with a fail point armed to crash them: its name
         self._log_offsets: dict[str, int] = {}  # where each node's log was when it last started
 
     # -- the cluster as it is now -------------------------------------------
@@ -87,6 +91,9 @@ class FaultInjector:
             self.netcut.heal()
         if self.disk is not None:
             self.disk.free()
+        for node_id in list(self.armed):  # stopped here, then started plainly below
+            del self.armed[node_id]
+            self._kill(node_id)
         for node_id in list(self.down):
             self._start(node_id)
         if self.timeline.current is not None:
@@ -177,8 +184,9 @@ class FaultInjector:
         crashed. A node started on damaged files that stops on them is not a crash (see `_refused`)."""
         crashed = {}
         for node_id, code in self.cluster.exited().items():
-            if node_id in self.down:
-                continue
+            if node_id in self.down or node_id in self.armed and code == -signal.SIGKILL:
+                continue  # stopped on purpose, or crashed at its fail point: restarted when healed
+            self.armed.pop(node_id, None)
             if node_id in self.damaged:
                 self._refused(node_id, self.damaged.pop(node_id))
             else:
@@ -222,6 +230,31 @@ class FaultInjector:
             time.sleep(0.5)
         record.problems.append(f"a replica move did not finish within {MOVE_TIMEOUT:.0f}s")
 
+    # restarted with a fail point armed to crash there after a few passes; started plainly when healed
+    def _inject_failpoint(self, step: FaultStep, record: FaultRecord) -> None:
+        pick = random.Random(step.seed)
+        points = failpoints.node_points(fsync=self.spec.durability == "fsync")
+        shared = pick.choice(points)  # "all": every node crashes at the same point, as in a power cut
+        for node_id in record.targets:
+            point = shared if step.variant == "all" else pick.choice(points)
+            passes = pick.randrange(SNAPSHOT_PASSES if point.startswith("snapshot-") else FAILPOINT_PASSES)
+            setting = f"{point}={passes}*off->crash"
+            self._kill(node_id)
+            self._start(node_id, env={failpoints.ENVIRONMENT_VARIABLE: setting})
+            self.armed[node_id] = point
+            record.notes.append(f"{node_id} armed {setting}")
+
+    def _heal_failpoint(self, record: FaultRecord) -> None:
+        for node_id in record.targets:
+            point = self.armed.pop(node_id, None)
+            if point is None:  # it exited some other way, and `restart_crashed` restarted it plainly
+                continue
+            code = self.cluster.procs[node_id].poll()
+            record.notes.append(f"{node_id} crashed at {point}" if code == -signal.SIGKILL
+                                else f"{node_id} did not reach {point}")
+            self._kill(node_id)
+            self._start(node_id)
+
     # -- helpers -----------------------------------------------------------
 
     def _kill(self, node_id: str) -> None:
@@ -231,10 +264,10 @@ class FaultInjector:
         self.cluster.kill(node_id)
         self.down.add(node_id)
 
-    def _start(self, node_id: str) -> None:
+    def _start(self, node_id: str, env: dict[str, str] | None = None) -> None:
         log = self.cluster.log_path(node_id)
         self._log_offsets[node_id] = log.stat().st_size if log.exists() else 0
-        self.cluster.start(node_id)
+        self.cluster.start(node_id, env)
         self.down.discard(node_id)
 
     def _wipe(self, node_id: str, record: FaultRecord) -> None:

@@ -14,6 +14,9 @@ Faults and their variants (`kind:variant` on the command line):
     restart    clean | wipe                           SIGTERM and start; or kill -9, wipe the data dir, start
     diskfull   fill                                   the disk node's tmpfs filled by a ballast file, then freed
     corrupt    journal | snapshot | rocksdb           bytes flipped in a file of a stopped node, then started
+    membership move | transfer                        a replica moved to a node without one, or a leadership handed on
+    failpoint  leader | follower | all                restarted with a random fail point armed to crash there after a
+                                                      few passes; started plainly when healed (docs/chaos.md)
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "diskfull": ("fill",),
     "corrupt": ("journal", "snapshot", "rocksdb"),
     "membership": ("move", "transfer"),
+    "failpoint": ("leader", "follower", "all"),
 }
 FAULTS = tuple(VARIANTS)
 
@@ -42,6 +46,7 @@ HOLD_SECONDS: dict[str, tuple[float, float]] = {
     "diskfull": (4.0, 8.0),
     "corrupt": (1.0, 3.0),
     "membership": (1.0, 3.0),  # then the heal waits for the move to finish
+    "failpoint": (4.0, 8.0),
 }
 WARMUP_SECONDS = 3.0  # the workload runs undisturbed first
 GAP_SECONDS = (2.0, 4.0)  # quiet time between a heal and the next fault

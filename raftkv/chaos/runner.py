@@ -173,7 +173,7 @@ class _Run:
         c = self.config
         base = free_port_block(c.nodes * ports_per_node(c.partitions))
         spec = build_spec(nodes=c.nodes, partitions=c.partitions, replication=3, base_port=base,
-                          data_dir=self.run_dir / "cluster")
+                          data_dir=self.run_dir / "cluster", durability=c.durability)
         spec = dataclasses.replace(spec, tuning=c.tuning)
         return load_spec(save_spec(spec, self.run_dir / "cluster" / "cluster.toml"))
 

@@ -49,7 +49,9 @@ _FAULT_HELP = "Comma-separated faults, each KIND or KIND:VARIANT. " + "; ".join(
 @click.option("--read-consistency", type=click.Choice(sorted(CONSISTENCY_BY_NAME)), default="linearizable",
               show_default=True, help="Of the register reads (leader or follower reads may be stale: the checker "
                                       "should then report violations).")
-def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_consistency) -> None:
+@click.option("--durability", type=click.Choice(["default", "fsync"]), default="default", show_default=True,
+              help="The cluster's durability mode (docs/durability.md).")
+def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_consistency, durability) -> None:
     """Run a workload against a fresh local cluster under faults; exit 1 on any violation.
 
     Needs root for partitions (cgroups and nftables) and disk full (a tmpfs).
@@ -61,7 +63,7 @@ def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_c
     config = ChaosConfig(nodes=nodes, partitions=partitions, duration=duration, clients=clients,
                          faults=fault_choices, learner=learner,
                          seed=seed if seed is not None else random.randrange(1 << 31), out=out,
-                         read_consistency=read_consistency)
+                         read_consistency=read_consistency, durability=durability)
     console.print(f"chaos run: seed {config.seed}, faults {', '.join(map(str, config.faults))}")
     status = RunStatus()
     with Live(get_renderable=lambda: _progress(status, config), console=console, transient=True):

@@ -11,6 +11,7 @@ import click
 from rich.table import Table
 
 from learners import learner_process
+from raftkv import failpoints
 from raftkv.cli.options import config_option, endpoints_option, json_option, resolve_endpoints
 from raftkv.cli.output import console
 from raftkv.client.sync_client import Client
@@ -118,5 +119,6 @@ def start(name, config, sink_options, data_dir, metrics_port, api_port) -> None:
     folder = Path(data_dir) if data_dir else learner_process.learner_folder(spec, name)
     options = {**registered.options, **parse_sink_options(sink_options)}
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    failpoints.arm_from_environment()
     asyncio.run(learner_process.serve(spec, name, registered.sink, options, sorted(registered.progress), folder,
                                       metrics_port, api_port))

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from raftkv import failpoints
 from raftkv.cli.options import config_option, endpoints_option, json_option, resolve_endpoints
 from raftkv.cli.output import console, err_console
 from raftkv.cli.replica import wait_for
@@ -56,6 +57,7 @@ def start(config: str | None, node_id: str, seed: str | None, host: str, base_po
         spec = load_spec(config or "raftkv-data/cluster.toml")
     spec.node(node_id)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    failpoints.arm_from_environment()
     asyncio.run(node_process.serve(spec, node_id, initial))
 
 

@@ -43,7 +43,8 @@ class LocalCluster:
     def log_path(self, node_id: str) -> Path:
         return self.spec.node(node_id).data_dir / "node.log"
 
-    def start(self, node_id: str) -> subprocess.Popen:
+    def start(self, node_id: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start one node; `env` adds to the cluster's environment for this start only (fail points)."""
         node = self.spec.node(node_id)
         node.data_dir.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "raftkv", "node", "start", "--config", str(self.spec_path), "--node", node_id]
@@ -55,7 +56,7 @@ class LocalCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=self._env,
+                env={**self._env, **(env or {})},
             )
         self.procs[node_id] = proc
         return proc

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from pysyncobj.journal import Journal
 
+from raftkv import failpoints
 from raftkv.core.errors import CorruptData, StorageFull
 
 Entry = tuple[bytes, int, int]
@@ -93,6 +94,7 @@ class RaftJournal(Journal):
         if self._entries and idx != self._entries[-1][1] + 1:
             raise ValueError(f"journal {self._path}: entry {idx} does not follow {self._entries[-1][1]}")
         record = _encode_record(command, idx, term)
+        failpoints.hit("journal-append-before")
         try:
             _write_all(self._fd, record, self._path)
         except BaseException as error:
@@ -104,6 +106,7 @@ class RaftJournal(Journal):
         self._offsets.append(self._end)
         self._end += len(record)
         self._dirty = self._fsync
+        failpoints.hit("journal-append-after")
 
     def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
         return self._entries[item]
@@ -155,8 +158,10 @@ class RaftJournal(Journal):
     def sync(self) -> None:
         """Make every added entry and truncation durable; a no-op unless dirty."""
         if self._dirty:
+            failpoints.hit("journal-fsync-before")
             os.fdatasync(self._fd)
             self._dirty = False
+            failpoints.hit("journal-fsync-after")
 
     def flush(self) -> None:
         self.sync()

@@ -37,6 +37,7 @@ import pysyncobj.pickle
 from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf, SyncObjException, replicated
 from pysyncobj.node import TCPNode
 
+from raftkv import failpoints
 from raftkv.core import metrics
 from raftkv.core.errors import CorruptData
 from raftkv.core.spec import Tuning
@@ -359,7 +360,10 @@ class SyncObjGroup:
             return None
         self.sync_journal()  # a single-member leader commits without sending, so no send synced it
         term = self._journal[index - self._journal[0][1]][2]
-        return self._sm.apply(Entry(index, term, payload))
+        failpoints.hit("apply-before")
+        result = self._sm.apply(Entry(index, term, payload))
+        failpoints.hit("apply-after")
+        return result
 
     def count_sent(self, message: dict) -> None:
         """An append-entries message left for another member: count its entries' or snapshot chunk's bytes."""
@@ -462,9 +466,11 @@ class SyncObjGroup:
         # after the serializer returns, and a fast worker finishing first would see its new file
         # replaced by the old one while the journal is compacted past it. A replica needing a
         # snapshot would then get the old one again and again, and never catch up.
+        failpoints.hit("snapshot-rename-before")
         os.replace(self._next_snapshot, self._snapshot_path)
         if self.config.fsync:  # durable before pysyncobj compacts the journal past the old one
             fsync_directory(self.config.folder)
+        failpoints.hit("snapshot-rename-after")
         return SERIALIZER_STATE.SUCCESS
 
     def _compact_journal_to_snapshot(self) -> None:
