@@ -16,6 +16,8 @@ from raftkv import failpoints
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import build_spec, save_spec
 from raftkv.failpoints.program import Action, SettingError, parse, parse_settings
+from raftkv.raft.group import contradicts
+from raftkv.storage.engine import Position
 
 
 @pytest.fixture(autouse=True)
@@ -107,3 +109,17 @@ def test_node_points_leave_out_the_learners_and_fsync_points_without_fsync():
     assert "journal-fsync-before" not in failpoints.node_points(fsync=False)
     assert "journal-fsync-before" in failpoints.node_points(fsync=True)
     assert not set(failpoints.LEARNER_POINTS) & set(failpoints.node_points(fsync=True))
+
+
+@pytest.mark.parametrize("index, term, position, contradiction", [
+    (5, 2, Position(7, 3), False),  # an older entry of an older term
+    (7, 3, Position(7, 3), False),  # the position's own entry
+    (5, 3, Position(7, 3), False),
+    (7, 2, Position(7, 3), True),  # another entry at the position's index
+    (7, 4, Position(7, 3), True),
+    (5, 4, Position(7, 3), True),  # newer than the entry the state ends with
+    (5, 4, Position(7, 0), False),  # restored data: no log position to check against
+])
+def test_a_committed_entry_below_the_state_contradicts_it_only_when_no_single_log_holds_both(
+        index, term, position, contradiction):
+    assert contradicts(index, term, position) is contradiction

@@ -40,3 +40,35 @@ def test_a_node_crashed_at_each_fail_point_restarts_and_the_cluster_keeps_every_
     lost = [key for key, value in writer.acked.items() if held.get(key) != value]
     assert not lost, f"{len(lost)} acknowledged writes lost, e.g. {lost[:5]}"
     assert replica_differences(cluster.spec, placement_of(cluster.spec), each_round=lambda: None) == []
+
+
+def test_a_majority_crashed_between_a_snapshot_rename_and_the_journal_compaction_keeps_every_acknowledged_write(
+        make_cluster):
+    """The rewound log (docs/chaos.md): restarted with a journal that began before its new snapshot,
+    a replica had it cleared down to the snapshot, dropping the entries after it while its database
+    kept them. Two replicas so could elect one of themselves, which appended new entries at indices
+    their databases had applied already, and they skipped them: acknowledged writes lost."""
+    cluster = make_cluster(nodes=3, partitions=1, compaction_min_entries=40, start=False)
+    *armed, last = cluster.spec.node_ids
+    for node_id in cluster.spec.node_ids:  # armed from the start: their crashes come under writes
+        cluster.start(node_id, env={failpoints.ENVIRONMENT_VARIABLE: "snapshot-rename-after=2*off->crash"}
+                      if node_id in armed else None)
+    cluster.wait_ready(timeout=60)
+    with Writer(cluster.endpoints) as writer:
+        wait_until(lambda: all(cluster.procs[n].poll() is not None for n in armed), 60,
+                   f"{' and '.join(armed)} to crash at their third snapshot rename")
+        assert [cluster.procs[n].returncode for n in armed] == [-signal.SIGKILL] * len(armed)
+        cluster.kill(last)  # its log is whole: the two must elect one of themselves
+        for node_id in armed:
+            cluster.start(node_id)
+        acked = len(writer.acked)
+        wait_until(lambda: len(writer.acked) > acked + 100, 60, f"writes to {' and '.join(armed)} after the restart")
+        cluster.start(last)
+        cluster.wait_ready(timeout=60)
+
+    with Client(cluster.endpoints) as kv:
+        held = dict(kv.scan())
+    lost = [key for key, value in writer.acked.items() if held.get(key) != value]
+    assert not lost, f"{len(lost)} acknowledged writes lost, e.g. {lost[:5]}"
+    assert replica_differences(cluster.spec, placement_of(cluster.spec), each_round=lambda: None) == []
+    assert not cluster.exited(), "a node stopped"

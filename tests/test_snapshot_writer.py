@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import threading
 from pathlib import Path
 
 from pysyncobj import SERIALIZER_STATE
@@ -17,7 +18,8 @@ from raftkv.dev.local_cluster import free_port_block
 from raftkv.core.spec import Tuning
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
-from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup, _snapshot_writer
+from raftkv.raft.syncobj_patches import KEPT_ASIDE
 
 
 def single_voter(folder: Path, fsync: bool = False) -> PartitionReplica:
@@ -121,3 +123,88 @@ def test_in_fsync_mode_the_snapshot_rename_is_durable_before_the_journal_is_comp
 
     asyncio.run(scenario())
     assert events.index("sync p0") < events.index("compact")
+
+
+def test_a_snapshot_finished_after_a_newer_one_was_installed_does_not_replace_it(tmp_path):
+    """A replica's own snapshot, still being written when a leader's newer one was installed, was renamed
+    over it. At the next start pysyncobj found the journal beginning after that older snapshot and
+    cleared it down to it: the log rewound below the database (docs/chaos.md)."""
+    folder = tmp_path / "p0"
+
+    async def scenario():
+        replica = single_voter(folder)
+        group, journal = replica.group, replica.group._journal
+        busy = threading.Event()
+        try:
+            await until(lambda: replica.role == Role.LEADER)
+            await put(replica, range(20))
+            _snapshot_writer().submit(busy.wait)  # the writer is busy: this replica's snapshot waits
+            group.compact()
+            await until(lambda: group._snapshot_job is not None)
+            await put(replica, range(20, 40))
+            # a leader's newer snapshot arrives: pysyncobj renames it over the snapshot file and
+            # loads it, clearing the journal down to its last two entries
+            received = tmp_path / "received"
+            received.mkdir()
+            meta = snapshot_file.Meta(partition=0, position=replica.engine.checkpoint(received / "db"),
+                                      last_entry=journal[-1], prev_entry=journal[-2], cluster=[])
+            snapshot_file.write(group._snapshot_path.with_suffix(".received"), received / "db", meta, fsync=False)
+            os.replace(group._snapshot_path.with_suffix(".received"), group._snapshot_path)
+            group._member._SyncObj__loadDumpFile(clearJournal=True)
+            busy.set()
+            await until(lambda: group._snapshot_job is None)
+            assert snapshot_file.read_meta(group._snapshot_path).last_entry == meta.last_entry
+        finally:
+            busy.set()
+            replica.close()
+        replica = single_voter(folder)  # restarted: the log must still reach the database's position
+        try:
+            await until(lambda: replica.role == Role.LEADER)
+            await put(replica, range(40, 41))
+            assert replica.engine.position.index > meta.last_entry[1]
+        finally:
+            replica.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_restart_while_a_received_snapshot_was_checked_puts_the_own_one_back(tmp_path):
+    """The last chunk of a received snapshot replaces this replica's own, kept aside until the log is
+    found to cover it (PatchedSyncObj); a crash in between left the older, received one in place, and
+    pysyncobj cleared the journal, which began after it, down to it."""
+    folder = tmp_path / "p0"
+
+    async def scenario():
+        replica = single_voter(folder)
+        group, journal = replica.group, replica.group._journal
+        try:
+            await until(lambda: replica.role == Role.LEADER)
+            await put(replica, range(20))
+            group.compact()
+            await until(lambda: journal[0][1] > 1)
+            older = shutil.copy(group._snapshot_path, tmp_path / "older.snapshot")
+            first = journal[0][1]
+            await put(replica, range(20, 40))
+            group.compact()
+            await until(lambda: journal[0][1] > first)
+            os.link(group._snapshot_path, f"{group._snapshot_path}{KEPT_ASIDE}")  # the crash state
+            os.replace(older, group._snapshot_path)
+            entries = journal[:]
+        finally:
+            replica.close()
+        replica = single_voter(folder)
+        try:
+            await until(lambda: replica.role == Role.LEADER)
+            assert replica.group._journal[:len(entries)] == entries
+            await put(replica, range(40, 41))
+        finally:
+            replica.close()
+
+    asyncio.run(scenario())
+
+
+async def put(replica: PartitionReplica, keys: range) -> None:
+    for i in keys:
+        done = asyncio.get_running_loop().create_future()
+        replica.propose(encode_proposal([Put(b"k%03d" % i, b"v")]), lambda r, reason: done.set_result(reason))
+        assert await asyncio.wait_for(done, 10) == Outcome.APPLIED

@@ -21,7 +21,7 @@ import grpc
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core import metrics
-from raftkv.core.errors import ConfigError, RaftKVError, Unavailable
+from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec, spec_to_toml
 from raftkv.meta.bootstrap import bootstrap_command, spec_meta
 from raftkv.meta.records import META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command
@@ -197,6 +197,7 @@ class Node:
             fsync=self.spec.durability == "fsync",
             tuning=self.spec.tuning,
             membership_changes=True,
+            on_corrupt=self._corrupt,
         )
         with self._opening("metadata raft port", f"{self.me.host}:{self.me.meta_port(self.spec.partitions)}"):
             return MetaReplica(config.folder, lambda sm: SyncObjGroup(config, sm, loop),
@@ -242,12 +243,13 @@ class Node:
             tuning=self.spec.tuning,
             on_role_changed=on_role_changed if voter else None,
             membership_changes=True,
+            on_corrupt=self._corrupt,
         )
         with self._opening(f"Raft port of partition {p}", self.me.raft_address(p)):
             return PartitionReplica(
                 p, config.folder, self.spec.tuning,
                 open_group=lambda state_machine: SyncObjGroup(config, state_machine, loop),
-                on_corrupt=lambda error: loop.call_soon_threadsafe(self._fail, error),
+                on_corrupt=self._corrupt,
                 backup_index=(lambda: self.backups.index(p)) if self.backups is not None else lambda: 0,
             )
 
@@ -356,6 +358,10 @@ class Node:
     def _delete(self, p: int) -> None:
         shutil.rmtree(self._folder(p), ignore_errors=True)
         log.info("partition %d: no replica here any more; its data is deleted", p)
+
+    def _corrupt(self, error: CorruptData) -> None:
+        """From any thread: a replica's files cannot be trusted (a damaged block, a contradicting log)."""
+        self._loop.call_soon_threadsafe(self._fail, error)
 
     def _fail(self, error: Exception) -> None:
         """Stop serving: a replica ran into corrupt data, and nothing it holds can be trusted now."""

@@ -60,6 +60,16 @@ class Snapshot:
 ProposalCallback = Callable[[Any, Outcome], None]
 
 
+def contradicts(index: int, term: int, position: Position) -> bool:
+    """Whether committed entry (`index`, `term`), at or below the state's `position`, cannot be one
+    the state reflects: terms never fall along a log, and every member commits the same entries, so
+    such an entry has at most the position's term, and exactly it at the position's index. A
+    position of term 0 (data restored from a backup: no log position) says nothing."""
+    if not position.term:
+        return False
+    return term > position.term or (index == position.index and term != position.term)
+
+
 class StateMachine(Protocol):
     """What a group drives. All calls come on the group's thread (the node's event loop),
     except `checkpoint`'s result being written to a file."""

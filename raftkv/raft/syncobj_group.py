@@ -42,11 +42,12 @@ from raftkv.core import metrics
 from raftkv.core.errors import CorruptData
 from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
-from raftkv.raft.group import AddressInUse, Entry, Outcome, ProposalCallback, Role, Snapshot, StateMachine
+from raftkv.raft.group import (AddressInUse, Entry, Outcome, ProposalCallback, Role, Snapshot, StateMachine,
+                               contradicts)
 from raftkv.raft.journal import RaftJournal, fsync_directory
 from raftkv.raft.syncobj_journal import JournalConfig
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
-from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
+from raftkv.raft.syncobj_patches import KEPT_ASIDE, LogEntry, PatchedSyncObj
 from raftkv.raft.syncobj_transport import GroupTransport
 from raftkv.raft.syncobj_wire import set_compression_level
 from raftkv.storage.engine import Position
@@ -64,6 +65,7 @@ class GroupConfig:
     tuning: Tuning
     on_role_changed: Callable[[Role, Role], None] | None = None
     membership_changes: bool = False  # pysyncobj's dynamicMembershipChange (add_member, remove_member)
+    on_corrupt: Callable[[CorruptData], None] | None = None  # the group found its files untrustworthy and stopped
 
 
 SNAPSHOT_FILE = "raft.snapshot"  # in the replica's folder: pysyncobj's fullDumpFile
@@ -113,6 +115,10 @@ class _Member(PatchedSyncObj):
     def _apply(self, payload: bytes):
         return self._group._apply_committed(payload)
 
+    def _SyncObj__doApplyCommand(self, command: bytes):
+        self._group._check_committed()
+        return PatchedSyncObj._SyncObj__doApplyCommand(self, command)
+
     def sync_journal(self) -> None:
         self._group.sync_journal()
 
@@ -135,6 +141,7 @@ class _Member(PatchedSyncObj):
         `kill all` survived only on the old leader, which had already applied it.
         """
         if not clearJournal:
+            self._group._settle_kept_aside_snapshot()
             self._group._compact_journal_to_snapshot()
         with self._SyncObj__transport.loading_snapshot():
             PatchedSyncObj._SyncObj__loadDumpFile(self, clearJournal)
@@ -207,7 +214,8 @@ class SyncObjGroup:
                 raise AddressInUse(config.self_address) from None
             raise
         self._journal: RaftJournal = self._member._SyncObj__raftLog
-        self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2))
+        self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2),
+                             on_corrupt=config.on_corrupt)
         self._ticker.start()
 
     # -- state ------------------------------------------------------------
@@ -365,6 +373,21 @@ class SyncObjGroup:
         failpoints.hit("apply-after")
         return result
 
+    def _check_committed(self) -> None:
+        """Before pysyncobj applies its next committed entry (no-ops and membership changes too): one the
+        state already reflects must fit the state's position, or this replica's log was rewound and
+        refilled with other entries (docs/chaos.md), and its state cannot be trusted."""
+        index = self._member.raftLastApplied + 1
+        position = self._sm.position
+        if index > position.index:
+            return
+        term = self._journal[index - self._journal[0][1]][2]
+        if contradicts(index, term, position):
+            raise CorruptData(
+                f"partition {self.partition}: the Raft log contradicts the database: committed entry {index} "
+                f"(term {term}) cannot come before its position {position.index} (term {position.term}); stop "
+                f"the node, move {self.config.folder} away and restart it so the partition re-syncs from its peers")
+
     def count_sent(self, message: dict) -> None:
         """An append-entries message left for another member: count its entries' or snapshot chunk's bytes."""
         serialized = message.get("serialized")
@@ -445,12 +468,14 @@ class SyncObjGroup:
                 (members.discard if change == "add" else members.add)(address)
         return sorted(members)
 
-    def _finish_snapshot(self, work: Path, meta: snapshot_file.Meta, fsync: bool) -> None:
-        """On the worker thread: write the tar beside the snapshot (renamed in `_snapshot_state`)."""
+    def _finish_snapshot(self, work: Path, meta: snapshot_file.Meta, fsync: bool) -> int:
+        """On the worker thread: write the tar beside the snapshot (renamed in `_snapshot_state`);
+        returns the index of the last entry it covers."""
         try:
             snapshot_file.write(self._next_snapshot, work / "db", meta, fsync=fsync)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        return meta.last_entry[1]
 
     def _snapshot_state(self) -> int:
         job = self._snapshot_job
@@ -462,6 +487,15 @@ class SyncObjGroup:
         if job.exception() is not None:
             log.warning("partition %d: no snapshot this time: %s", self.partition, job.exception())
             return SERIALIZER_STATE.FAILED
+        if (installed := self._snapshot_last_index()) is not None and installed >= job.result():
+            # A leader's newer snapshot was installed while this one was written. Renamed over it,
+            # this one would begin before the journal, which pysyncobj then clears down to it at
+            # the next start: the entries between them gone from the log, though the database
+            # holds them (the rewound log, docs/chaos.md).
+            self._next_snapshot.unlink(missing_ok=True)
+            log.info("partition %d: the snapshot up to entry %d is dropped: one up to entry %d was installed "
+                     "meanwhile", self.partition, job.result(), installed)
+            return SERIALIZER_STATE.FAILED
         # Here, not on the worker: pysyncobj renames its placeholder over the snapshot file right
         # after the serializer returns, and a fast worker finishing first would see its new file
         # replaced by the old one while the journal is compacted past it. A replica needing a
@@ -472,6 +506,29 @@ class SyncObjGroup:
             fsync_directory(self.config.folder)
         failpoints.hit("snapshot-rename-after")
         return SERIALIZER_STATE.SUCCESS
+
+    def _snapshot_last_index(self) -> int | None:
+        try:
+            return snapshot_file.read_meta(self._snapshot_path).last_entry[1]
+        except (CorruptData, FileNotFoundError):
+            return None
+
+    def _settle_kept_aside_snapshot(self) -> None:
+        """At start-up, after a crash while a received snapshot was checked (`PatchedSyncObj`): it was
+        renamed over this replica's own, which was kept aside to be put back if the log already covers
+        it. If the journal begins after the snapshot on disk, that was the received one, and the own one
+        goes back: pysyncobj would clear the journal down to the older snapshot."""
+        aside = Path(f"{self._snapshot_path}{KEPT_ASIDE}")
+        if not aside.exists():
+            return
+        last = self._snapshot_last_index()
+        journal = self._journal
+        if last is not None and len(journal) and journal[0][1] >= last:
+            os.replace(aside, self._snapshot_path)
+            log.info("partition %d: the snapshot kept aside is back (the last run stopped while checking a "
+                     "received one, up to entry %d, that the log had passed)", self.partition, last)
+        else:
+            aside.unlink()
 
     def _compact_journal_to_snapshot(self) -> None:
         try:

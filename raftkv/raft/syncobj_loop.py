@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Callable
 
 import pysyncobj.syncobj
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 
-from raftkv.core.errors import StorageFull
+from raftkv.core.errors import CorruptData, StorageFull
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,10 @@ def _warn_disk_full(exc: StorageFull) -> None:
 class Ticker:
     """Ticks one SyncObj (autoTick=False) on the loop: on events and every `period` seconds."""
 
-    def __init__(self, syncobj, poller: LoopPoller, loop: asyncio.AbstractEventLoop, period: float):
+    def __init__(self, syncobj, poller: LoopPoller, loop: asyncio.AbstractEventLoop, period: float,
+                 on_corrupt: Callable[[CorruptData], None] | None = None):
         self._syncobj = syncobj
+        self._on_corrupt = on_corrupt
         self._loop = loop
         self._period = period
         self._scheduled = False
@@ -132,6 +135,11 @@ class Ticker:
             self._syncobj._onTick(0.0)
         except StorageFull as exc:  # retried on every tick until there is room again
             _warn_disk_full(exc)
+        except CorruptData as exc:  # ticking on would act on state it cannot trust
+            self.stop()
+            log.error("%s", exc)
+            if self._on_corrupt is not None:
+                self._on_corrupt(exc)
         except Exception:
             # pysyncobj's own tick thread logs and carries on the same way (e.g. a full disk
             # during apply is retried on the next tick).

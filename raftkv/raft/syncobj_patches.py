@@ -253,9 +253,12 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         self._SyncObj__deleteEntriesFrom(idx)
 
 
+KEPT_ASIDE = '.own'  # suffix of the snapshot kept at hand while a received one is checked
+
+
 def _keepAside(path: str) -> str | None:
     """A hard link to the file at `path` (None if there is none)."""
-    aside = path + '.own'
+    aside = path + KEPT_ASIDE
     with contextlib.suppress(FileNotFoundError):
         os.unlink(aside)
     try:
