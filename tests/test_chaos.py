@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,15 @@ def _nft_table(table: str) -> str:
 
 def _mounts_under(folder: Path) -> list[str]:
     return [line for line in Path("/proc/mounts").read_text().splitlines() if str(folder) in line]
+
+
+def test_the_seeds_script_runs_seeds_back_to_back_and_prints_one_table():
+    script = Path(__file__).parent.parent / "scripts" / "chaos_seeds.py"
+    done = subprocess.run([sys.executable, str(script), "--seeds", "2", "--first-seed", "5", "--duration", "10",
+                           "--faults", "kill:follower", "--partitions", "2"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in done.stdout.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()]
+    assert [row[0] for row in rows] == ["5", "6", "all"]
+    assert rows[-1][2].startswith("kill ") and rows[-1][4] == "0"  # a 10 s run has room for one fault at least

@@ -1,0 +1,72 @@
+"""Chaos runs with N seeds back to back, and one table: seed, faults injected (by kind), ops, violations.
+
+    .venv/bin/python scripts/chaos_seeds.py --seeds 10 --duration 300
+    .venv/bin/python scripts/chaos_seeds.py --seeds 3 --faults kill,failpoint --durability fsync --first-seed 7
+
+Each run is what `raftkv chaos run` does, on a fresh cluster; a run with a violation keeps its files
+(the table says where). Exit code 1 if any run had a violation. Needs root, as `raftkv chaos run` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+
+from raftkv.chaos.config import LEARNERS, ChaosConfig
+from raftkv.chaos.nemesis import FAULTS, parse_faults
+from raftkv.chaos.runner import run_chaos
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5, help="runs, one seed each (default 5)")
+    parser.add_argument("--first-seed", type=int, default=None, help="then first+1, ... (default: random)")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of faults per run (default 60)")
+    parser.add_argument("--faults", default=",".join(FAULTS), help="as raftkv chaos run --faults (default: all)")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--durability", choices=("default", "fsync"), default="default")
+    parser.add_argument("--learner", choices=LEARNERS, default=None)
+    args = parser.parse_args(argv)
+    try:
+        faults = parse_faults(args.faults)
+    except ValueError as exc:
+        parser.error(f"--faults: {exc}")
+    first = args.first_seed if args.first_seed is not None else random.randrange(1 << 31)
+    console = Console()
+    table = Table(title=f"{args.seeds} chaos runs of {args.duration:.0f} s, faults {args.faults}")
+    for column in ("seed", "faults", "by kind", "ops", "violations", "kept in"):
+        table.add_column(column, justify="right" if column in ("faults", "ops", "violations") else "left")
+    kinds: Counter = Counter()
+    total_ops = total_violations = 0
+    for seed in range(first, first + args.seeds):
+        config = ChaosConfig(nodes=args.nodes, partitions=args.partitions, duration=args.duration, faults=faults, learner=args.learner, seed=seed,
+                             durability=args.durability)
+        if problems := config.problems():
+            parser.error("; ".join(problems))
+        report = run_chaos(config)
+        run_kinds = Counter(record.fault for record in report.faults)
+        kinds += run_kinds
+        total_ops += report.ops
+        total_violations += len(report.violations)
+        console.print(f"seed {seed}: {len(report.faults)} faults, {report.ops:,} ops, "
+                      f"{len(report.violations)} violations in {report.seconds:.0f} s")
+        table.add_row(str(seed), str(len(report.faults)), _kinds(run_kinds), f"{report.ops:,}",
+                      str(len(report.violations)), str(report.run_dir or ""))
+    table.add_row("all", str(sum(kinds.values())), _kinds(kinds), f"{total_ops:,}", str(total_violations), "",
+                  style="bold")
+    console.print(table)
+    return 1 if total_violations else 0
+
+
+def _kinds(counts: Counter) -> str:
+    return ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
