@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from dataclasses import dataclass
 
 from raftkv.core import metrics
@@ -26,6 +27,8 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
 
 _BARRIER_SIZE = 1
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -92,12 +95,31 @@ class PartitionFrontend:
         loop = self._loop
 
         def on_applied(results, reason):  # inside the replica's tick, on the loop
-            loop.call_soon(self._finish, proposal_id, results, reason)
+            if reason == Outcome.APPLIED:
+                self._applied(proposal_id, results)
+            else:
+                loop.call_soon(self._finish, proposal_id, results, reason)
 
         try:
             self.replica.propose(payload, on_applied)
         except Exception as exc:  # the replica is shutting down
             self._finish(proposal_id, None, exc)
+
+    def _applied(self, proposal_id: int, results) -> None:
+        """Inside the group's apply step: the next batch is proposed at once, so that it leaves in this
+        same tick and carries the new commit index, which then needs no message of its own (the Raft
+        adapter's `_Member`); the writers hear back on the next turn of the loop. Nothing may raise
+        into the apply step: it would stop between applying an entry and counting it applied."""
+        try:
+            entry = self._in_flight.pop(proposal_id, None)
+            if entry is None:
+                return  # timed out earlier; the late answer changes nothing we can still report
+            batch, timer = entry
+            timer.cancel()
+            self._loop.call_soon(self._resolve, batch, results, Outcome.APPLIED)
+            self._propose_next()
+        except Exception:
+            log.exception("partition %d: group commit failed after an apply", self.partition)
 
     def _finish(self, proposal_id: int, results, reason) -> None:
         entry = self._in_flight.pop(proposal_id, None)
@@ -105,6 +127,10 @@ class PartitionFrontend:
             return  # timed out earlier; the late answer changes nothing we can still report
         batch, timer = entry
         timer.cancel()
+        self._resolve(batch, results, reason)
+        self._propose_next()
+
+    def _resolve(self, batch: list[_Pending], results, reason) -> None:
         if reason == Outcome.APPLIED:
             writes = iter(results or ())
             for p in batch:
@@ -115,6 +141,8 @@ class PartitionFrontend:
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(error)
+
+    def _propose_next(self) -> None:
         for next_batch in self._policy.completed():
             self._propose(next_batch)
 

@@ -115,6 +115,14 @@ class _Member(PatchedSyncObj):
     def _apply(self, payload: bytes):
         return self._group._apply_committed(payload)
 
+    def _SyncObj__applyLogEntries(self) -> bool:
+        """pysyncobj's apply step, less its commit notice while a proposal is queued: unbatched, a leader
+        sends each entry, then once it is applied an empty AppendEntries with the new commit index, and
+        each replica answers both. A proposal queued meanwhile (group commit proposes its next batch from
+        the apply callback) is sent later in this same tick, with the new commit index."""
+        need_send = PatchedSyncObj._SyncObj__applyLogEntries(self)
+        return need_send and not self._SyncObj__commandsQueue._FastQueue__queue
+
     def _SyncObj__doApplyCommand(self, command: bytes):
         self._group._check_committed()
         return PatchedSyncObj._SyncObj__doApplyCommand(self, command)
