@@ -111,24 +111,26 @@ class PartitionFrontend:
         adapter's `_Member`); the writers hear back on the next turn of the loop. Nothing may raise
         into the apply step: it would stop between applying an entry and counting it applied."""
         try:
-            entry = self._in_flight.pop(proposal_id, None)
-            if entry is None:
-                return  # timed out earlier; the late answer changes nothing we can still report
-            batch, timer = entry
-            timer.cancel()
-            self._loop.call_soon(self._resolve, batch, results, Outcome.APPLIED)
-            self._propose_next()
+            if (batch := self._take(proposal_id)) is not None:
+                self._loop.call_soon(self._resolve, batch, results, Outcome.APPLIED)
+                self._propose_next()
         except Exception:
             log.exception("partition %d: group commit failed after an apply", self.partition)
 
     def _finish(self, proposal_id: int, results, reason) -> None:
+        if (batch := self._take(proposal_id)) is not None:
+            self._resolve(batch, results, reason)
+            self._propose_next()
+
+    def _take(self, proposal_id: int) -> list[_Pending] | None:
+        """The proposal's batch, no longer in flight; None if it timed out earlier (the late answer
+        changes nothing we can still report)."""
         entry = self._in_flight.pop(proposal_id, None)
         if entry is None:
-            return  # timed out earlier; the late answer changes nothing we can still report
+            return None
         batch, timer = entry
         timer.cancel()
-        self._resolve(batch, results, reason)
-        self._propose_next()
+        return batch
 
     def _resolve(self, batch: list[_Pending], results, reason) -> None:
         if reason == Outcome.APPLIED:
