@@ -13,6 +13,8 @@ from typing import Callable
 import pysyncobj.syncobj
 import pytest
 
+from raftkv import failpoints
+from raftkv.core.errors import DiskFailed
 from raftkv.raft.journal import LOG_NAME, RaftJournal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,6 +161,24 @@ def test_compaction_fsyncs_even_without_fsync_mode(tmp_path: Path, monkeypatch) 
     journal.deleteEntriesTo(1)
     assert len(calls) >= 2  # the new file and its directory
     journal._destroy()
+
+
+def test_after_a_failed_fsync_every_later_sync_fails_too(tmp_path: Path) -> None:
+    """fsyncgate: the kernel may drop the pages a failed fsync could not write and report the next
+    fsync as a success, so the journal must never again claim its entries are durable."""
+    journal = RaftJournal(tmp_path, fsync=True)
+    journal.add(b"a", 1, 1)
+    failpoints.arm("journal-fsync-before", "1*error")
+    try:
+        with pytest.raises(DiskFailed, match=r"fsync of .*raft.log failed .*stops"):
+            journal.sync()
+    finally:
+        failpoints.disarm_all()
+    journal.add(b"b", 2, 1)
+    for _ in range(2):
+        with pytest.raises(DiskFailed):
+            journal.sync()
+    assert journal.dirty
 
 
 # Term, vote and commit index

@@ -51,6 +51,12 @@ class CorruptData(RaftKVError):
     """A file on disk failed its integrity check; the node refuses to serve it."""
 
 
+class DiskFailed(CorruptData):
+    """The disk failed an fsync or a read. After a failed fsync the kernel may have dropped the
+    writes it held (and report the next fsync as a success), so nothing on that disk can be
+    trusted; the node stops rather than serve or acknowledge what may be lost."""
+
+
 class StorageFull(RaftKVError):
     """The disk holding a node's data is full; nothing was acknowledged."""
 

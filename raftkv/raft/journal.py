@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import struct
+import time
 import zlib
 from itertools import accumulate
 from pathlib import Path
@@ -41,11 +42,13 @@ from pathlib import Path
 from pysyncobj.journal import Journal
 
 from raftkv import failpoints
-from raftkv.core.errors import CorruptData, StorageFull
+from raftkv.core.errors import CorruptData, DiskFailed, StorageFull
 
 Entry = tuple[bytes, int, int]
 
 FULL_UNTIL_FREE_BYTES = 8 << 20
+SLOW_FSYNC_SECONDS = 0.25  # an fsync slower than this is logged (at most every SLOW_FSYNC_LOG_SECONDS)
+SLOW_FSYNC_LOG_SECONDS = 10.0
 LOG_NAME = "raft.log"
 META_NAME = "meta"
 FORMAT_VERSION = 1
@@ -79,6 +82,7 @@ class RaftJournal(Journal):
         self._fsync = fsync
         self._dirty = False
         self._full = False  # the last add failed for want of space
+        self._failed: DiskFailed | None = None  # an fsync failed: no later one may be believed
         self._make_directory()
         for path in (self._path, self._meta_path):
             _tmp_path(path).unlink(missing_ok=True)
@@ -156,10 +160,19 @@ class RaftJournal(Journal):
         return self._dirty
 
     def sync(self) -> None:
-        """Make every added entry and truncation durable; a no-op unless dirty."""
+        """Make every added entry and truncation durable; a no-op unless dirty.
+
+        Raises DiskFailed if the fsync fails, and again on every later call: the kernel may
+        have dropped the unsynced pages and would report the next fsync as a success."""
+        if self._failed is not None:
+            raise self._failed
         if self._dirty:
-            failpoints.hit("journal-fsync-before")
-            os.fdatasync(self._fd)
+            try:
+                failpoints.hit("journal-fsync-before")  # its injected EIO stands for the fsync's
+                fsync_file(self._fd, self._path, data_only=True)
+            except (DiskFailed, OSError) as error:
+                self._failed = error if isinstance(error, DiskFailed) else fsync_failed(self._path, error)
+                raise self._failed from None
             self._dirty = False
             failpoints.hit("journal-fsync-after")
 
@@ -172,8 +185,11 @@ class RaftJournal(Journal):
             self._save_meta()
 
     def _destroy(self) -> None:
-        self.flush()
-        os.close(self._fd)
+        try:
+            if self._failed is None:  # nothing more is written to a disk that failed
+                self.flush()
+        finally:
+            os.close(self._fd)
 
     # Term, vote and commit index
 
@@ -204,7 +220,7 @@ class RaftJournal(Journal):
             fsync_directory(self._dir.parent)
 
     def _load(self) -> None:
-        data = self._path.read_bytes()
+        data = _read(self._path)
         self._entries, self._offsets, self._end = _scan(self._path, data)
         if self._end < len(data):
             os.truncate(self._path, self._end)
@@ -306,7 +322,7 @@ def _encode_meta(term: int, commit: int, voted: str | None) -> bytes:
 def _read_meta(path: Path) -> tuple[int, int, str | None]:
     """Term, commit index and vote stored at `path`, or the defaults if there is no file."""
     try:
-        data = path.read_bytes()
+        data = _read(path)
     except FileNotFoundError:
         return 0, 1, None
     _check_file_header(path, data, _META_MAGIC)
@@ -321,6 +337,16 @@ def _read_meta(path: Path) -> tuple[int, int, str | None]:
     if len(data) != voted_at + max(voted_length, 0):
         raise _corrupt(path, voted_at, "bad vote length")
     return term, commit, None if voted_length < 0 else data[voted_at:].decode()
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        raise DiskFailed(f"reading {path} failed ({error.strerror}); check the disk (dmesg), then move "
+                         f"{path.parent} away and restart the node so the partition re-syncs from its peers") from error
 
 
 def _check_file_header(path: Path, data: bytes, magic: bytes) -> None:
@@ -362,7 +388,7 @@ def _write_new_file(path: Path, data: bytes, fsync: bool) -> int:
     try:
         _write_all(fd, data, tmp)
         if fsync:
-            os.fsync(fd)
+            fsync_file(fd, tmp)
         os.replace(tmp, path)
         if fsync:
             fsync_directory(path.parent)
@@ -376,6 +402,29 @@ def _write_new_file(path: Path, data: bytes, fsync: bool) -> int:
 def fsync_directory(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        fsync_file(fd, directory)
     finally:
         os.close(fd)
+
+
+def fsync_file(fd: int, path: Path, data_only: bool = False) -> None:
+    """fsync (or fdatasync) `fd`; DiskFailed if it fails, a warning if it is slow."""
+    started = time.monotonic()
+    try:
+        (os.fdatasync if data_only else os.fsync)(fd)
+    except OSError as error:
+        raise fsync_failed(path, error) from error
+    took = time.monotonic() - started
+    if took > SLOW_FSYNC_SECONDS and started - _slow_fsync_logged[0] >= SLOW_FSYNC_LOG_SECONDS:
+        _slow_fsync_logged[0] = started
+        _logger.warning("fsync of %s took %.2fs: the disk is slow, and so is every write of this node "
+                        "(logged at most every %.0fs)", path, took, SLOW_FSYNC_LOG_SECONDS)
+
+
+_slow_fsync_logged = [-SLOW_FSYNC_LOG_SECONDS]
+
+
+def fsync_failed(path: Path, error: OSError) -> DiskFailed:
+    return DiskFailed(f"fsync of {path} failed ({error.strerror}): the disk may have dropped writes this node "
+                      f"acknowledged, so it stops; check the disk (dmesg), then move {path.parent} away and "
+                      "restart the node so the partition re-syncs from its peers")

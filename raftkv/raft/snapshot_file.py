@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import io
 import json
-import os
 import struct
 import tarfile
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from raftkv.storage.engine import Position
 from raftkv.core.errors import CorruptData, StorageFull
+from raftkv.raft.journal import fsync_file
 
 FORMAT = 1
 _ENTRY_HEAD = struct.Struct("<QQ")
@@ -71,7 +71,7 @@ def write(filename: str | Path, checkpoint_dir: Path, meta: Meta, fsync: bool = 
         tar.add(checkpoint_dir, arcname="db")
     if fsync:  # pysyncobj renames it over the previous snapshot once we return
         with open(filename, "rb+") as f:
-            os.fsync(f.fileno())
+            fsync_file(f.fileno(), Path(filename))
 
 
 def read_meta(filename: str | Path) -> Meta:

@@ -39,7 +39,7 @@ from pysyncobj.node import TCPNode
 
 from raftkv import failpoints
 from raftkv.core import metrics
-from raftkv.core.errors import CorruptData
+from raftkv.core.errors import CorruptData, DiskFailed
 from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import (AddressInUse, Entry, Outcome, ProposalCallback, Role, Snapshot, StateMachine,
@@ -492,8 +492,10 @@ class SyncObjGroup:
         if not job.done():
             return SERIALIZER_STATE.SERIALIZING
         self._snapshot_job = None
-        if job.exception() is not None:
-            log.warning("partition %d: no snapshot this time: %s", self.partition, job.exception())
+        if (error := job.exception()) is not None:
+            if isinstance(error, DiskFailed):  # the replica stops (Ticker): its disk cannot be trusted
+                raise error
+            log.warning("partition %d: no snapshot this time: %s", self.partition, error)
             return SERIALIZER_STATE.FAILED
         if (installed := self._snapshot_last_index()) is not None and installed >= job.result():
             # A leader's newer snapshot was installed while this one was written. Renamed over it,

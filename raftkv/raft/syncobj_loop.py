@@ -56,7 +56,8 @@ class LoopPoller(Poller):
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self._subscriptions: dict[int, tuple[object, int]] = {}  # fd -> (callback, POLL_EVENT_TYPE mask)
-        self.on_event = lambda: None  # the Ticker sets this
+        self.on_event = lambda: None  # the Ticker sets these two
+        self.on_corrupt: Callable[[CorruptData], None] = lambda exc: None
 
     def subscribe(self, descr: int, callback, eventMask: int) -> None:
         self.unsubscribe(descr)
@@ -91,6 +92,9 @@ class LoopPoller(Poller):
                 callback(descr, event)
             except StorageFull as exc:  # a message whose entries could not be stored; the leader resends it
                 _warn_disk_full(exc)
+            except CorruptData as exc:  # e.g. the journal's fsync failed before an acknowledgement
+                self.on_corrupt(exc)
+                return
         self.on_event()
 
 
@@ -117,6 +121,7 @@ class Ticker:
         self._timer: asyncio.TimerHandle | None = None
         self._stopped = False
         poller.on_event = self.soon
+        poller.on_corrupt = self._corrupt
 
     def start(self) -> None:
         self._timer = self._loop.call_later(self._period, self._periodic)
@@ -135,15 +140,21 @@ class Ticker:
             self._syncobj._onTick(0.0)
         except StorageFull as exc:  # retried on every tick until there is room again
             _warn_disk_full(exc)
-        except CorruptData as exc:  # ticking on would act on state it cannot trust
-            self.stop()
-            log.error("%s", exc)
-            if self._on_corrupt is not None:
-                self._on_corrupt(exc)
+        except CorruptData as exc:
+            self._corrupt(exc)
         except Exception:
             # pysyncobj's own tick thread logs and carries on the same way (e.g. a full disk
             # during apply is retried on the next tick).
             log.exception("replica tick failed")
+
+    def _corrupt(self, exc: CorruptData) -> None:
+        """Ticking on would act on state it cannot trust."""
+        if self._stopped:
+            return
+        self.stop()
+        log.error("%s", exc)
+        if self._on_corrupt is not None:
+            self._on_corrupt(exc)
 
     def _periodic(self) -> None:
         self._tick()

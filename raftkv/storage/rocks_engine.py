@@ -41,7 +41,7 @@ from rocksdict import Checkpoint, DbClosedError, Options, Rdict, ReadOptions, Wr
 from raftkv.core.command_kinds import write_mutation
 from raftkv.core.commands import Mutation
 from raftkv.storage.engine import ZERO, KeyRange, Position
-from raftkv.core.errors import CorruptData, StorageFull
+from raftkv.core.errors import CorruptData, DiskFailed, StorageFull
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ def _open(path: Path) -> Rdict:
             raise StorageFull(f"disk full opening {path}; free space on that disk") from None
         if _is_corruption(exc):
             raise corrupt_database(path, exc) from None
+        if _is_io_error(exc):
+            raise failed_disk(path, exc) from None
         raise
 
 
@@ -80,10 +82,22 @@ def _is_corruption(exc: BaseException) -> bool:
     return "Corruption" in text or "checksum" in text.lower()
 
 
+def _is_io_error(exc: BaseException) -> bool:
+    return str(exc).startswith("IO error") and not _no_space(exc)
+
+
 def corrupt_database(path: Path, exc: BaseException) -> CorruptData:
     return CorruptData(
         f"database {path} is corrupt ({str(exc).splitlines()[0]}); stop the node, move {path.parent} away "
         "and restart it so the partition re-syncs from its peers"
+    )
+
+
+def failed_disk(path: Path, exc: BaseException) -> DiskFailed:
+    return DiskFailed(
+        f"database {path}: the disk failed ({str(exc).splitlines()[0]}), so nothing on it can be trusted; "
+        f"check the disk (dmesg), then move {path.parent} away and restart the node so the partition "
+        "re-syncs from its peers"
     )
 
 
@@ -126,10 +140,14 @@ class RocksEngine:
         return Position(*_POSITION.unpack(raw)) if raw is not None else ZERO
 
     def _checked(self, exc: Exception) -> Exception:
-        """The error to raise for what RocksDB raised: CorruptData (reported to on_corrupt) or itself."""
-        if not _is_corruption(exc):
+        """The error to raise for what RocksDB raised: CorruptData or DiskFailed (reported to
+        on_corrupt), or itself."""
+        if _is_corruption(exc):
+            error = corrupt_database(self.folder / "db", exc)
+        elif _is_io_error(exc):
+            error = failed_disk(self.folder / "db", exc)
+        else:
             return exc
-        error = corrupt_database(self.folder / "db", exc)
         if self._on_corrupt is not None:
             self._on_corrupt(error)
         return error
@@ -261,7 +279,10 @@ class RocksEngine:
 
     def flush(self) -> None:
         """Make everything written so far durable (used before log compaction)."""
-        self._db.flush_wal(True)
+        try:
+            self._db.flush_wal(True)
+        except Exception as exc:
+            raise self._checked(exc) from None
 
     def close(self) -> None:
         with self._lock:
