@@ -17,9 +17,11 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/raftkv dev up
 
-# The network-partition tests drive nftables on loopback (root, Debian's nftables package).
+# The network-partition tests drive nftables on loopback, and the power-loss tests mount a FUSE
+# filesystem (root; Debian's nftables and fuse3 packages).
 system-deps:
-	@command -v nft >/dev/null || { apt-get update -qq && apt-get install -y -qq nftables >/dev/null; }
+	@{ command -v nft && command -v fusermount3; } >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq nftables fuse3 >/dev/null; }
 
 test: install system-deps
 	$(PY) -m pytest -q
