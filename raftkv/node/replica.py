@@ -14,6 +14,7 @@ from typing import Callable
 
 from raftkv.core import metrics
 from raftkv.core.log_codec import decode_proposal
+from raftkv.core.durable import make_dirs
 from raftkv.core.errors import CorruptData
 from raftkv.core.learner_registry import learners_from
 from raftkv.core.retention import compaction_due, kept_for_seeds
@@ -52,7 +53,7 @@ class Replica:
                  on_corrupt: Callable[[CorruptData], None] | None = None):
         self.partition = partition
         self.folder = Path(folder)
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.folder)
         self.engine = RocksEngine(self.folder, on_corrupt=on_corrupt)
         try:
             self.state_machine = state_machine(self.engine)

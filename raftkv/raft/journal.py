@@ -9,10 +9,12 @@ file is replaced without fsync. RaftJournal fixes each of these:
 - every record carries its length and a CRC; recovery on open drops a torn tail and
   refuses (CorruptData) anything else that fails a check;
 - `add` is one `os.write` (it survives `kill -9`); with `fsync=True` the caller makes
-  it survive power loss with `sync()`, one `fdatasync` per group commit;
+  it survive power loss with `sync()`, one `fdatasync` per group commit; without, it is
+  synced once a second (pysyncobj's `onOneSecondTimer`);
 - compaction and `clear` write a new file and `os.replace` it, fsyncing both;
-- term and vote are written atomically (temp file, replace) before `setCurrentTerm`
-  returns.
+- term and vote are written atomically (temp file, replace) and synced, in both modes,
+  before `setCurrentTerm` returns; its directory is made durable when created;
+- after a failed fsync every later `sync()` fails too (fsyncgate, docs/durability.md).
 
 The directory holds `raft.log` and `meta` (and their `.tmp` twins while they are
 rewritten); integers are little-endian:
@@ -20,8 +22,14 @@ rewritten); integers are little-endian:
     raft.log := "RKVLOG\\0\\0" u32 version record*
     record   := u32 length | u32 length^0xFFFFFFFF | u32 crc | u64 idx | u64 term | payload
                 (crc = crc32 of idx, term and payload)
-    meta     := "RKVMETA\\0" u32 version | u32 crc | u64 term | u64 commit | i32 vlen | voted
-                (crc = crc32 of everything after it; vlen = -1 when no vote was cast)
+    meta     := "RKVMETA\\0" u32 version | u32 crc | u64 term | u64 commit | u64 synced | i32 vlen | voted
+                (crc = crc32 of everything after it; vlen = -1 when no vote was cast;
+                 version 1 had no `synced`)
+
+`synced` is how many bytes of raft.log a sync had made durable when the meta was last
+written (once a second, and at once after a compaction or a truncation). A power cut
+may leave anything after the last sync: holes of zeros, a later write's prefix. Damage
+there is such a torn tail, dropped with a warning; damage before it is corruption.
 
 The length is stored with its complement so that a damaged length field is caught as
 corruption instead of looking like a record cut short at the end of the file.
@@ -34,7 +42,6 @@ import logging
 import os
 import shutil
 import struct
-import time
 import zlib
 from itertools import accumulate
 from pathlib import Path
@@ -42,16 +49,16 @@ from pathlib import Path
 from pysyncobj.journal import Journal
 
 from raftkv import failpoints
+from raftkv.core.durable import fsync_directory, fsync_failed, fsync_file, make_dirs
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull
 
 Entry = tuple[bytes, int, int]
 
 FULL_UNTIL_FREE_BYTES = 8 << 20
-SLOW_FSYNC_SECONDS = 0.25  # an fsync slower than this is logged (at most every SLOW_FSYNC_LOG_SECONDS)
-SLOW_FSYNC_LOG_SECONDS = 10.0
 LOG_NAME = "raft.log"
 META_NAME = "meta"
 FORMAT_VERSION = 1
+META_VERSION = 2
 
 _TMP_SUFFIX = ".tmp"
 _LOG_MAGIC = b"RKVLOG\0\0"
@@ -62,7 +69,8 @@ _FILE_HEADER = struct.Struct("<8sI")  # magic, format version
 _RECORD_HEADER = struct.Struct("<III")  # length, length ^ _LENGTH_MASK, crc
 _IDX_TERM = struct.Struct("<QQ")
 _CRC = struct.Struct("<I")
-_META_FIELDS = struct.Struct("<QQi")  # term, commit index, length of voted-for (-1: None)
+_META_FIELDS = struct.Struct("<QQQi")  # term, commit index, synced bytes of the log, length of voted-for (-1: None)
+_META_FIELDS_V1 = struct.Struct("<QQi")
 _LOG_HEADER = _FILE_HEADER.pack(_LOG_MAGIC, FORMAT_VERSION)
 
 _logger = logging.getLogger(__name__)
@@ -88,8 +96,9 @@ class RaftJournal(Journal):
             _tmp_path(path).unlink(missing_ok=True)
         if not self._path.exists():
             os.close(_write_new_file(self._path, _LOG_HEADER, fsync=True))
-        self._load()
-        self._term, self._commit, self._voted = _read_meta(self._meta_path)
+        self._term, self._commit, synced, self._voted = _read_meta(self._meta_path)
+        self._load(synced)
+        self._synced = self._end  # what was read is what counts as durable from here on
         self._meta_saved = True
 
     # Log entries
@@ -109,7 +118,7 @@ class RaftJournal(Journal):
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
-        self._dirty = self._fsync
+        self._dirty = True
         failpoints.hit("journal-append-after")
 
     def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
@@ -126,7 +135,9 @@ class RaftJournal(Journal):
         os.ftruncate(self._fd, self._end)
         del self._entries[start:]
         del self._offsets[start:]
-        self._dirty = self._fsync
+        self._dirty = True
+        if self._synced > self._end:  # new entries will take those bytes: at once, not at the next save
+            self._save_meta(fsync=True)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         start = _position(entryTo, len(self._entries))
@@ -156,8 +167,9 @@ class RaftJournal(Journal):
 
     @property
     def dirty(self) -> bool:
-        """Whether entries were added or truncated since the last `sync()` (always False without fsync)."""
-        return self._dirty
+        """fsync mode: whether entries were added or truncated since the last `sync()`, which must come
+        before this replica says anything of them (always False without fsync)."""
+        return self._fsync and self._dirty
 
     def sync(self) -> None:
         """Make every added entry and truncation durable; a no-op unless dirty.
@@ -174,6 +186,8 @@ class RaftJournal(Journal):
                 self._failed = error if isinstance(error, DiskFailed) else fsync_failed(self._path, error)
                 raise self._failed from None
             self._dirty = False
+            self._synced = self._end
+            self._meta_saved = False
             failpoints.hit("journal-fsync-after")
 
     def flush(self) -> None:
@@ -181,6 +195,7 @@ class RaftJournal(Journal):
         self.onOneSecondTimer()
 
     def onOneSecondTimer(self) -> None:
+        self.sync()  # the default mode's bound on what a power cut takes: the last second or so
         if not self._meta_saved:
             self._save_meta()
 
@@ -195,7 +210,9 @@ class RaftJournal(Journal):
 
     def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:
         self._term, self._voted = term, votedForNodeId
-        self._save_meta()
+        # Synced in both modes (elections are rare): a vote forgotten in a power cut could be cast
+        # again in the same term, and two leaders of one term would split the log for good.
+        self._save_meta(fsync=True)
 
     def getCurrentTerm(self) -> int:
         return self._term
@@ -213,15 +230,11 @@ class RaftJournal(Journal):
     # Files
 
     def _make_directory(self) -> None:
-        if self._dir.is_dir():
-            return
-        self._dir.mkdir(parents=True)
-        if self._fsync:
-            fsync_directory(self._dir.parent)
+        make_dirs(self._dir)  # in both modes: a journal whose directory a power cut took is all lost
 
-    def _load(self) -> None:
+    def _load(self, synced: int | None) -> None:
         data = _read(self._path)
-        self._entries, self._offsets, self._end = _scan(self._path, data)
+        self._entries, self._offsets, self._end = _scan(self._path, data, synced)
         if self._end < len(data):
             os.truncate(self._path, self._end)
         self._fd = os.open(self._path, os.O_RDWR | os.O_APPEND)
@@ -235,12 +248,15 @@ class RaftJournal(Journal):
         *self._offsets, self._end = accumulate(map(len, records), initial=len(_LOG_HEADER))
         self._entries = entries
         self._dirty = False
+        self._synced = self._end
+        self._save_meta(fsync=True)  # the old `synced` measured the old file
 
-    def _save_meta(self) -> None:
-        # The stored commit index must never point past the durable end of the log.
+    def _save_meta(self, fsync: bool | None = None) -> None:
+        # The stored commit index must never point past the durable end of the log (in the
+        # default mode it may: pysyncobj clamps it to the log's end at start-up).
         self.sync()
-        meta = _encode_meta(self._term, self._commit, self._voted)
-        os.close(_write_new_file(self._meta_path, meta, fsync=self._fsync))
+        meta = _encode_meta(self._term, self._commit, self._synced, self._voted)
+        os.close(_write_new_file(self._meta_path, meta, fsync=self._fsync if fsync is None else fsync))
         self._meta_saved = True
 
 
@@ -283,12 +299,13 @@ def _decode_record(data: bytes, offset: int) -> tuple[Entry, int]:
     return (data[body + _IDX_TERM.size : end], idx, term), end
 
 
-def _scan(path: Path, data: bytes) -> tuple[list[Entry], list[int], int]:
+def _scan(path: Path, data: bytes, synced: int | None = None) -> tuple[list[Entry], list[int], int]:
     """Entries, their offsets and the end of the last good record in the log file `data`.
 
     A damaged record followed by nothing but zeros is a write cut short by a crash
-    (file systems may extend a file with zeros before its data lands); it is dropped.
-    Any other damage raises CorruptData.
+    (file systems may extend a file with zeros before its data lands); it is dropped, and
+    so is damage at or after `synced`, the bytes last known durable (a power cut's torn
+    tail). Any other damage raises CorruptData.
     """
     _check_file_header(path, data, _LOG_MAGIC)
     entries: list[Entry] = []
@@ -298,7 +315,8 @@ def _scan(path: Path, data: bytes) -> tuple[list[Entry], list[int], int]:
         try:
             entry, end = _decode_record(data, offset)
         except _BadRecord as bad:
-            if data.count(0, bad.torn_if_zeros_from) != len(data) - bad.torn_if_zeros_from:
+            beyond_sync = synced is not None and offset >= synced
+            if not beyond_sync and data.count(0, bad.torn_if_zeros_from) != len(data) - bad.torn_if_zeros_from:
                 raise _corrupt(path, offset, bad.reason) from None
             _logger.warning(
                 "journal %s: dropped %d bytes of a torn write at byte %d (%s); keeping %d entries",
@@ -313,30 +331,35 @@ def _scan(path: Path, data: bytes) -> tuple[list[Entry], list[int], int]:
     return entries, offsets, offset
 
 
-def _encode_meta(term: int, commit: int, voted: str | None) -> bytes:
+def _encode_meta(term: int, commit: int, synced: int, voted: str | None) -> bytes:
     voted_bytes = b"" if voted is None else voted.encode()
-    fields = _META_FIELDS.pack(term, commit, -1 if voted is None else len(voted_bytes)) + voted_bytes
-    return _FILE_HEADER.pack(_META_MAGIC, FORMAT_VERSION) + _CRC.pack(zlib.crc32(fields)) + fields
+    fields = _META_FIELDS.pack(term, commit, synced, -1 if voted is None else len(voted_bytes)) + voted_bytes
+    return _FILE_HEADER.pack(_META_MAGIC, META_VERSION) + _CRC.pack(zlib.crc32(fields)) + fields
 
 
-def _read_meta(path: Path) -> tuple[int, int, str | None]:
-    """Term, commit index and vote stored at `path`, or the defaults if there is no file."""
+def _read_meta(path: Path) -> tuple[int, int, int | None, str | None]:
+    """Term, commit index, synced bytes of the log (None: not recorded, as in version 1) and
+    vote stored at `path`, or the defaults if there is no file."""
     try:
         data = _read(path)
     except FileNotFoundError:
-        return 0, 1, None
-    _check_file_header(path, data, _META_MAGIC)
+        return 0, 1, None, None
+    version = _check_file_header(path, data, _META_MAGIC, (1, META_VERSION))
+    fields = _META_FIELDS if version == META_VERSION else _META_FIELDS_V1
     fields_at = _FILE_HEADER.size + _CRC.size
-    voted_at = fields_at + _META_FIELDS.size
+    voted_at = fields_at + fields.size
     if len(data) < voted_at:
         raise _corrupt(path, len(data), "file cut short")
     (crc,) = _CRC.unpack_from(data, _FILE_HEADER.size)
     if zlib.crc32(memoryview(data)[fields_at:]) != crc:
         raise _corrupt(path, _FILE_HEADER.size, "checksum mismatch")
-    term, commit, voted_length = _META_FIELDS.unpack_from(data, fields_at)
+    if version == META_VERSION:
+        term, commit, synced, voted_length = fields.unpack_from(data, fields_at)
+    else:
+        (term, commit, voted_length), synced = fields.unpack_from(data, fields_at), None
     if len(data) != voted_at + max(voted_length, 0):
         raise _corrupt(path, voted_at, "bad vote length")
-    return term, commit, None if voted_length < 0 else data[voted_at:].decode()
+    return term, commit, synced, None if voted_length < 0 else data[voted_at:].decode()
 
 
 def _read(path: Path) -> bytes:
@@ -349,14 +372,16 @@ def _read(path: Path) -> bytes:
                          f"{path.parent} away and restart the node so the partition re-syncs from its peers") from error
 
 
-def _check_file_header(path: Path, data: bytes, magic: bytes) -> None:
+def _check_file_header(path: Path, data: bytes, magic: bytes, versions: tuple[int, ...] = (FORMAT_VERSION,)) -> int:
+    """The file's format version, one of `versions`."""
     if len(data) < _FILE_HEADER.size:
         raise _corrupt(path, len(data), "file header cut short")
     found_magic, version = _FILE_HEADER.unpack_from(data)
     if found_magic != magic:
         raise _corrupt(path, 0, "not a raftkv journal file")
-    if version != FORMAT_VERSION:
+    if version not in versions:
         raise _corrupt(path, len(magic), f"unsupported format version {version}")
+    return version
 
 
 def _corrupt(path: Path, offset: int, reason: str) -> CorruptData:
@@ -382,13 +407,16 @@ def _tmp_path(path: Path) -> Path:
 
 
 def _write_new_file(path: Path, data: bytes, fsync: bool) -> int:
-    """Atomically replace `path` with a file holding `data`; return an appending fd on it."""
+    """Atomically replace `path` with a file holding `data`; return an appending fd on it.
+
+    The new file's data is synced even without `fsync`, which only leaves out the directory's:
+    a later sync of the directory (a compaction's) makes the rename durable, and a rename
+    durable before its file's data leaves an empty file after a power cut."""
     tmp = _tmp_path(path)
     fd = os.open(tmp, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_all(fd, data, tmp)
-        if fsync:
-            fsync_file(fd, tmp)
+        fsync_file(fd, tmp)
         os.replace(tmp, path)
         if fsync:
             fsync_directory(path.parent)
@@ -397,34 +425,3 @@ def _write_new_file(path: Path, data: bytes, fsync: bool) -> int:
         tmp.unlink(missing_ok=True)
         raise
     return fd
-
-
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fsync_file(fd, directory)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(fd: int, path: Path, data_only: bool = False) -> None:
-    """fsync (or fdatasync) `fd`; DiskFailed if it fails, a warning if it is slow."""
-    started = time.monotonic()
-    try:
-        (os.fdatasync if data_only else os.fsync)(fd)
-    except OSError as error:
-        raise fsync_failed(path, error) from error
-    took = time.monotonic() - started
-    if took > SLOW_FSYNC_SECONDS and started - _slow_fsync_logged[0] >= SLOW_FSYNC_LOG_SECONDS:
-        _slow_fsync_logged[0] = started
-        _logger.warning("fsync of %s took %.2fs: the disk is slow, and so is every write of this node "
-                        "(logged at most every %.0fs)", path, took, SLOW_FSYNC_LOG_SECONDS)
-
-
-_slow_fsync_logged = [-SLOW_FSYNC_LOG_SECONDS]
-
-
-def fsync_failed(path: Path, error: OSError) -> DiskFailed:
-    return DiskFailed(f"fsync of {path} failed ({error.strerror}): the disk may have dropped writes this node "
-                      f"acknowledged, so it stops; check the disk (dmesg), then move {path.parent} away and "
-                      "restart the node so the partition re-syncs from its peers")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from raftkv.storage.engine import Position
 from raftkv.core.errors import CorruptData, StorageFull
-from raftkv.raft.journal import fsync_file
+from raftkv.core.durable import fsync_file
 
 FORMAT = 1
 _ENTRY_HEAD = struct.Struct("<QQ")

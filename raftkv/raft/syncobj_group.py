@@ -23,6 +23,7 @@ and every pysyncobj call happen on the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -44,7 +45,8 @@ from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import (AddressInUse, Entry, Outcome, ProposalCallback, Role, Snapshot, StateMachine,
                                contradicts)
-from raftkv.raft.journal import RaftJournal, fsync_directory
+from raftkv.core.durable import fsync_directory, fsync_file, make_dirs
+from raftkv.raft.journal import RaftJournal
 from raftkv.raft.syncobj_journal import JournalConfig
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 from raftkv.raft.syncobj_patches import KEPT_ASIDE, LogEntry, PatchedSyncObj
@@ -148,7 +150,9 @@ class _Member(PatchedSyncObj):
         included. Found by the chaos harness: a write acknowledged just before
         `kill all` survived only on the old leader, which had already applied it.
         """
-        if not clearJournal:
+        if clearJournal:  # a received snapshot replaces the log: durable first (pysyncobj never syncs it)
+            self._group._sync_snapshot_file()
+        else:
             self._group._settle_kept_aside_snapshot()
             self._group._compact_journal_to_snapshot()
         with self._SyncObj__transport.loading_snapshot():
@@ -170,7 +174,7 @@ class SyncObjGroup:
         self.partition = config.partition
         self._sm = state_machine
         folder = Path(config.folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(folder)
         self._snapshot_path = folder / SNAPSHOT_FILE
         self._next_snapshot = folder / f"{SNAPSHOT_FILE}.next"
         snapshot_file.check(self._snapshot_path)
@@ -437,9 +441,11 @@ class SyncObjGroup:
         or sending the snapshot file.
         """
         last_entry, prev_entry, cluster = data
-        fsync = self.config.fsync
-        if fsync:  # the journal will drop entries the state must then cover
-            self._sm.flush()
+        # In both modes: the journal will drop the entries before it (in a compaction that is
+        # always synced), so the snapshot and the database must not be lost to a power cut. The
+        # journal first: a database durable past the log's end contradicts the log after a cut.
+        self._journal.sync()
+        self._sm.flush()
         work = Path(tempfile.mkdtemp(dir=self.config.folder, prefix="checkpoint-"))
         try:
             meta = snapshot_file.Meta(
@@ -458,7 +464,7 @@ class SyncObjGroup:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
-        return _snapshot_writer().submit(self._finish_snapshot, work, meta, fsync)
+        return _snapshot_writer().submit(self._finish_snapshot, work, meta)
 
     def _members_at(self, index: int, cluster) -> list[str]:
         """The members' addresses as of entry `index`, from pysyncobj's members as of its last entry.
@@ -476,11 +482,11 @@ class SyncObjGroup:
                 (members.discard if change == "add" else members.add)(address)
         return sorted(members)
 
-    def _finish_snapshot(self, work: Path, meta: snapshot_file.Meta, fsync: bool) -> int:
+    def _finish_snapshot(self, work: Path, meta: snapshot_file.Meta) -> int:
         """On the worker thread: write the tar beside the snapshot (renamed in `_snapshot_state`);
         returns the index of the last entry it covers."""
         try:
-            snapshot_file.write(self._next_snapshot, work / "db", meta, fsync=fsync)
+            snapshot_file.write(self._next_snapshot, work / "db", meta, fsync=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return meta.last_entry[1]
@@ -512,10 +518,18 @@ class SyncObjGroup:
         # snapshot would then get the old one again and again, and never catch up.
         failpoints.hit("snapshot-rename-before")
         os.replace(self._next_snapshot, self._snapshot_path)
-        if self.config.fsync:  # durable before pysyncobj compacts the journal past the old one
-            fsync_directory(self.config.folder)
+        fsync_directory(self.config.folder)  # durable before pysyncobj compacts the journal past the old one
         failpoints.hit("snapshot-rename-after")
         return SERIALIZER_STATE.SUCCESS
+
+    def _sync_snapshot_file(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(self._snapshot_path, os.O_RDONLY)
+            try:
+                fsync_file(fd, self._snapshot_path)
+            finally:
+                os.close(fd)
+            fsync_directory(self.config.folder)
 
     def _snapshot_last_index(self) -> int | None:
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from raftkv.raft import snapshot_file
-from raftkv.raft.journal import fsync_directory
+from raftkv.core.durable import fsync_directory, make_dirs
 from raftkv.raft.syncobj_group import SNAPSHOT_FILE
 from raftkv.raft.syncobj_patches import LogEntry
 from raftkv.storage.engine import Position
@@ -39,7 +39,7 @@ def seed(folder: Path, partition: int, checkpoint: Path, position: Position, bas
                          f"not {prev[1]} and {last[1]}")
     if folder.exists() and any(folder.iterdir()):
         raise FileExistsError(f"{folder} is not empty: a replica is seeded into an empty folder only")
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dirs(folder)
     meta = snapshot_file.Meta(
         partition=partition,
         position=position,

@@ -11,6 +11,11 @@ in the same WriteBatch as the user mutations, so state and position never
 disagree. Installing a snapshot is two renames; `open` finishes or rolls back
 an install that a crash interrupted.
 
+rocksdict flushes a column family's memtable whenever a view of it
+(`get_column_family`) is dropped: a table file and a synced WAL each time,
+which also made the database durable past the Raft log's synced end. So the
+engine keeps one view of its metadata family while the database is open.
+
 rocksdict 0.3.29's `Snapshot.items()`/`iter()` ignore the snapshot (they read
 the live database), so scans use a plain iterator instead: a RocksDB
 iterator pins a consistent view when it is created.
@@ -41,6 +46,7 @@ from rocksdict import Checkpoint, DbClosedError, Options, Rdict, ReadOptions, Wr
 from raftkv.core.command_kinds import write_mutation
 from raftkv.core.commands import Mutation
 from raftkv.storage.engine import ZERO, KeyRange, Position
+from raftkv.core.durable import fsync_directory, fsync_tree, make_dirs
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull
 
 log = logging.getLogger(__name__)
@@ -108,6 +114,7 @@ def recover_interrupted_install(folder: Path) -> None:
             incoming.rename(db)
         elif old.exists():
             old.rename(db)
+        fsync_directory(folder)
     for leftover in (incoming, old):
         if leftover.exists():
             shutil.rmtree(leftover)
@@ -123,18 +130,20 @@ class RocksEngine:
         self.folder = Path(folder)
         self._reader_grace = reader_grace  # how long a close waits for scans still reading
         self._on_corrupt = on_corrupt
-        self.folder.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.folder)
         recover_interrupted_install(self.folder)
         self._lock = threading.Lock()
         self._readers = 0
         self._readers_done = threading.Condition(self._lock)
         self._db = _open(self.folder / "db")
+        self._meta = self._db.get_column_family(_META_CF)
+        fsync_directory(self.folder)  # RocksDB syncs what it creates in db/, not db/ in its parent
         self._broken = False  # a write failed: the database must be reopened before the next one
         self._position = self._read_position()
 
     def _read_position(self) -> Position:
         try:
-            raw = self._db.get_column_family(_META_CF).get(_POSITION_KEY)
+            raw = self._meta.get(_POSITION_KEY)
         except Exception as exc:
             raise self._checked(exc) from None
         return Position(*_POSITION.unpack(raw)) if raw is not None else ZERO
@@ -174,14 +183,13 @@ class RocksEngine:
 
     def meta_get(self, key: bytes) -> bytes | None:
         try:
-            return self._db.get_column_family(_META_CF).get(_META_PREFIX + key)
+            return self._meta.get(_META_PREFIX + key)
         except Exception as exc:
             raise self._checked(exc) from None
 
     def meta_items(self) -> list[tuple[bytes, bytes]]:
         try:
-            meta = self._db.get_column_family(_META_CF)
-            return [(k[len(_META_PREFIX):], v) for k, v in meta.items(from_key=_META_PREFIX)
+            return [(k[len(_META_PREFIX):], v) for k, v in self._meta.items(from_key=_META_PREFIX)
                     if k.startswith(_META_PREFIX)]
         except Exception as exc:
             raise self._checked(exc) from None
@@ -233,11 +241,13 @@ class RocksEngine:
             pass
         self._broken = True
         try:
+            self._meta = None
             self._db.close()
         except Exception as exc:  # logged as text: the exception object keeps the database alive
             log.warning("closing %s: %s", self.folder / "db", str(exc))
         swap()
         self._db = _open(self.folder / "db")
+        self._meta = self._db.get_column_family(_META_CF)
         self._position = self._read_position()
         self._broken = False
 
@@ -266,10 +276,14 @@ class RocksEngine:
         if incoming.exists():
             shutil.rmtree(incoming)
         shutil.move(str(checkpoint_dir), incoming)
+        fsync_tree(incoming)  # its files were unpacked from a snapshot, never synced
         (incoming / INSTALL_READY).touch()
+        fsync_directory(incoming)
+
         def swap() -> None:
             (self.folder / "db").rename(self.folder / "db.old")
             incoming.rename(self.folder / "db")
+            fsync_directory(self.folder)
             (self.folder / "db" / INSTALL_READY).unlink()
 
         with self._lock:
@@ -286,6 +300,7 @@ class RocksEngine:
 
     def close(self) -> None:
         with self._lock:
+            self._meta = None
             self._db.close()
 
 
