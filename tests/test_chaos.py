@@ -20,6 +20,7 @@ from raftkv.chaos.config import CHAOS_TUNING, ChaosConfig
 from raftkv.chaos.convergence import replica_differences
 from raftkv.chaos.nemesis import FAULTS, FaultChoice, FaultStep
 from raftkv.chaos.netcut import cgroup2_mount
+from raftkv.chaos.power_cuts import LOSS_BOUND_SECONDS
 from raftkv.chaos.runner import run_chaos
 from tests.conftest import wait_until
 from tests.raft_admin import statuses
@@ -39,18 +40,45 @@ def failure_summary(report, tmp_path: Path) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("fault", FAULTS)
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f != "powerloss"])  # power cuts: the tests below
 def test_a_minute_of_one_fault_type_breaks_nothing(fault, tmp_path):
     learner = "kafka" if fault == "kill" else None  # the change feed through kill -9 of every node
     nodes = 4 if fault == "membership" else 3  # a replica moves only to a node without one
+    durability = "fsync" if fault == "disk" else "default"  # where every write meets the disk's fsync
     report = run_chaos(ChaosConfig(nodes=nodes, duration=60, faults=(FaultChoice(fault),), learner=learner, seed=1,
-                                   out=tmp_path))
+                                   out=tmp_path, durability=durability))
     injected = [r for r in report.faults if r.fault == fault]
     assert report.ok, failure_summary(report, tmp_path)
     assert not report.unknown_keys, f"undecided keys: {report.unknown_keys}"
     assert len(injected) >= 2, [r.name for r in report.faults]
     assert report.ops >= MIN_OPS, report.op_counts
     assert all(c.ok for c in report.checks) and len(report.checks) == (4 if learner else 3)
+
+
+POWER_CUTS = 10
+
+
+def test_power_cuts_in_fsync_mode_lose_no_acknowledged_write(tmp_path):
+    """Every node's data on a disk that loses what was not synced; ten cuts (half of them tearing the
+    newest write); every check green, the change feed complete."""
+    cuts = tuple(FaultStep(at=3.0 + 6.0 * n, hold=1.5, fault="powerloss", variant=("cut", "torn")[n % 2],
+                           partition=0, seed=n) for n in range(POWER_CUTS))
+    report = run_chaos(ChaosConfig(duration=3.0 + 6.0 * POWER_CUTS, durability="fsync", learner="kafka", seed=4,
+                                   out=tmp_path), steps=cuts)
+    assert report.ok, failure_summary(report, tmp_path)
+    assert len([r for r in report.faults if r.fault == "powerloss"]) == POWER_CUTS
+    assert all(c.ok for c in report.checks) and len(report.checks) == 4
+    assert report.ops >= MIN_OPS // 2, report.op_counts  # each cut stops every node for a while
+
+
+def test_power_cuts_in_the_default_mode_lose_only_writes_acknowledged_within_the_documented_bound(tmp_path):
+    report = run_chaos(ChaosConfig(duration=40, faults=(FaultChoice("powerloss"),), seed=2, out=tmp_path))
+    assert report.ok, failure_summary(report, tmp_path)
+    losses = report.power_cut_losses
+    assert losses.explained, "no power cut took an acknowledged write: the cuts did not cut"
+    assert not losses.unexplained and losses.worst_seconds <= LOSS_BOUND_SECONDS
+    assert [c.name for c in report.checks] == ["lost to power cuts (default mode)", "set: no lost or phantom adds",
+                                               "replicas equal"]
 
 
 def test_a_minute_of_replica_moves_with_kills_and_partitions_breaks_nothing(tmp_path):
@@ -101,7 +129,7 @@ def test_bad_flags_get_one_line_and_exit_2():
 
 
 def test_ctrl_c_leaves_no_process_cgroup_rule_or_mount_behind(tmp_path):
-    chaos = subprocess.Popen([*RAFTKV, "chaos", "run", "--duration", "60", "--faults", "partition,diskfull",
+    chaos = subprocess.Popen([*RAFTKV, "chaos", "run", "--duration", "60", "--faults", "partition,diskfull,powerloss",
                               "--seed", "3", "--out", str(tmp_path)],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     table = f"raftkv_chaos_{chaos.pid}"
@@ -109,7 +137,7 @@ def test_ctrl_c_leaves_no_process_cgroup_rule_or_mount_behind(tmp_path):
     try:
         wait_until(lambda: "drop" in _nft_table(table), 60, "a network partition to be in force")
         nodes = _pids_in(cgroups)
-        assert len(nodes) == 3 and _mounts_under(tmp_path)
+        assert len(nodes) == 3 and len(_mounts_under(tmp_path)) == 4  # a tmpfs, a power-loss disk per node
         chaos.send_signal(signal.SIGINT)
         output = chaos.communicate(timeout=60)[0].decode()
     finally:

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raftkv.chaos import netcut, small_disk
-from raftkv.chaos.nemesis import FAULTS, FaultChoice
+from raftkv.chaos.nemesis import FAULTS, POWER_LOSS_DISK_FAULTS, FaultChoice
 from raftkv.api.convert import CONSISTENCY_BY_NAME
 from raftkv.core.spec import Tuning
+from raftkv.powerloss import disk as power_loss_disk
 
 LEARNERS = ("kafka",)
 
@@ -59,4 +60,7 @@ class ChaosConfig:
             problems.append(f"--faults partition: network partitions are not possible here: {why}")
         if "diskfull" in self.fault_kinds and (why := small_disk.unavailable_reason()):
             problems.append(f"--faults diskfull: not possible here: {why}")
+        for fault in sorted(self.fault_kinds & set(POWER_LOSS_DISK_FAULTS)):
+            if why := power_loss_disk.unavailable_reason():
+                problems.append(f"--faults {fault}: not possible here: {why}")
         return problems

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -23,12 +24,14 @@ from raftkv.api import kv_pb2_grpc
 from raftkv.chaos.nemesis import FaultStep, resolve_targets
 from raftkv.chaos.netcut import NetCut
 from raftkv.chaos.small_disk import BALLAST_NAME, SmallDisk
+from raftkv.powerloss.disk import PowerLossDisk
 from raftkv.chaos.timeline import FaultRecord, Timeline
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import RaftKVError
 from raftkv.dev.local_cluster import LocalCluster
 from raftkv.core.partitioning import replicas_for
 from raftkv.core.spec import ClusterSpec
+from raftkv.core.durable import fsync_directory
 
 START_TIMEOUT = 30.0  # for a restarted node to serve its API, or exit
 MOVE_TIMEOUT = 60.0  # for a replica move to finish once the faults are healed
@@ -37,20 +40,24 @@ SNAPSHOT_PASSES = 2  # a snapshot is taken every few seconds only
 FLIPPED_BYTES = 8
 JOURNAL_HEADER_BYTES = 12  # raftkv.raft.journal's file header: magic and version
 SNAPSHOT_HEAD_BYTES = 4096  # a snapshot tar's first members: meta.json and the two base entries
+SLOW_FSYNC_MS = {"fsync-50ms": 50, "fsync-500ms": 500, "fsync-5s": 5000}
 
 
 class FaultInjector:
     def __init__(self, cluster: LocalCluster, timeline: Timeline, netcut: NetCut | None = None,
-                 disk: SmallDisk | None = None, disk_node: str | None = None):
+                 disk: SmallDisk | None = None, disk_node: str | None = None,
+                 power_loss_disks: dict[str, PowerLossDisk] | None = None):
         self.cluster = cluster
         self.spec = cluster.spec
         self.timeline = timeline
         self.netcut = netcut
         self.disk = disk
         self.disk_node = disk_node
+        self.power_loss_disks = power_loss_disks or {}  # every node's data dir, for powerloss and disk
         self.down: set[str] = set()  # nodes stopped on purpose
         self.paused: set[str] = set()
         self.damaged: dict[str, FaultRecord] = {}  # nodes running on files a corrupt fault damaged
+        self.failing: dict[str, FaultRecord] = {}  # nodes running on a disk that fails reads or fsyncs
         self.armed: dict[str, str] = {}  # nodes running with a fail point armed to crash them: its name
         self._log_offsets: dict[str, int] = {}  # where each node's log was when it last started
 
@@ -91,6 +98,8 @@ class FaultInjector:
             self.netcut.heal()
         if self.disk is not None:
             self.disk.free()
+        for disk in self.power_loss_disks.values():
+            disk.heal()
         for node_id in list(self.armed):  # stopped here, then started plainly below
             del self.armed[node_id]
             self._kill(node_id)
@@ -164,20 +173,31 @@ class FaultInjector:
         else:
             self._refused(node_id, record)
 
-    def _refused(self, node_id: str, record: FaultRecord) -> None:
-        """A node stopped on damaged files: it must say so in one line; then it is wiped and re-syncs."""
-        code = self.cluster.procs[node_id].returncode
-        log = self.cluster.log_path(node_id)
-        errors = [line for line in _read_from(log, self._log_offsets.get(node_id, 0)).splitlines()
-                  if line.startswith("error: ")]
-        if code == 2 and len(errors) == 1 and "corrupt" in errors[0]:
-            record.notes.append(f"{node_id} stopped: {errors[0]}")
-        else:
-            record.problems.append(f"{node_id} exited with code {code} on damaged files without one clear "
-                                   f"'error: ... corrupt' line; see {log}")
+    def _refused(self, node_id: str, record: FaultRecord, says: tuple[str, ...] = ("corrupt",),
+                 on: str = "damaged files") -> None:
+        """A node stopped on damaged files (or a failing disk): it must say so in one line; then it is
+        wiped and re-syncs, as that line tells an operator to do."""
+        self._stopped_with_one_line(node_id, record, says, on)
         self.down.add(node_id)
         self._wipe(node_id, record)
         self._start(node_id)
+
+    def _stopped_with_one_line(self, node_id: str, record: FaultRecord, says: tuple[str, ...], on: str) -> None:
+        code = self.cluster.procs[node_id].returncode
+        errors = self._error_lines(node_id)
+        if code == 2 and len(errors) == 1 and any(word in errors[0] for word in says):
+            record.notes.append(f"{node_id} stopped: {errors[0]}")
+        else:
+            record.problems.append(f"{node_id} exited with code {code} on {on} without one clear "
+                                   f"'error: ... {' or '.join(says)}' line; see {self.cluster.log_path(node_id)}")
+
+    def _error_lines(self, node_id: str) -> list[str]:
+        return [line for line in self._log_lines(node_id, "error: ") if line.startswith("error: ")]
+
+    def _log_lines(self, node_id: str, containing: str) -> list[str]:
+        """The lines of the node's log since it last started that contain `containing`."""
+        text = _read_from(self.cluster.log_path(node_id), self._log_offsets.get(node_id, 0))
+        return [line for line in text.splitlines() if containing in line]
 
     def restart_crashed(self) -> dict[str, int]:
         """Restart nodes that exited although nothing stopped them; returns the exit codes of those that
@@ -189,6 +209,8 @@ class FaultInjector:
             self.armed.pop(node_id, None)
             if node_id in self.damaged:
                 self._refused(node_id, self.damaged.pop(node_id))
+            elif node_id in self.failing:  # its disk still fails: started again when the fault is healed
+                self.down.add(node_id)
             else:
                 crashed[node_id] = code
                 self._start(node_id)
@@ -255,6 +277,61 @@ class FaultInjector:
             self._kill(node_id)
             self._start(node_id)
 
+    # every node killed, the unsynced writes on its disk dropped, remounted; restarted when healed
+    def _inject_powerloss(self, step: FaultStep, record: FaultRecord) -> None:
+        for node_id in record.targets:
+            self._kill(node_id)
+        pick = random.Random(step.seed)
+        for node_id in record.targets:
+            disk = self.power_loss_disks[node_id]
+            cut = disk.crash(tear=step.variant == "torn", seed=pick.getrandbits(32))
+            record.notes.append(f"{node_id}: {cut}")
+            disk.mount()
+
+    def _heal_powerloss(self, record: FaultRecord) -> None:
+        for node_id in record.targets:
+            self._start(node_id)
+
+    # one node's disk slowed, or failing reads (the node is restarted onto it) or fsyncs
+    def _inject_disk(self, step: FaultStep, record: FaultRecord) -> None:
+        (node_id,) = record.targets
+        disk = self.power_loss_disks[node_id]
+        self._log_offsets[node_id] = self.cluster.log_path(node_id).stat().st_size  # what it says comes after
+        if step.variant in SLOW_FSYNC_MS:
+            disk.slow_fsync(SLOW_FSYNC_MS[step.variant])
+            return
+        self.failing[node_id] = record
+        if step.variant == "eio-read":
+            self._kill(node_id)
+            disk.fail("read", "*")
+            self._start(node_id)
+            if self._serves_or_exits(node_id):
+                record.problems.append(f"{node_id} started and served on a disk whose every read fails")
+        else:
+            disk.fail("fsync", "*")
+
+    def _heal_disk(self, record: FaultRecord) -> None:
+        (node_id,) = record.targets
+        self.power_loss_disks[node_id].heal()
+        if record.variant in SLOW_FSYNC_MS:
+            if SLOW_FSYNC_MS[record.variant] >= 500 and self.spec.durability == "fsync":
+                if not self._log_lines(node_id, "the disk is slow"):
+                    record.problems.append(f"{node_id} said nothing of its slow fsyncs; see "
+                                           f"{self.cluster.log_path(node_id)}")
+            return
+        del self.failing[node_id]
+        proc = self.cluster.procs[node_id]
+        if proc.poll() is None and not self._error_lines(node_id):
+            record.notes.append(f"{node_id} ran on: it did not {record.variant[4:]} during the fault")
+            return
+        try:  # it met the failure just before the heal, and is stopping
+            proc.wait(START_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            record.problems.append(f"{node_id} said it stops on a failing disk but did not exit within "
+                                   f"{START_TIMEOUT:.0f}s")
+            self._kill(node_id)
+        self._refused(node_id, record, says=("failed", "unreadable"), on=f"a disk failing every {record.variant[4:]}")
+
     # -- helpers -----------------------------------------------------------
 
     def _kill(self, node_id: str) -> None:
@@ -281,6 +358,7 @@ class FaultInjector:
                 shutil.rmtree(item)
             else:
                 item.unlink()
+        fsync_directory(data_dir)  # a power cut must not bring the wiped files back
         record.notes.append(f"wiped {data_dir}; {node_id} re-syncs from its peers")
 
     def _serves_or_exits(self, node_id: str) -> bool:

@@ -17,6 +17,10 @@ Faults and their variants (`kind:variant` on the command line):
     membership move | transfer                        a replica moved to a node without one, or a leadership handed on
     failpoint  leader | follower | all                restarted with a random fail point armed to crash there after a
                                                       few passes; started plainly when healed (docs/chaos.md)
+    powerloss  cut | torn                             every node killed and its disk's unsynced writes dropped (torn: the
+                                                      last one cut at a random byte), as in a power cut; then restarted
+    disk       fsync-50ms | fsync-500ms | fsync-5s    one node's disk: its fsyncs slowed, or its reads or fsyncs
+               | eio-read | eio-fsync                 failing with EIO (the node must stop with one line)
 """
 
 from __future__ import annotations
@@ -34,7 +38,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "corrupt": ("journal", "snapshot", "rocksdb"),
     "membership": ("move", "transfer"),
     "failpoint": ("leader", "follower", "all"),
+    "powerloss": ("cut", "torn"),
+    "disk": ("fsync-50ms", "fsync-500ms", "fsync-5s", "eio-read", "eio-fsync"),
 }
+POWER_LOSS_DISK_FAULTS = ("powerloss", "disk")  # faults that need every node's data dir on a power-loss disk
 FAULTS = tuple(VARIANTS)
 
 # seconds a fault is held (for restart and corrupt: how long the node stays down)
@@ -47,6 +54,8 @@ HOLD_SECONDS: dict[str, tuple[float, float]] = {
     "corrupt": (1.0, 3.0),
     "membership": (1.0, 3.0),  # then the heal waits for the move to finish
     "failpoint": (4.0, 8.0),
+    "powerloss": (1.0, 3.0),
+    "disk": (4.0, 8.0),
 }
 WARMUP_SECONDS = 3.0  # the workload runs undisturbed first
 GAP_SECONDS = (2.0, 4.0)  # quiet time between a heal and the next fault
@@ -144,9 +153,9 @@ def resolve_targets(step: FaultStep, node_ids: Sequence[str], leaders: Mapping[i
         return (pick.choice(followers or list(replicas)),)
     if step.variant in ("minority", "split"):
         return tuple(sorted(pick.sample(list(node_ids), max(1, (len(node_ids) - 1) // 2))))
-    if step.variant == "all":
+    if step.variant == "all" or step.fault == "powerloss":
         return tuple(node_ids)
-    return (pick.choice(list(node_ids)),)  # restart, corrupt: any one node
+    return (pick.choice(list(node_ids)),)  # restart, corrupt, disk: any one node
 
 
 def choose_disk_node(node_ids: Sequence[str], rng: random.Random) -> str:

@@ -1,7 +1,9 @@
 """Run a cluster's node processes on this machine (dev up, tests, benchmarks).
 
 Each node is a real `python -m raftkv node start` process with its output in
-`<data_dir>/node.log`. Only the PIDs started here are ever signalled.
+`<data_dir>/node.log` (or `<log_dir>/<node id>/node.log`, for data dirs on a
+disk that a chaos run cuts the power of). Only the PIDs started here are ever
+signalled.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ class LocalCluster:
     (e.g. one that first moves itself into a cgroup and then execs `command`, keeping its PID)."""
 
     def __init__(self, spec: ClusterSpec, spec_path: Path, env: dict[str, str] | None = None,
-                 wrap_command: CommandWrapper | None = None):
+                 wrap_command: CommandWrapper | None = None, log_dir: Path | None = None):
         self.spec = spec
         self.spec_path = Path(spec_path)
+        self._log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
         self._env = {**os.environ, **(env or {})}
         self._wrap_command = wrap_command
@@ -41,12 +44,14 @@ class LocalCluster:
         return [n.api_address for n in self.spec.nodes]
 
     def log_path(self, node_id: str) -> Path:
-        return self.spec.node(node_id).data_dir / "node.log"
+        folder = self.spec.node(node_id).data_dir if self._log_dir is None else self._log_dir / node_id
+        return folder / "node.log"
 
     def start(self, node_id: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start one node; `env` adds to the cluster's environment for this start only (fail points)."""
         node = self.spec.node(node_id)
         node.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path(node_id).parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "raftkv", "node", "start", "--config", str(self.spec_path), "--node", node_id]
         if self._wrap_command is not None:
             command = self._wrap_command(node_id, command)
