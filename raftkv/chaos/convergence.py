@@ -38,6 +38,16 @@ def scan_replica(address: str, partition: int, timeout: float = 10.0) -> tuple[i
     return index, contents
 
 
+def scan_any(spec: ClusterSpec, partition: int, replicas: tuple[str, ...]) -> dict[bytes, bytes] | None:
+    """The partition's contents from the first of `replicas` that answers (None: none did)."""
+    for node_id in replicas:
+        try:
+            return scan_replica(spec.node(node_id).api_address, partition)[1]
+        except grpc.RpcError:
+            continue  # stopped (on damage, say), which the replica check reports
+    return None
+
+
 def replica_differences(spec: ClusterSpec, placement: tuple[tuple[str, ...], ...],
                         each_round: Callable[[], None], timeout: float = 60.0) -> list[str]:
     """One line per partition whose replicas (`placement`: each partition's voters) differ, or never

@@ -26,7 +26,7 @@ from pathlib import Path
 from learners.consumer import read_feed
 from learners.feed_check import chain_breaks, replay
 from raftkv.chaos.config import ChaosConfig
-from raftkv.chaos.convergence import replica_differences, scan_replica
+from raftkv.chaos.convergence import replica_differences, scan_any
 from raftkv.chaos.faults import FaultInjector, placement_of
 from raftkv.chaos.history import SET_FUNCTIONS, Op, Violation, dump_history
 from raftkv.chaos.linearizability import check_register
@@ -39,7 +39,7 @@ from raftkv.chaos.small_disk import SmallDisk
 from raftkv.chaos.timeline import FaultRecord, Timeline
 from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_set
 from raftkv.core.errors import ConfigError
-from raftkv.dev.local_cluster import LocalCluster, free_port_block
+from raftkv.dev.local_cluster import LocalCluster, free_port_block, process_rss_kib
 from raftkv.dev.local_feed import LocalFeed
 from raftkv.core.spec import build_spec, load_spec, ports_per_node, save_spec
 from raftkv.powerloss.disk import PowerLossDisk
@@ -68,6 +68,7 @@ class ChaosReport:
     run_dir: Path | None  # where the run's files were kept (None: nothing kept)
     seconds: float
     power_cut_losses: PowerCutLosses | None = None  # default mode with power cuts: what they took
+    memory_kib: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)  # RSS at start and end
 
     @property
     def ok(self) -> bool:
@@ -132,6 +133,8 @@ class _Run:
         self.unknown: tuple[str, ...] = ()
         self.final_read: Op | None = None
         self.power_cut_losses: PowerCutLosses | None = None
+        self.memory_start: dict[str, int] = {}
+        self.memory_end: dict[str, int] = {}
 
     # -- the run -----------------------------------------------------------
 
@@ -161,6 +164,7 @@ class _Run:
         self.status.phase = "starting the cluster"
         cluster.start_all()
         cluster.wait_ready(timeout=60)
+        self.memory_start = {**cluster.rss_kib(), "harness": process_rss_kib()}
         feed = None
         if self.config.learner == "kafka":
             feed = LocalFeed(spec, FEED_NAME, FEED_NAME, sink_options={"timeout.ms": "5000"}).start()
@@ -177,6 +181,7 @@ class _Run:
         workload.start()
         self._nemesis(injector, spec)
         self.status.phase = "healing"
+        self.memory_end = {**cluster.rss_kib(), "harness": process_rss_kib()}
         injector.heal_everything()
         self._after_heal(injector, spec, None, time.monotonic())
         workload.stop()
@@ -294,9 +299,12 @@ class _Run:
     def _feed_violations(self, spec, placement, feed: LocalFeed) -> list[Violation]:
         """The deduplicated feed replays to the voters' final contents, with every key's chain complete."""
         final: dict[bytes, bytes] = {}
-        for p in range(spec.partitions):  # the replicas are equal by now: any one will do
-            replica = placement[p][0]
-            final.update(scan_replica(spec.node(replica).api_address, p)[1])
+        for p in range(spec.partitions):  # the replicas are equal by now: any one that answers will do
+            contents = scan_any(spec, p, placement[p])
+            if contents is None:
+                return [Violation("feed", feed.topic, f"no replica of partition {p} ({', '.join(placement[p])}) "
+                                                      "answered a scan to check the feed against", ())]
+            final.update(contents)
         deadline = time.monotonic() + FEED_DEADLINE
         events = read_feed(feed.bootstrap, feed.topic)
         while replay(events) != final and time.monotonic() < deadline:
@@ -339,6 +347,8 @@ class _Run:
             run_dir=self.run_dir,
             seconds=seconds,
             power_cut_losses=self.power_cut_losses,
+            memory_kib={name: (self.memory_start[name], self.memory_end[name])
+                        for name in self.memory_start if self.memory_end.get(name)},
         )
 
 

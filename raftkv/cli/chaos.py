@@ -117,6 +117,9 @@ def _summary(report: ChaosReport) -> None:
     for check in report.checks:
         checks.add_row(check.name, "[green]ok[/]" if check.ok else "[bold red]VIOLATED[/]", check.detail)
     parts = [ops, faults, checks]
+    if report.memory_kib:  # a node restarted by a fault started again from nothing
+        parts.append(Text("memory (RSS MiB at the start and the end of the faults): " + ", ".join(
+            f"{name} {start / 1024:.0f} -> {end / 1024:.0f}" for name, (start, end) in report.memory_kib.items())))
     if report.errors:
         parts.append(Text("errors seen by clients: " + ", ".join(f"{k} {v:,}" for k, v in sorted(report.errors.items()))))
     if report.violations:

@@ -66,6 +66,14 @@ class LocalCluster:
         self.procs[node_id] = proc
         return proc
 
+    def rss_kib(self) -> dict[str, int]:
+        """Each running node's resident memory (KiB)."""
+        found = {}
+        for node_id, proc in self.procs.items():
+            if proc.poll() is None and (kib := process_rss_kib(proc.pid)) is not None:
+                found[node_id] = kib
+        return found
+
     def start_all(self) -> None:
         for node_id in self.spec.node_ids:
             self.start(node_id)
@@ -165,3 +173,15 @@ def free_port_block(size: int) -> int:
         if all(port_free(base + i) for i in range(size)):
             return base
     raise RuntimeError(f"no block of {size} free ports below {ephemeral_low}")
+
+
+def process_rss_kib(pid: int | str = "self") -> int | None:
+    """A process's resident memory (KiB) from /proc; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
