@@ -197,6 +197,38 @@ def test_a_directory_fsync_covers_that_directory_only(disk):
     assert tree(disk.backing) == {"sub": "dir", "sub/b": b"2"}
 
 
+def test_an_unlink_is_never_undone_into_another_directory_of_the_same_name(disk):
+    """Found with the chaos harness: an engine's snapshot install renames db to db.old and a new
+    db in; an unlink in the old db that was not durable came back, after a power cut, into the new
+    one by its path, over a table file of the same name."""
+    root = durable(disk, {"db/f": b"old table"}, dirs=("db",))
+    os.unlink(root / "db" / "f")
+    (root / "new").mkdir()
+    put(root / "new" / "f", b"new table", sync=True)
+    fsync(root / "new")
+    os.rename(root / "db", root / "db.old")
+    os.rename(root / "new", root / "db")
+    fsync(root)
+    report = disk.crash()
+    assert tree(disk.backing)["db/f"] == b"new table"
+    assert len(report.failed_undo) == 1 and "another one now" in report.failed_undo[0]
+
+
+def test_a_directory_removed_for_good_takes_its_unlinks_with_it(disk):
+    """Found with the chaos harness's wipe: rm -r of a directory, its parent fsynced, the same name
+    made again; a power cut then moved the old file back into the new directory (its unlink was
+    never durable: nobody can fsync a directory that is gone)."""
+    root = durable(disk, {"d/f": b"old"}, dirs=("d",))
+    os.unlink(root / "d" / "f")
+    os.rmdir(root / "d")
+    fsync(root)
+    (root / "d").mkdir()
+    put(root / "d" / "g", b"new")  # not durable: the new directory is never fsynced
+    fsync(root)
+    disk.crash()
+    assert tree(disk.backing) == {"d": "dir"}
+
+
 @pytest.mark.parametrize("synced", [False, True])
 def test_an_unlinked_file_comes_back_unless_its_directory_is_fsynced(disk, synced):
     root = durable(disk, {"f": b"old"})

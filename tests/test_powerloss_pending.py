@@ -179,7 +179,7 @@ def test_a_create_is_durable_once_its_directory_is_fsynced():
     log.create("create", "/a", [ROOT])
     log.create("mkdir", "/d/b", [SUB])
     assert log.fsyncdir(ROOT) == []
-    assert log.crash_plan().steps == (Discard("/d/b"),)
+    assert log.crash_plan().steps == (Discard("/d/b", SUB),)
 
 
 def test_a_rename_between_directories_needs_both_fsynced():
@@ -197,8 +197,16 @@ def test_removed_files_leave_the_trash_only_once_the_removal_is_durable():
     log.rename("/b", "/c", [ROOT], replaced_trash="/.trash/1")
     log.rename("/e", "/f", [ROOT], replaced_dir_mode=0o750)
     assert log.crash_plan().steps == (Move("/f", "/e"), MakeDir("/f", 0o750), Move("/c", "/b"),
-                                      Move("/.trash/1", "/c"), Move("/.trash/0", "/a"))
+                                      Move("/.trash/1", "/c"), Move("/.trash/0", "/a", ROOT))
     assert log.fsyncdir(ROOT) == ["/.trash/0", "/.trash/1"]
+
+
+def test_a_removed_directory_takes_its_pending_name_changes_with_it():
+    log = PendingLog()
+    log.remove("unlink", "/d/f", "/.trash/0", [SUB])
+    log.remove("rmdir", "/d", "/.trash/1", [ROOT], directory=SUB)
+    assert log.fsyncdir(ROOT) == ["/.trash/1", "/.trash/0"]
+    assert log.crash_plan().steps == ()
 
 
 def test_undo_goes_newest_first_across_data_and_names():
@@ -206,7 +214,7 @@ def test_undo_goes_newest_first_across_data_and_names():
     log.create("create", "/a", [ROOT])
     disk.write(log, FILE, 0, b"X")
     log.rename("/a", "/b", [ROOT])
-    assert log.crash_plan().steps == (Move("/b", "/a"), SetSize(FILE, 3), PutBytes(FILE, 0, b"a"), Discard("/a"))
+    assert log.crash_plan().steps == (Move("/b", "/a"), SetSize(FILE, 3), PutBytes(FILE, 0, b"a"), Discard("/a", ROOT))
     assert log.crash_plan().report == CrashReport(writes_dropped=1, bytes_dropped=1, namespace_undone=2)
 
 

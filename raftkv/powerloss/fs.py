@@ -287,8 +287,9 @@ class PowerLossFS(mfusepy.Operations):
     def _remove_to_trash(self, kind: str, path: str, real: str) -> None:
         trash = self._trash_slot()
         dirs = [self._dir_id(path)]
+        removed = os.lstat(real).st_ino
         os.rename(real, self._backing(trash))
-        self.log.remove(kind, path, trash, dirs)
+        self.log.remove(kind, path, trash, dirs, removed if kind == "rmdir" else None)
 
     def rename(self, old: str, new: str) -> int:
         real_old, real_new = self._real(old), self._real(new)
@@ -358,12 +359,20 @@ class PowerLossFS(mfusepy.Operations):
                 os.pwrite(self._undo_fds[file], data, offset)
             case SetSize(file, size):
                 os.ftruncate(self._undo_fds[file], size)
-            case Discard(path):
+            case Discard(path, directory):
+                self._check_directory(path, directory)
                 os.rename(self._backing(path), self._backing(self._trash_slot()))
-            case Move(old, new):
+            case Move(old, new, directory):
+                self._check_directory(new, directory)
                 os.rename(self._backing(old), self._backing(new))
             case MakeDir(path, mode):
                 os.mkdir(self._backing(path), mode)
+
+    def _check_directory(self, path: str, directory: int | None) -> None:
+        """The name's directory must still be the one it was changed in: after a rename of the
+        directory (or its removal and a new one of that name) the path names something else."""
+        if directory is not None and os.stat(os.path.dirname(self._backing(path))).st_ino != directory:
+            raise OSError(errno.ESTALE, "its directory is another one now")
 
     def close(self) -> None:
         """Let go of every descriptor and empty the trash: whatever was removed stays removed."""

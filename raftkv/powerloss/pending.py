@@ -82,6 +82,7 @@ class Removed:
     path: str
     trash: str
     unsynced: frozenset[int]
+    directory: int | None = None  # rmdir: the removed directory, whose pending name changes go with it
 
 
 @dataclass(frozen=True)
@@ -118,12 +119,14 @@ class Discard:
     """Move whatever `path` names (a file, a directory with its contents) to the trash."""
 
     path: str
+    directory: int | None = None  # the directory the name was made in: moot if `path` is in another now
 
 
 @dataclass(frozen=True)
 class Move:
     old: str
     new: str
+    directory: int | None = None  # the directory `new` was removed from: moot if `new` is in another now
 
 
 @dataclass(frozen=True)
@@ -204,9 +207,9 @@ class PendingLog:
         seq = self._next_seq()
         self._names[seq] = Created(seq, kind, path, frozenset(dirs))
 
-    def remove(self, kind: str, path: str, trash: str, dirs: Iterable[int]) -> None:
+    def remove(self, kind: str, path: str, trash: str, dirs: Iterable[int], directory: int | None = None) -> None:
         seq = self._next_seq()
-        self._names[seq] = Removed(seq, kind, path, trash, frozenset(dirs))
+        self._names[seq] = Removed(seq, kind, path, trash, frozenset(dirs), directory)
 
     def rename(self, old: str, new: str, dirs: Iterable[int], replaced_trash: str | None = None,
                replaced_dir_mode: int | None = None) -> None:
@@ -232,20 +235,29 @@ class PendingLog:
                                 for e in entries]
 
     def fsyncdir(self, directory: int) -> list[str]:
-        """Mark the directory synced; returns the trash entries whose removal became durable."""
+        """Mark the directory synced; returns the trash entries whose removal became durable.
+
+        A directory whose removal becomes durable takes its pending name changes with it: a
+        directory made later under the same name is another one, and the unlinks that emptied
+        the old one must not be undone into it."""
         purge: list[str] = []
-        for seq, entry in list(self._names.items()):
-            if directory not in entry.unsynced:
-                continue
-            left = entry.unsynced - {directory}
-            if left:
-                self._names[seq] = replace(entry, unsynced=left)
-                continue
-            del self._names[seq]
-            if isinstance(entry, Removed):
-                purge.append(entry.trash)
-            elif isinstance(entry, Renamed) and entry.replaced_trash:
-                purge.append(entry.replaced_trash)
+        synced = [directory]
+        while synced:
+            directory = synced.pop()
+            for seq, entry in list(self._names.items()):
+                if directory not in entry.unsynced:
+                    continue
+                left = entry.unsynced - {directory}
+                if left:
+                    self._names[seq] = replace(entry, unsynced=left)
+                    continue
+                del self._names[seq]
+                if isinstance(entry, Removed):
+                    purge.append(entry.trash)
+                    if entry.directory is not None:
+                        synced.append(entry.directory)
+                elif isinstance(entry, Renamed) and entry.replaced_trash:
+                    purge.append(entry.replaced_trash)
         return purge
 
     # -- questions -------------------------------------------------------------
@@ -381,10 +393,12 @@ def _split(write: Write, kept: int) -> tuple[Write, Write]:
 
 
 def _undo_name(entry: NameEntry) -> list[UndoStep]:
+    # Paths name what a later rename of a directory may have moved: the directory's inode tells.
+    (directory,) = entry.unsynced if len(entry.unsynced) == 1 and not isinstance(entry, Renamed) else (None,)
     if isinstance(entry, Created):
-        return [Discard(entry.path)]
+        return [Discard(entry.path, directory)]
     if isinstance(entry, Removed):
-        return [Move(entry.trash, entry.path)]
+        return [Move(entry.trash, entry.path, directory)]
     steps: list[UndoStep] = [Move(entry.new, entry.old)]
     if entry.replaced_trash:
         steps.append(Move(entry.replaced_trash, entry.new))
