@@ -137,6 +137,7 @@ def test_the_checker_reports_stale_leader_reads_from_an_isolated_leader(tmp_path
     found = {v.check for v in report.violations}
     assert "linearizable" in found, report.violations
     assert (tmp_path / "history.jsonl").exists() and (tmp_path / "timeline.json").exists()
+    assert "linearizable" in (tmp_path / "violations.json").read_text()
     assert (tmp_path / "cluster").is_dir(), "the data dirs are kept when a check fails"
 
 

@@ -5,8 +5,8 @@
 
 The run starts its own cluster from a fresh spec on free loopback ports and
 removes every process, cgroup, nftables table and mount it made, also when it
-fails or is interrupted. Its files (history.jsonl, timeline.json, the nodes'
-data dirs) go to `config.out` or a temporary folder; the data dirs are kept
+fails or is interrupted. Its files (history.jsonl, timeline.json,
+violations.json, the nodes' logs and data dirs) go to `config.out` or a temporary folder; the data dirs are kept
 only when a check fails, and a temporary folder only then.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import random
 import shutil
 import signal
@@ -334,6 +335,8 @@ class _Run:
         ops = self.history.ops() + ([self.final_read] if self.final_read else [])
         dump_history(ops, self.run_dir / "history.jsonl")
         self.timeline.dump(self.run_dir / "timeline.json")
+        (self.run_dir / "violations.json").write_text(json.dumps(
+            [{"check": v.check, "where": v.key, "detail": v.detail} for v in self.violations], indent=1))
 
     def report(self, seconds: float) -> ChaosReport:
         return ChaosReport(
