@@ -31,7 +31,7 @@ from raftkv.core.errors import RaftKVError
 from raftkv.dev.local_cluster import LocalCluster
 from raftkv.core.partitioning import replicas_for
 from raftkv.core.spec import ClusterSpec
-from raftkv.core.durable import fsync_directory
+from raftkv.core.durable import SLOW_FSYNC_SECONDS, fsync_directory
 
 START_TIMEOUT = 30.0  # for a restarted node to serve its API, or exit
 MOVE_TIMEOUT = 60.0  # for a replica move to finish once the faults are healed
@@ -314,7 +314,7 @@ class FaultInjector:
         (node_id,) = record.targets
         self.power_loss_disks[node_id].heal()
         if record.variant in SLOW_FSYNC_MS:
-            if SLOW_FSYNC_MS[record.variant] >= 500 and self.spec.durability == "fsync":
+            if SLOW_FSYNC_MS[record.variant] / 1000 > SLOW_FSYNC_SECONDS and self.spec.durability == "fsync":
                 if not self._log_lines(node_id, "the disk is slow"):
                     record.problems.append(f"{node_id} said nothing of its slow fsyncs; see "
                                            f"{self.cluster.log_path(node_id)}")

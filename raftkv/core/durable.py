@@ -35,18 +35,19 @@ def fsync_tree(root: Path) -> None:
     """Every file and directory under `root`, and `root` itself."""
     for folder, _, files in os.walk(root, topdown=False):
         for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                fsync_file(fd, Path(folder, name))
-            finally:
-                os.close(fd)
+            fsync_path(Path(folder, name))
         fsync_directory(Path(folder))
 
 
 def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fsync_path(directory, os.O_DIRECTORY)
+
+
+def fsync_path(path: Path, flags: int = 0) -> None:
+    """fsync the file (or, with O_DIRECTORY, the directory) at `path`."""
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
-        fsync_file(fd, directory)
+        fsync_file(fd, path)
     finally:
         os.close(fd)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from raftkv.storage.engine import Position
 from raftkv.core.errors import CorruptData, StorageFull
-from raftkv.core.durable import fsync_file
+from raftkv.core.durable import fsync_path
 
 FORMAT = 1
 _ENTRY_HEAD = struct.Struct("<QQ")
@@ -70,8 +70,7 @@ def write(filename: str | Path, checkpoint_dir: Path, meta: Meta, fsync: bool = 
         _add_bytes(tar, "last.entry", _encode_entry(meta.last_entry))
         tar.add(checkpoint_dir, arcname="db")
     if fsync:  # pysyncobj renames it over the previous snapshot once we return
-        with open(filename, "rb+") as f:
-            fsync_file(f.fileno(), Path(filename))
+        fsync_path(Path(filename))
 
 
 def read_meta(filename: str | Path) -> Meta:

@@ -45,7 +45,7 @@ from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import (AddressInUse, Entry, Outcome, ProposalCallback, Role, Snapshot, StateMachine,
                                contradicts)
-from raftkv.core.durable import fsync_directory, fsync_file, make_dirs
+from raftkv.core.durable import fsync_directory, fsync_path, make_dirs
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.syncobj_journal import JournalConfig
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
@@ -524,11 +524,7 @@ class SyncObjGroup:
 
     def _sync_snapshot_file(self) -> None:
         with contextlib.suppress(FileNotFoundError):
-            fd = os.open(self._snapshot_path, os.O_RDONLY)
-            try:
-                fsync_file(fd, self._snapshot_path)
-            finally:
-                os.close(fd)
+            fsync_path(self._snapshot_path)
             fsync_directory(self.config.folder)
 
     def _snapshot_last_index(self) -> int | None:

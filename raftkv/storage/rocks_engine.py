@@ -137,7 +137,9 @@ class RocksEngine:
         self._readers_done = threading.Condition(self._lock)
         self._db = _open(self.folder / "db")
         self._meta = self._db.get_column_family(_META_CF)
-        fsync_directory(self.folder)  # RocksDB syncs what it creates in db/, not db/ in its parent
+        # Every open, not only the first: a kill between RocksDB making db/ and this sync leaves a
+        # db/ that exists but whose name a later power cut would still take.
+        fsync_directory(self.folder)
         self._broken = False  # a write failed: the database must be reopened before the next one
         self._position = self._read_position()
 
