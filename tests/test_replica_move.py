@@ -20,6 +20,7 @@ from raftkv.raft.snapshot_file import read_meta
 from raftkv.storage.engine import KeyRange, Position
 from raftkv.storage.rocks_engine import RocksEngine
 from tests.conftest import Writer, changelog_caught_up, wait_until
+from tests.test_corrupt_data import wipe
 from tests.test_cli import assert_one_line_error, run
 
 
@@ -293,3 +294,36 @@ def test_a_learner_follows_its_partition_to_a_new_node_that_leads_it(make_cluste
         for i in range(200):
             kv.put(b"after-%03d" % i, b"y")
         wait_until(lambda: changelog_caught_up(cluster, address), 60, "the learner to log the writes after the move")
+
+
+def test_a_wiped_voter_follows_a_leader_that_moved_in_while_it_was_away_without_disrupting_it(make_cluster):
+    """Found by a 300 s chaos run (seed 301): a wiped node opened its replicas with the spec's voters, as
+    its empty metadata copy counted as caught up. A partition's leader that had moved in meanwhile was
+    unknown to it, and of two members only the one with the higher address connects: the replica was a
+    candidate until its terms passed the group's (50 s there) and deposed the leader."""
+    cluster = make_cluster(nodes=4, partitions=2, replication=3, rebalance_interval=0)
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
+        placement = kv.topology().meta.placement
+        p = next(p for p, nodes in enumerate(placement) if "n1" not in nodes)  # n1 has the lowest ports
+        source, *others = placement[p]
+        wiped = max(others)
+        assert run("replica", "move", "--config", str(cluster.spec_path), "--partition", str(p),
+                   "--from", source, "--to", "n1", timeout=120).returncode == 0
+        assert run("leader", "transfer", "--config", str(cluster.spec_path), "--partition", str(p),
+                   "--to", "n1").returncode == 0
+        written = {key: b"v" for key in (b"k%04d" % i for i in range(2000)) if partition_for_key(key, 2) == p}
+        kv.put_many(list(written), list(written.values()))
+        leader = _hosted(cluster, "n1", kv)[p]
+        assert leader.role == "leader"
+
+        cluster.kill(wiped)
+        wipe(cluster, wiped)
+        cluster.start(wiped)
+        wait_until(lambda: _hosted(cluster, wiped, kv).get(p) is not None
+                   and _hosted(cluster, wiped, kv)[p].applied_index >= leader.commit_index, 30,
+                   f"{wiped} to catch up on partition {p}")
+        now = _hosted(cluster, "n1", kv)[p]
+        assert (now.role, now.term) == ("leader", leader.term), f"{wiped} deposed the leader of partition {p}"
+        with Client([cluster.spec.node(wiped).api_address], timeout=5.0) as local:
+            assert all(local.get(key, consistency="follower") == value for key, value in written.items())

@@ -156,13 +156,19 @@ class Node:
         log.info("node %s serving %s; partitions %s", self.me.id, self.me.api_address, sorted(self.frontends))
 
     async def _metadata_caught_up(self, timeout: float) -> bool:
-        """Until this node's copy of the metadata has what its group committed (bounded: when the whole
-        cluster starts, the group elects no leader before enough nodes are up). A node that was away
-        must not open replicas that were moved off it meanwhile, and serve reads from them."""
+        """Until this node's copy of the metadata has what its group's leader committed (bounded: when the
+        whole cluster starts, the group elects no leader before enough nodes are up). A node that was
+        away must not open replicas that were moved off it meanwhile, and serve reads from them; nor
+        open the others with the voters of its old copy: a voter that knows neither the leader nor any
+        member that would connect to it waits alone until its elections disrupt the group.
+
+        Its own commit index would not do: a copy that missed entries, or a wiped one, has applied
+        all it knows to be committed before the leader's first message is even accepted."""
         deadline = time.monotonic() + timeout
         group = self.meta.group
         while time.monotonic() < deadline:
-            if group.leader is not None and group.commit_index and group.last_applied >= group.commit_index:
+            committed = group.leader_commit_index
+            if group.leader is not None and committed and group.last_applied >= committed:
                 return True
             await asyncio.sleep(0.05)
         log.info("metadata not caught up after %.0fs (epoch %d here)", timeout, self.topology.epoch)

@@ -109,6 +109,11 @@ class RaftGroup(Protocol):
     def commit_index(self) -> int: ...
 
     @property
+    def leader_commit_index(self) -> int | None:
+        """The commit index the leader last sent this member (its own when it leads); None until it
+        heard from a leader. A member has caught up once it applied that far."""
+
+    @property
     def last_applied(self) -> int:
         """The last committed entry handed to the state machine (or skipped as already in it)."""
 

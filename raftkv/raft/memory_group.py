@@ -58,6 +58,7 @@ class MemoryGroup:
         self.closed = False
         self._role = Role.FOLLOWER
         self.leader: str | None = None
+        self._leader_commit: int | None = None
         self.last_applied = disk.snapshot.last.index if disk.snapshot else 0
         self._voters = set(disk.voters)
         for entry in disk.log:
@@ -81,6 +82,7 @@ class MemoryGroup:
     role = property(lambda self: self._role)
     term = property(lambda self: self.disk.term)
     commit_index = property(lambda self: self.disk.commit)
+    leader_commit_index = property(lambda self: self.disk.commit if self._role == Role.LEADER else self._leader_commit)
     last_log_index = property(lambda self: self.disk.log[-1].index if self.disk.log else self._snapshot_index())
     log_entries = property(lambda self: len(self.disk.log))
 
@@ -211,6 +213,7 @@ class MemoryGroup:
 
     def _on_append(self, src: str, m: dict) -> None:
         self._follow(src)
+        self._leader_commit = m["commit"]
         prev = m["prev_index"]
         if prev > self.last_log_index or (prev > self._snapshot_index() and self._term_at(prev) != m["prev_term"]):
             self._send(src, type="append_reply", ok=False, match=min(prev - 1, self.last_log_index))

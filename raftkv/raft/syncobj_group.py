@@ -250,6 +250,10 @@ class SyncObjGroup:
         return self._member.raftCommitIndex
 
     @property
+    def leader_commit_index(self) -> int | None:
+        return self._member._SyncObj__leaderCommitIndex  # pysyncobj sets it on the leader too
+
+    @property
     def last_applied(self) -> int:
         return self._member.raftLastApplied
 
