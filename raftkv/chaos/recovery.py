@@ -74,14 +74,19 @@ def lagging_replicas(spec: ClusterSpec, each_round: Callable[[], None],
                 for ps in s.partitions:
                     if ps.role == "leader":
                         target.setdefault(ps.partition, ps.commit_index)
-            applied = {(s.node_id, ps.partition): ps.applied_index
-                       for s in statuses if s.reachable for ps in s.partitions}
+            replicas = {(s.node_id, ps.partition): ps for s in statuses if s.reachable for ps in s.partitions}
             unreachable = [s.node_id for s in statuses if not s.reachable]
             behind = [f"{n} is unreachable" for n in unreachable] + [
-                f"{node_id} partition {p} at {index} < {target[p]}"
-                for (node_id, p), index in sorted(applied.items()) if p in target and index < target[p]
+                f"{node_id} partition {p} at {ps.applied_index} < {target[p]} ({_state(ps)})"
+                for (node_id, p), ps in sorted(replicas.items()) if p in target and ps.applied_index < target[p]
             ] + [f"partition {p} has no leader" for p in range(spec.partitions) if p not in target]
             if not behind:
                 return []
             time.sleep(0.2)
     return behind
+
+
+def _state(ps) -> str:
+    """What a lagging replica believes, for the report: a violation must explain itself."""
+    return (f"{ps.role} in term {ps.term}, leader {ps.leader or 'unknown'}, log to {ps.last_log_index}, "
+            f"commit {ps.commit_index}")
