@@ -54,6 +54,9 @@ def test_a_minute_of_one_fault_type_breaks_nothing(fault, tmp_path):
     assert len(injected) >= 2, [r.name for r in report.faults]
     assert report.ops >= MIN_OPS, report.op_counts
     assert all(c.ok for c in report.checks) and len(report.checks) == (4 if learner else 3)
+    if fault in ("disk", "diskfull"):  # the node log is where an operator learns of a bad disk: one line each
+        tracebacks = [log for log in tmp_path.glob("**/node.log") if "Traceback" in log.read_text(errors="replace")]
+        assert not tracebacks, failure_summary(report, tmp_path)
 
 
 POWER_CUTS = 10

@@ -7,7 +7,9 @@ import logging
 import socket
 
 from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.serializer import Serializer
 
+from raftkv.chaos.small_disk import SmallDisk
 from raftkv.core.errors import StorageFull
 from raftkv.raft import syncobj_loop
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
@@ -105,3 +107,19 @@ def test_a_full_disk_while_handling_a_message_or_a_tick_is_a_warning_not_a_crash
         assert asyncio.run(scenario())
     assert "Exception in callback" not in caplog.text and "Traceback" not in caplog.text
     assert sum("disk full" in r.getMessage() for r in caplog.records) == 1  # rate-limited
+
+
+def test_a_full_disk_while_receiving_a_snapshot_is_one_line_not_a_traceback_per_chunk(tmp_path, caplog):
+    disk = SmallDisk(tmp_path / "disk", size_mb=4)
+    try:
+        serializer = Serializer(str(disk.folder / "snapshot"), 1 << 16, False, None, None, None)
+        disk.fill()
+        syncobj_loop._disk_full_logged[0] = 0.0
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(200):  # a leader resending the first chunks of a snapshot
+                assert serializer.setTransmissionData((bytes(1 << 16), True, False)) is False
+        assert [(r.name, r.levelno, r.exc_info) for r in caplog.records] == [
+            ("raftkv.raft.syncobj_loop", logging.WARNING, None)]
+        assert "disk full receiving a snapshot" in caplog.records[0].getMessage()
+    finally:
+        disk.close()

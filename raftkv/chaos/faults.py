@@ -321,10 +321,10 @@ class FaultInjector:
             return
         del self.failing[node_id]
         proc = self.cluster.procs[node_id]
-        if proc.poll() is None and not self._error_lines(node_id):
+        if proc.poll() is None and not self._error_lines(node_id) and not self._log_lines(node_id, " stopping: "):
             record.notes.append(f"{node_id} ran on: it did not {record.variant[4:]} during the fault")
             return
-        try:  # it met the failure just before the heal, and is stopping
+        try:  # it met the failure just before the heal, and is stopping (closing its files takes a while)
             proc.wait(START_TIMEOUT)
         except subprocess.TimeoutExpired:
             record.problems.append(f"{node_id} said it stops on a failing disk but did not exit within "

@@ -15,6 +15,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import Callable
 
 import grpc
 
@@ -433,20 +434,32 @@ class Node:
             await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
+        """Fail what the calls in flight wait on first (the replicas, the calls forwarded to peers), so
+        that they answer within the server's grace: grpc logs a traceback for each one it cancels after
+        it. Each part closes even if another could not (a failed disk fails them all)."""
         for task in self._tasks:
             task.cancel()
-        if self._server is not None:
-            await self._server.stop(grace=1.0)
-        await self.mover.close()
-        await self.peers.close()
-        for frontend in self.frontends.values():
-            frontend.replica.close()
-        for replica in self.learning.values():
-            replica.close()
         for copying in self.copying.values():
             copying.task.cancel()
+        for p, frontend in self.frontends.items():
+            close_reporting(f"partition {p}", frontend.close)
+        for p, replica in self.learning.items():
+            close_reporting(f"partition {p} (learning)", replica.close)
+        await self.mover.close()
+        await self.peers.close()
         if self.meta is not None:
-            self.meta.close()
+            close_reporting("the metadata replica", self.meta.close)
+        if self._server is not None:  # last: a close on a failed disk can block the loop for a second
+            await self._server.stop(grace=1.0)
+
+
+def close_reporting(what: str, close: Callable[[], None]) -> None:
+    """Close, and log in one line if that failed: after a disk failed, closing its files fails too,
+    and must neither hide the reason for stopping nor keep the other parts from closing."""
+    try:
+        close()
+    except Exception as exc:
+        log.warning("closing %s failed: %s", what, exc)
 
 
 async def serve(spec: ClusterSpec, node_id: str, initial: ClusterMeta | None = None) -> None:

@@ -76,8 +76,10 @@ class Replica:
         return self.group.log_full or self.engine.broken
 
     def close(self) -> None:
-        self.group.close()
-        self.engine.close()
+        try:
+            self.group.close()
+        finally:
+            self.engine.close()
 
 
 class PartitionReplica(Replica):

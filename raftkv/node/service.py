@@ -239,10 +239,11 @@ def _chain(future: asyncio.Future, convert: Callable) -> asyncio.Future:
     out = future.get_loop().create_future()
 
     def done(f: asyncio.Future) -> None:
+        error = f.exception()  # read even when nobody waits any more: asyncio logs an error never read
         if out.done():  # the request was cancelled (its client gave up)
             return
-        if f.exception() is not None:
-            out.set_exception(f.exception())
+        if error is not None:
+            out.set_exception(error)
         else:
             out.set_result(convert(f.result()))
 

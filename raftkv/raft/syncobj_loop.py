@@ -20,6 +20,7 @@ callbacks: no locks, no thread hops.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from typing import Callable
@@ -106,6 +107,20 @@ def _warn_disk_full(exc: StorageFull) -> None:
     if time.monotonic() - _disk_full_logged[0] >= DISK_FULL_LOG_SECONDS:
         _disk_full_logged[0] = time.monotonic()
         log.warning("%s (logged at most every %.0fs)", exc, DISK_FULL_LOG_SECONDS)
+
+
+def _snapshot_chunk_disk_full(record: logging.LogRecord) -> bool:
+    """pysyncobj's serializer logs a traceback for every snapshot chunk it cannot write, and a
+    snapshot is sent in thousands of them: a full disk becomes the one rate-limited line instead."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        _warn_disk_full(StorageFull("disk full receiving a snapshot from the leader; it is sent again once space "
+                                    "is freed"))
+        return False
+    return True
+
+
+logging.getLogger("pysyncobj.serializer").addFilter(_snapshot_chunk_disk_full)
 
 
 class Ticker:
