@@ -24,12 +24,12 @@ from raftkv.core import metrics
 from raftkv.api import kv_pb2_grpc
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.peers import Peers
-from raftkv.node.process import GRPC_OPTIONS
+from raftkv.node.process import GRPC_OPTIONS, close_reporting
 from raftkv.node.service import KVService
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.client.async_client import AsyncClient
 from raftkv.client.sync_client import Client, LearnerView
-from raftkv.core.errors import ConfigError, RaftKVError, Unavailable
+from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec
 from raftkv.meta.bootstrap import spec_meta
 from raftkv.meta.records import ClusterMeta
@@ -90,11 +90,21 @@ async def _topology(client: AsyncClient, spec: ClusterSpec) -> ClusterMeta:
 async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapping[str, str],
                 partitions: list[int], folder: Path, metrics_port: int | None = None,
                 api_port: int | None = None) -> None:
-    """Run until SIGTERM or SIGINT."""
+    """Run until SIGTERM or SIGINT, or until a copy's files cannot be trusted (then raise why)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    failure: list[CorruptData] = []
+
+    def stop_on(error: CorruptData) -> None:
+        if not failure:
+            log.error("stopping: %s", error)
+            failure.append(error)
+            stop.set()
+
+    def corrupt(error: CorruptData) -> None:  # from a group's tick, or from RocksDB on any thread
+        loop.call_soon_threadsafe(stop_on, error)
     sink = load_sink(sink_name)
     client = AsyncClient([n.api_address for n in spec.nodes], timeout=5.0)
     replicas: dict[int, LearnerReplica] = {}
@@ -105,9 +115,11 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         for p in partitions:
             voters = [topology.node(n).raft_address(p) for n in topology.group_voters(p)]
             config = GroupConfig(partition=p, self_address=None, peers=tuple(voters), folder=folder / f"p{p:04d}",
-                                 fsync=False, tuning=spec.tuning)  # a learner can always fetch again from the voters
+                                 fsync=False, tuning=spec.tuning,  # a learner can always fetch again from the voters
+                                 on_corrupt=corrupt)
             replicas[p] = LearnerReplica(p, config.folder,
-                                         open_group=lambda copy, config=config: SyncObjGroup(config, copy, loop))
+                                         open_group=lambda copy, config=config: SyncObjGroup(config, copy, loop),
+                                         on_corrupt=corrupt)
         if metrics_port:
             metrics.serve("127.0.0.1", metrics_port)
         if api_port:
@@ -120,10 +132,12 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     finally:
         if server is not None:
             await server.stop(grace=1.0)
-        for replica in replicas.values():
-            replica.close()
+        for p, replica in replicas.items():
+            close_reporting(f"partition {p}", replica.close)
         sink.close()
         await client.close()
+    if failure:
+        raise failure[0]
 
 
 async def _open_sink(sink: Sink, options: dict[str, str], stop: asyncio.Event) -> None:

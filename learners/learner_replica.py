@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from raftkv.core.commands import Command
+from raftkv.core.errors import CorruptData
 from raftkv.core.log_codec import decode_proposal
 from raftkv.node.replica import Replica
 from raftkv.raft.group import Entry, RaftGroup, Snapshot, StateMachine
@@ -54,8 +55,9 @@ class _FeedStateMachine:
 class LearnerReplica(Replica):
     state_machine: _FeedStateMachine
 
-    def __init__(self, partition: int, folder: Path, open_group: Callable[[StateMachine], RaftGroup]):
-        super().__init__(partition, folder, open_group, _FeedStateMachine)
+    def __init__(self, partition: int, folder: Path, open_group: Callable[[StateMachine], RaftGroup],
+                 on_corrupt: Callable[[CorruptData], None] | None = None):
+        super().__init__(partition, folder, open_group, _FeedStateMachine, on_corrupt)
 
     @property
     def applied_index(self) -> int:

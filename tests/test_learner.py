@@ -299,3 +299,22 @@ def test_a_learner_serves_follower_reads_from_its_copy_even_with_every_voter_dow
         assert list(kv.scan(prefix=b"k", consistency="stale")) == [(b"k%02d" % i, b"v%d" % i) for i in range(30)]
         with pytest.raises((Unavailable, Timeout)):
             kv.get(b"k07")  # linearizable needs a leader
+
+
+def test_a_learner_whose_journal_fsync_fails_stops_with_one_line(make_cluster, learner_factory):
+    """As a node does (fsyncgate): a partition whose copy cannot be trusted must not stop ticking silently
+    while the learner runs on, its feed behind for good."""
+    cluster = make_cluster(nodes=3, partitions=2)
+    learner = learner_factory(cluster)
+    learner.kill()
+    learner.start(env={failpoints.ENVIRONMENT_VARIABLE: "journal-fsync-before=3*off->error"})
+    with Client(cluster.endpoints) as kv:
+        for i in range(10_000):  # its journal syncs once a second while there are entries to sync
+            kv.put(b"k%d" % (i % 100), b"v")
+            if learner.proc.poll() is not None:
+                break
+    wait_until(lambda: learner.proc.poll() is not None, 30, "the learner to stop on its failed fsync")
+    output = (learner.feed.parent / f"{learner.name}.log").read_text()
+    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    assert learner.proc.returncode == 2 and len(errors) == 1 and "fsync of" in errors[0], output[-3000:]
+    assert "Traceback" not in output
