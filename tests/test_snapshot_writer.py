@@ -18,7 +18,8 @@ from raftkv.dev.local_cluster import free_port_block
 from raftkv.core.spec import Tuning
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
-from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup, _snapshot_writer
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from raftkv.raft.syncobj_snapshots import snapshot_writer
 from raftkv.raft.syncobj_patches import KEPT_ASIDE
 
 
@@ -34,13 +35,13 @@ def test_a_worker_that_finishes_before_pysyncobj_renames_still_leaves_the_new_sn
         replica = single_voter(tmp_path / "p0")
         group = replica.group
         try:
-            snapshot = str(group._snapshot_path)
+            snapshot = str(group.snapshots.path)
             for last in (5, 9):
                 tmp = snapshot + ".tmp"
-                group._write_snapshot(tmp, ((b"x", last, 1), (b"y", last - 1, 1), set()))
-                await asyncio.wrap_future(group._snapshot_job)  # the worker is done first...
+                group.snapshots.write(tmp, ((b"x", last, 1), (b"y", last - 1, 1), set()))
+                await asyncio.wrap_future(group.snapshots.job)  # the worker is done first...
                 os.replace(tmp, snapshot)  # ...then pysyncobj renames its placeholder (Serializer.serialize)
-                assert group._snapshot_state() == SERIALIZER_STATE.SUCCESS
+                assert group.snapshots.state() == SERIALIZER_STATE.SUCCESS
                 assert snapshot_file.read_meta(snapshot).last_entry[1] == last
         finally:
             replica.close()
@@ -103,7 +104,7 @@ def test_in_fsync_mode_the_snapshot_rename_is_durable_before_the_journal_is_comp
     """A power loss must not leave a journal compacted past the snapshot file on disk (which cannot be
     produced for real here: the order of the directory sync and the compaction is what is checked)."""
     events: list[str] = []
-    monkeypatch.setattr("raftkv.raft.syncobj_group.fsync_directory", lambda d: events.append(f"sync {Path(d).name}"))
+    monkeypatch.setattr("raftkv.raft.syncobj_snapshots.fsync_directory", lambda d: events.append(f"sync {Path(d).name}"))
 
     async def scenario():
         replica = single_voter(tmp_path / "p0", fsync=True)
@@ -138,9 +139,9 @@ def test_a_snapshot_finished_after_a_newer_one_was_installed_does_not_replace_it
         try:
             await until(lambda: replica.role == Role.LEADER)
             await put(replica, range(20))
-            _snapshot_writer().submit(busy.wait)  # the writer is busy: this replica's snapshot waits
+            snapshot_writer().submit(busy.wait)  # the writer is busy: this replica's snapshot waits
             group.compact()
-            await until(lambda: group._snapshot_job is not None)
+            await until(lambda: group.snapshots.job is not None)
             await put(replica, range(20, 40))
             # a leader's newer snapshot arrives: pysyncobj renames it over the snapshot file and
             # loads it, clearing the journal down to its last two entries
@@ -148,12 +149,12 @@ def test_a_snapshot_finished_after_a_newer_one_was_installed_does_not_replace_it
             received.mkdir()
             meta = snapshot_file.Meta(partition=0, position=replica.engine.checkpoint(received / "db"),
                                       last_entry=journal[-1], prev_entry=journal[-2], cluster=[])
-            snapshot_file.write(group._snapshot_path.with_suffix(".received"), received / "db", meta, fsync=False)
-            os.replace(group._snapshot_path.with_suffix(".received"), group._snapshot_path)
+            snapshot_file.write(group.snapshots.path.with_suffix(".received"), received / "db", meta, fsync=False)
+            os.replace(group.snapshots.path.with_suffix(".received"), group.snapshots.path)
             group._member._SyncObj__loadDumpFile(clearJournal=True)
             busy.set()
-            await until(lambda: group._snapshot_job is None)
-            assert snapshot_file.read_meta(group._snapshot_path).last_entry == meta.last_entry
+            await until(lambda: group.snapshots.job is None)
+            assert snapshot_file.read_meta(group.snapshots.path).last_entry == meta.last_entry
         finally:
             busy.set()
             replica.close()
@@ -182,13 +183,13 @@ def test_a_restart_while_a_received_snapshot_was_checked_puts_the_own_one_back(t
             await put(replica, range(20))
             group.compact()
             await until(lambda: journal[0][1] > 1)
-            older = shutil.copy(group._snapshot_path, tmp_path / "older.snapshot")
+            older = shutil.copy(group.snapshots.path, tmp_path / "older.snapshot")
             first = journal[0][1]
             await put(replica, range(20, 40))
             group.compact()
             await until(lambda: journal[0][1] > first)
-            os.link(group._snapshot_path, f"{group._snapshot_path}{KEPT_ASIDE}")  # the crash state
-            os.replace(older, group._snapshot_path)
+            os.link(group.snapshots.path, f"{group.snapshots.path}{KEPT_ASIDE}")  # the crash state
+            os.replace(older, group.snapshots.path)
             entries = journal[:]
         finally:
             replica.close()

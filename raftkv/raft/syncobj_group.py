@@ -7,8 +7,8 @@ This is where our parts are wired into pysyncobj (docs/pysyncobj.md lists every 
   in fsync mode, and keeps the peers named at open connected while a snapshot
   (whose members may be older) is loaded;
 - log compaction writes the state machine's checkpoint into a snapshot file
-  (`snapshot_file`), never pysyncobj's pickle of the whole object, and never
-  with fork;
+  (`syncobj_snapshots`), never pysyncobj's pickle of the whole object, and
+  never with fork;
 - every committed proposal goes to the `StateMachine` with its index and
   term; entries at or below the state machine's position are skipped, so
   replaying the journal after a restart is idempotent;
@@ -23,38 +23,27 @@ and every pysyncobj call happen on the loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import os
-import shutil
-import tempfile
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Callable
 
 import pysyncobj.pickle
-from pysyncobj import FAIL_REASON, SERIALIZER_STATE, SyncObjConf, SyncObjException, replicated
-from pysyncobj.node import TCPNode
+from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjException, replicated
 
 from raftkv import failpoints
 from raftkv.core import metrics
-from raftkv.core.errors import CorruptData, DiskFailed
+from raftkv.core.durable import make_dirs
+from raftkv.core.errors import CorruptData
 from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
-from raftkv.raft.group import (AddressInUse, Entry, Outcome, ProposalCallback, Role, Snapshot, StateMachine,
-                               contradicts)
-from raftkv.core.durable import fsync_directory, fsync_path, make_dirs
+from raftkv.raft.group import AddressInUse, Entry, Outcome, ProposalCallback, Role, StateMachine, contradicts
 from raftkv.raft.journal import RaftJournal
-from raftkv.raft.syncobj_journal import JournalConfig
+from raftkv.raft.syncobj_journal import JournalConfig, membership_change
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
-from raftkv.raft.syncobj_patches import KEPT_ASIDE, LogEntry, PatchedSyncObj
+from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
+from raftkv.raft.syncobj_snapshots import SnapshotFiles
 from raftkv.raft.syncobj_transport import GroupTransport
 from raftkv.raft.syncobj_wire import set_compression_level
-from raftkv.storage.engine import Position
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,12 +59,10 @@ class GroupConfig:
     on_corrupt: Callable[[CorruptData], None] | None = None  # the group found its files untrustworthy and stopped
 
 
-SNAPSHOT_FILE = "raft.snapshot"  # in the replica's folder: pysyncobj's fullDumpFile
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
 NEVER = 10**12
 _REGULAR = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: a call of a @replicated method
-_MEMBERSHIP = bytes([2])  # _COMMAND_TYPE.MEMBERSHIP: the first byte of an add or remove entry
 
 # pysyncobj reasons after which the proposal was certainly not applied; any other failure may
 # have been (leadership changed while it was in flight).
@@ -87,12 +74,6 @@ def _outcome(reason: int) -> Outcome:
     if reason == FAIL_REASON.SUCCESS:
         return Outcome.APPLIED
     return Outcome.REJECTED if reason in _NOT_APPLIED else Outcome.UNKNOWN
-
-
-@cache
-def _snapshot_writer() -> ThreadPoolExecutor:
-    """One thread per process writes snapshot files, one at a time."""
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="raftkv-snapshot")
 
 
 def _payload_of(command: bytes) -> bytes | None:
@@ -144,17 +125,18 @@ class _Member(PatchedSyncObj):
 
         At start-up pysyncobj keeps the journal only if its first two entries are the
         snapshot's last two, and otherwise clears it down to them. But the snapshot file
-        is renamed into place before the journal is compacted (`_snapshot_state`), so a
+        is renamed into place before the journal is compacted (`SnapshotFiles.state`), so a
         replica killed in between restarts with a journal that begins earlier, and
         pysyncobj would drop every entry after the snapshot, acknowledged ones
         included. Found by the chaos harness: a write acknowledged just before
         `kill all` survived only on the old leader, which had already applied it.
         """
-        if clearJournal:  # a received snapshot replaces the log: durable first (pysyncobj never syncs it)
-            self._group._sync_snapshot_file()
+        snapshots = self._group.snapshots
+        if clearJournal:
+            snapshots.sync_received()
         else:
-            self._group._settle_kept_aside_snapshot()
-            self._group._compact_journal_to_snapshot()
+            snapshots.settle_kept_aside()
+            snapshots.compact_journal_to_snapshot()
         with self._SyncObj__transport.loading_snapshot():
             PatchedSyncObj._SyncObj__loadDumpFile(self, clearJournal)
 
@@ -175,10 +157,7 @@ class SyncObjGroup:
         self._sm = state_machine
         folder = Path(config.folder)
         make_dirs(folder)
-        self._snapshot_path = folder / SNAPSHOT_FILE
-        self._next_snapshot = folder / f"{SNAPSHOT_FILE}.next"
-        snapshot_file.check(self._snapshot_path)
-        self._snapshot_job: Future | None = None
+        self.snapshots = SnapshotFiles(config.partition, folder, state_machine)
         self._change_pending = False  # a membership change was asked for and has not ended yet
         self._fsyncs = metrics.JOURNAL_FSYNCS.labels(config.partition)
         self._entry_bytes_sent = metrics.RAFT_BYTES_SENT.labels(config.partition, "entries")
@@ -198,10 +177,10 @@ class SyncObjGroup:
             sendBufferSize=SOCKET_BUFFER_BYTES,  # pysyncobj's 64 KiB makes big appends trickle out
             recvBufferSize=SOCKET_BUFFER_BYTES,
             journalFile=JournalConfig(folder / "journal", config.fsync),
-            fullDumpFile=str(self._snapshot_path),
-            serializer=self._write_snapshot,
-            serializeChecker=self._snapshot_state,
-            deserializer=self._read_snapshot,
+            fullDumpFile=str(self.snapshots.path),
+            serializer=self.snapshots.write,
+            serializeChecker=self.snapshots.state,
+            deserializer=self.snapshots.read,
             useFork=False,
             bindAddress=config.self_address,  # pysyncobj would otherwise listen on 0.0.0.0
             maxBindRetries=3,
@@ -226,6 +205,7 @@ class SyncObjGroup:
                 raise AddressInUse(config.self_address) from None
             raise
         self._journal: RaftJournal = self._member._SyncObj__raftLog
+        self.snapshots.journal = self._journal
         self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2),
                              on_corrupt=config.on_corrupt)
         self._ticker.start()
@@ -300,10 +280,7 @@ class SyncObjGroup:
 
     @property
     def snapshot_bytes_received(self) -> int:
-        try:  # pysyncobj's serializer writes the chunks it receives to this file
-            return os.stat(f"{self._snapshot_path}.1.tmp").st_size
-        except FileNotFoundError:
-            return 0
+        return self.snapshots.bytes_received
 
     def learners_caught_up(self) -> int:
         if self.role != Role.LEADER:
@@ -370,7 +347,7 @@ class SyncObjGroup:
     def _uncommitted_membership(self) -> bool:
         journal = self._journal
         after = self.commit_index + 1 - journal[0][1]
-        return any(command[:1] == _MEMBERSHIP for command, _, _ in journal[max(after, 0):])
+        return any(membership_change(command) is not None for command, _, _ in journal[max(after, 0):])
 
     def close(self) -> None:
         self._ticker.stop()
@@ -418,164 +395,3 @@ class SyncObjGroup:
         if self._journal.dirty:
             self._journal.sync()
             self._fsyncs.inc()
-
-    def _write_snapshot(self, tmp_filename: str, data) -> None:
-        """pysyncobj's serializer. A failure is recorded as a failed job as well as raised.
-
-        pysyncobj swallows the exception and marks itself busy until the checker answers
-        SUCCESS or FAILED; answering NOT_SERIALIZING instead would wedge it for good: no more
-        compaction, and no snapshot ever sent to a replica that needs one.
-        """
-        try:
-            self._snapshot_job = self._start_snapshot(tmp_filename, data)
-        except Exception as exc:
-            failed: Future = Future()
-            failed.set_exception(exc)
-            self._snapshot_job = failed
-            raise
-
-    def _start_snapshot(self, tmp_filename: str, data) -> Future:
-        """Checkpoint now (hard links, milliseconds); write the file on a thread.
-
-        The group shares the node's event loop, so writing a large tar here would stall every
-        partition's heartbeats. pysyncobj renames `tmp_filename` over the snapshot file as soon as
-        this returns, so it gets a hard link of the current snapshot (or an empty file) and the
-        new file replaces the snapshot when complete. Until then `_snapshot_state` (pysyncobj's
-        serializeChecker) answers SERIALIZING, which keeps pysyncobj from compacting the journal
-        or sending the snapshot file.
-        """
-        last_entry, prev_entry, cluster = data
-        # In both modes: the journal will drop the entries before it (in a compaction that is
-        # always synced), so the snapshot and the database must not be lost to a power cut. The
-        # journal first: a database durable past the log's end contradicts the log after a cut.
-        self._journal.sync()
-        self._sm.flush()
-        work = Path(tempfile.mkdtemp(dir=self.config.folder, prefix="checkpoint-"))
-        try:
-            meta = snapshot_file.Meta(
-                partition=self.partition,
-                position=self._sm.checkpoint(work / "db", Position(last_entry[1], last_entry[2])),
-                last_entry=last_entry,
-                prev_entry=prev_entry,
-                cluster=self._members_at(last_entry[1], cluster),
-            )
-            # Renaming a hard link over its own inode is a no-op that leaves the link behind.
-            Path(tmp_filename).unlink(missing_ok=True)
-            if self._snapshot_path.exists():
-                os.link(self._snapshot_path, tmp_filename)
-            else:
-                open(tmp_filename, "wb").close()
-        except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
-            raise
-        return _snapshot_writer().submit(self._finish_snapshot, work, meta)
-
-    def _members_at(self, index: int, cluster) -> list[str]:
-        """The members' addresses as of entry `index`, from pysyncobj's members as of its last entry.
-
-        pysyncobj applies a membership change when it is appended, and stores its current members in
-        the snapshot: a change after the snapshot's last entry, which a new leader may still truncate,
-        would outlive the truncation in the snapshot, and a member restarted from it would count votes
-        against the wrong members. So the changes after `index` are undone here, newest first.
-        """
-        members = {node.address for node in cluster if node is not None}  # a learner has no address
-        journal = self._journal
-        for command, _, _ in reversed(journal[max(index + 1 - journal[0][1], 0):]):
-            if command[:1] == _MEMBERSHIP:
-                change, address = pysyncobj.pickle.loads(command[1:])[:2]
-                (members.discard if change == "add" else members.add)(address)
-        return sorted(members)
-
-    def _finish_snapshot(self, work: Path, meta: snapshot_file.Meta) -> int:
-        """On the worker thread: write the tar beside the snapshot (renamed in `_snapshot_state`);
-        returns the index of the last entry it covers."""
-        try:
-            snapshot_file.write(self._next_snapshot, work / "db", meta, fsync=True)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        return meta.last_entry[1]
-
-    def _snapshot_state(self) -> int:
-        job = self._snapshot_job
-        if job is None:
-            return SERIALIZER_STATE.NOT_SERIALIZING
-        if not job.done():
-            return SERIALIZER_STATE.SERIALIZING
-        self._snapshot_job = None
-        if (error := job.exception()) is not None:
-            if isinstance(error, DiskFailed):  # the replica stops (Ticker): its disk cannot be trusted
-                raise error
-            log.warning("partition %d: no snapshot this time: %s", self.partition, error)
-            return SERIALIZER_STATE.FAILED
-        if (installed := self._snapshot_last_index()) is not None and installed >= job.result():
-            # A leader's newer snapshot was installed while this one was written. Renamed over it,
-            # this one would begin before the journal, which pysyncobj then clears down to it at
-            # the next start: the entries between them gone from the log, though the database
-            # holds them (the rewound log, docs/chaos.md).
-            self._next_snapshot.unlink(missing_ok=True)
-            log.info("partition %d: the snapshot up to entry %d is dropped: one up to entry %d was installed "
-                     "meanwhile", self.partition, job.result(), installed)
-            return SERIALIZER_STATE.FAILED
-        # Here, not on the worker: pysyncobj renames its placeholder over the snapshot file right
-        # after the serializer returns, and a fast worker finishing first would see its new file
-        # replaced by the old one while the journal is compacted past it. A replica needing a
-        # snapshot would then get the old one again and again, and never catch up.
-        failpoints.hit("snapshot-rename-before")
-        os.replace(self._next_snapshot, self._snapshot_path)
-        fsync_directory(self.config.folder)  # durable before pysyncobj compacts the journal past the old one
-        failpoints.hit("snapshot-rename-after")
-        return SERIALIZER_STATE.SUCCESS
-
-    def _sync_snapshot_file(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            fsync_path(self._snapshot_path)
-            fsync_directory(self.config.folder)
-
-    def _snapshot_last_index(self) -> int | None:
-        try:
-            return snapshot_file.read_meta(self._snapshot_path).last_entry[1]
-        except (CorruptData, FileNotFoundError):
-            return None
-
-    def _settle_kept_aside_snapshot(self) -> None:
-        """At start-up, after a crash while a received snapshot was checked (`PatchedSyncObj`): it was
-        renamed over this replica's own, which was kept aside to be put back if the log already covers
-        it. If the journal begins after the snapshot on disk, that was the received one, and the own one
-        goes back: pysyncobj would clear the journal down to the older snapshot."""
-        aside = Path(f"{self._snapshot_path}{KEPT_ASIDE}")
-        if not aside.exists():
-            return
-        last = self._snapshot_last_index()
-        journal = self._journal
-        if last is not None and len(journal) and journal[0][1] >= last:
-            os.replace(aside, self._snapshot_path)
-            log.info("partition %d: the snapshot kept aside is back (the last run stopped while checking a "
-                     "received one, up to entry %d, that the log had passed)", self.partition, last)
-        else:
-            aside.unlink()
-
-    def _compact_journal_to_snapshot(self) -> None:
-        try:
-            meta = snapshot_file.read_meta(self._snapshot_path)
-        except (CorruptData, FileNotFoundError):
-            return  # nothing to align with: pysyncobj's own load decides
-        journal = self._journal
-        first = journal[0][1] if len(journal) else None
-        prev_index = meta.prev_entry[1]
-        if first is None or not first < prev_index <= journal[-1][1] - 1:
-            return
-        at = prev_index - first
-        if journal[at] == meta.prev_entry and journal[at + 1] == meta.last_entry:
-            journal.deleteEntriesTo(at)
-            log.info("partition %d: journal compacted to its snapshot at index %d on start-up (the last run "
-                     "ended between the two)", self.partition, meta.last_entry[1])
-
-    def _read_snapshot(self, filename: str):
-        meta = snapshot_file.read_meta(filename)
-        if meta.partition != self.partition:
-            raise ValueError(f"snapshot {filename} is of partition {meta.partition}, not {self.partition}")
-        last = Position(meta.last_entry[1], meta.last_entry[2])
-        self._sm.restore(Snapshot(Path(filename), meta.position, last))
-        # As nodes: with membership changes on, pysyncobj takes its peers from this list, leaving out
-        # the entry equal to its own node, and an address string never equals a node.
-        return meta.last_entry, meta.prev_entry, [TCPNode(address) for address in meta.cluster]

@@ -1,14 +1,26 @@
 """Our `RaftJournal` wired into pysyncobj: built by its `createJournal` (synced before any send by
-`syncobj_transport.GroupTransport`)."""
+`syncobj_transport.GroupTransport`); and what pysyncobj's own entries in it say."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+import pysyncobj.pickle
 import pysyncobj.syncobj
 
 from raftkv.raft.journal import RaftJournal
+
+
+MEMBERSHIP = bytes([2])  # pysyncobj's _COMMAND_TYPE.MEMBERSHIP: the first byte of an add or remove entry
+
+
+def membership_change(command: bytes) -> tuple[str, str] | None:
+    """("add" or "rem", address) for a membership entry; None for any other."""
+    if command[:1] != MEMBERSHIP:
+        return None
+    kind, address = pysyncobj.pickle.loads(command[1:])[:2]
+    return kind, address
 
 
 @dataclass(frozen=True)

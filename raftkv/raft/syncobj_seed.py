@@ -17,7 +17,7 @@ from typing import Iterable
 
 from raftkv.raft import snapshot_file
 from raftkv.core.durable import fsync_directory, make_dirs
-from raftkv.raft.syncobj_group import SNAPSHOT_FILE
+from raftkv.raft.syncobj_snapshots import SNAPSHOT_FILE
 from raftkv.raft.syncobj_patches import LogEntry
 from raftkv.storage.engine import Position
 

@@ -1,0 +1,234 @@
+"""A group's snapshot file, as pysyncobj's serializer, serializeChecker and deserializer.
+
+A snapshot is a RocksDB checkpoint of the state machine in a tar with its metadata
+(`snapshot_file`), never pysyncobj's pickle of the whole object, and never written by a fork:
+
+- `write` (the serializer) checkpoints on the loop (hard links, milliseconds) and writes the tar on
+  one worker thread per process, so a large snapshot does not stall every partition's heartbeats;
+- `state` (the serializeChecker) answers SERIALIZING until the worker is done, then renames the new
+  file into place and answers SUCCESS, after which pysyncobj compacts the journal to it;
+- `read` (the deserializer) installs a snapshot into the state machine.
+
+The rest keeps the journal and the snapshot consistent across crashes (docs/pysyncobj.md, and the
+rewound log in docs/chaos.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+from pysyncobj import SERIALIZER_STATE
+from pysyncobj.node import TCPNode
+
+from raftkv import failpoints
+from raftkv.core.durable import fsync_directory, fsync_path
+from raftkv.core.errors import CorruptData, DiskFailed
+from raftkv.raft import snapshot_file
+from raftkv.raft.group import Snapshot, StateMachine
+from raftkv.raft.journal import RaftJournal
+from raftkv.raft.syncobj_journal import membership_change
+from raftkv.raft.syncobj_patches import KEPT_ASIDE
+from raftkv.storage.engine import Position
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FILE = "raft.snapshot"  # in the replica's folder: pysyncobj's fullDumpFile
+
+
+@cache
+def snapshot_writer() -> ThreadPoolExecutor:
+    """One thread per process writes snapshot files, one at a time."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="raftkv-snapshot")
+
+
+class SnapshotFiles:
+    """The snapshot file of one partition's replica, in its folder. `journal` is set once pysyncobj
+    has made it (it needs these callbacks first)."""
+
+    def __init__(self, partition: int, folder: Path, state_machine: StateMachine):
+        self.partition = partition
+        self.folder = folder
+        self.path = folder / SNAPSHOT_FILE
+        self.journal: RaftJournal | None = None
+        self.job: Future | None = None  # the file being written on the worker
+        self._next = folder / f"{SNAPSHOT_FILE}.next"
+        self._sm = state_machine
+        snapshot_file.check(self.path)
+
+    @property
+    def bytes_received(self) -> int:
+        try:  # pysyncobj's serializer writes the chunks it receives to this file
+            return os.stat(f"{self.path}.1.tmp").st_size
+        except FileNotFoundError:
+            return 0
+
+    def write(self, tmp_filename: str, data) -> None:
+        """pysyncobj's serializer. A failure is recorded as a failed job as well as raised.
+
+        pysyncobj swallows the exception and marks itself busy until the checker answers
+        SUCCESS or FAILED; answering NOT_SERIALIZING instead would wedge it for good: no more
+        compaction, and no snapshot ever sent to a replica that needs one.
+        """
+        try:
+            self.job = self._start(tmp_filename, data)
+        except Exception as exc:
+            failed: Future = Future()
+            failed.set_exception(exc)
+            self.job = failed
+            raise
+
+    def _start(self, tmp_filename: str, data) -> Future:
+        """Checkpoint now; write the file on the worker.
+
+        pysyncobj renames `tmp_filename` over the snapshot file as soon as this returns, so it gets a
+        hard link of the current snapshot (or an empty file) and the new file replaces the snapshot
+        when complete. Until then `state` answers SERIALIZING, which keeps pysyncobj from compacting
+        the journal or sending the snapshot file.
+        """
+        last_entry, prev_entry, cluster = data
+        # In both modes: the journal will drop the entries before it (in a compaction that is
+        # always synced), so the snapshot and the database must not be lost to a power cut. The
+        # journal first: a database durable past the log's end contradicts the log after a cut.
+        self.journal.sync()
+        self._sm.flush()
+        work = Path(tempfile.mkdtemp(dir=self.folder, prefix="checkpoint-"))
+        try:
+            meta = snapshot_file.Meta(
+                partition=self.partition,
+                position=self._sm.checkpoint(work / "db", Position(last_entry[1], last_entry[2])),
+                last_entry=last_entry,
+                prev_entry=prev_entry,
+                cluster=self._members_at(last_entry[1], cluster),
+            )
+            # Renaming a hard link over its own inode is a no-op that leaves the link behind.
+            Path(tmp_filename).unlink(missing_ok=True)
+            if self.path.exists():
+                os.link(self.path, tmp_filename)
+            else:
+                open(tmp_filename, "wb").close()
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        return snapshot_writer().submit(self._finish, work, meta)
+
+    def _members_at(self, index: int, cluster) -> list[str]:
+        """The members' addresses as of entry `index`, from pysyncobj's members as of its last entry.
+
+        pysyncobj applies a membership change when it is appended, and stores its current members in
+        the snapshot: a change after the snapshot's last entry, which a new leader may still truncate,
+        would outlive the truncation in the snapshot, and a member restarted from it would count votes
+        against the wrong members. So the changes after `index` are undone here, newest first.
+        """
+        members = {node.address for node in cluster if node is not None}  # a learner has no address
+        journal = self.journal
+        for command, _, _ in reversed(journal[max(index + 1 - journal[0][1], 0):]):
+            if (change := membership_change(command)) is not None:
+                kind, address = change
+                (members.discard if kind == "add" else members.add)(address)
+        return sorted(members)
+
+    def _finish(self, work: Path, meta: snapshot_file.Meta) -> int:
+        """On the worker thread: write the tar beside the snapshot (renamed in `state`); returns the
+        index of the last entry it covers."""
+        try:
+            snapshot_file.write(self._next, work / "db", meta, fsync=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return meta.last_entry[1]
+
+    def state(self) -> int:
+        """pysyncobj's serializeChecker."""
+        job = self.job
+        if job is None:
+            return SERIALIZER_STATE.NOT_SERIALIZING
+        if not job.done():
+            return SERIALIZER_STATE.SERIALIZING
+        self.job = None
+        if (error := job.exception()) is not None:
+            if isinstance(error, DiskFailed):  # the replica stops (Ticker): its disk cannot be trusted
+                raise error
+            log.warning("partition %d: no snapshot this time: %s", self.partition, error)
+            return SERIALIZER_STATE.FAILED
+        if (installed := self.last_index()) is not None and installed >= job.result():
+            # A leader's newer snapshot was installed while this one was written. Renamed over it,
+            # this one would begin before the journal, which pysyncobj then clears down to it at
+            # the next start: the entries between them gone from the log, though the database
+            # holds them (the rewound log, docs/chaos.md).
+            self._next.unlink(missing_ok=True)
+            log.info("partition %d: the snapshot up to entry %d is dropped: one up to entry %d was installed "
+                     "meanwhile", self.partition, job.result(), installed)
+            return SERIALIZER_STATE.FAILED
+        # Here, not on the worker: pysyncobj renames its placeholder over the snapshot file right
+        # after the serializer returns, and a fast worker finishing first would see its new file
+        # replaced by the old one while the journal is compacted past it. A replica needing a
+        # snapshot would then get the old one again and again, and never catch up.
+        failpoints.hit("snapshot-rename-before")
+        os.replace(self._next, self.path)
+        fsync_directory(self.folder)  # durable before pysyncobj compacts the journal past the old one
+        failpoints.hit("snapshot-rename-after")
+        return SERIALIZER_STATE.SUCCESS
+
+    def read(self, filename: str):
+        """pysyncobj's deserializer: installs the snapshot into the state machine."""
+        meta = snapshot_file.read_meta(filename)
+        if meta.partition != self.partition:
+            raise ValueError(f"snapshot {filename} is of partition {meta.partition}, not {self.partition}")
+        last = Position(meta.last_entry[1], meta.last_entry[2])
+        self._sm.restore(Snapshot(Path(filename), meta.position, last))
+        # As nodes: with membership changes on, pysyncobj takes its peers from this list, leaving out
+        # the entry equal to its own node, and an address string never equals a node.
+        return meta.last_entry, meta.prev_entry, [TCPNode(address) for address in meta.cluster]
+
+    def sync_received(self) -> None:
+        """A snapshot received from the leader replaces the log: durable first (pysyncobj never syncs it)."""
+        with contextlib.suppress(FileNotFoundError):
+            fsync_path(self.path)
+            fsync_directory(self.folder)
+
+    def last_index(self) -> int | None:
+        try:
+            return snapshot_file.read_meta(self.path).last_entry[1]
+        except (CorruptData, FileNotFoundError):
+            return None
+
+    def settle_kept_aside(self) -> None:
+        """At start-up, after a crash while a received snapshot was checked (`PatchedSyncObj`): it was
+        renamed over this replica's own, which was kept aside to be put back if the log already covers
+        it. If the journal begins after the snapshot on disk, that was the received one, and the own one
+        goes back: pysyncobj would clear the journal down to the older snapshot."""
+        aside = Path(f"{self.path}{KEPT_ASIDE}")
+        if not aside.exists():
+            return
+        last = self.last_index()
+        journal = self.journal
+        if last is not None and len(journal) and journal[0][1] >= last:
+            os.replace(aside, self.path)
+            log.info("partition %d: the snapshot kept aside is back (the last run stopped while checking a "
+                     "received one, up to entry %d, that the log had passed)", self.partition, last)
+        else:
+            aside.unlink()
+
+    def compact_journal_to_snapshot(self) -> None:
+        """At start-up: a journal that begins before the snapshot (the last run ended between the
+        snapshot's rename and the journal's compaction) is compacted to it, so pysyncobj keeps it."""
+        try:
+            meta = snapshot_file.read_meta(self.path)
+        except (CorruptData, FileNotFoundError):
+            return  # nothing to align with: pysyncobj's own load decides
+        journal = self.journal
+        first = journal[0][1] if len(journal) else None
+        prev_index = meta.prev_entry[1]
+        if first is None or not first < prev_index <= journal[-1][1] - 1:
+            return
+        at = prev_index - first
+        if journal[at] == meta.prev_entry and journal[at + 1] == meta.last_entry:
+            journal.deleteEntriesTo(at)
+            log.info("partition %d: journal compacted to its snapshot at index %d on start-up (the last run "
+                     "ended between the two)", self.partition, meta.last_entry[1])
