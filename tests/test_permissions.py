@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raftkv.security.permissions import Access, Grant, Identity, Request, check, prefix_end
+from raftkv.security.permissions import Access, Grant, Identity, Request, check
 
 ROLES = {
     "reader": [Grant(Access.READ)],
@@ -61,12 +61,6 @@ def test_nodes_may_do_anything_and_learners_read_and_report_progress():
     assert check(learner, [Request(Access.READ, b"", None), Request.admin("report_progress")], {}, {}) is None
     assert check(learner, [Request.key(Access.WRITE, b"k")], {}, {}) == (
         "permission denied: learner chaos-feed may not write key b'k'")
-
-
-def test_prefix_end_is_the_first_key_after_the_prefix():
-    assert prefix_end(b"app/") == b"app0"
-    assert prefix_end(b"a\xff\xff") == b"b"
-    assert prefix_end(b"\xff\xff") is None
 
 
 ALPHABET = b"a\x00\xff"

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Iterable, Mapping
 
+from raftkv.storage.engine import prefix_end
+
 
 class Access(IntEnum):
     READ = 1
@@ -80,14 +82,6 @@ class Request:
         if self.end == self.start + b"\x00":
             return f"{self.access} key {self.start!r}"
         return f"{self.access} keys [{self.start!r}, {'the end' if self.end is None else repr(self.end)})"
-
-
-def prefix_end(prefix: bytes) -> bytes | None:
-    """The first key after every key starting with `prefix`; None if there is none (all 0xff)."""
-    trimmed = prefix.rstrip(b"\xff")
-    if not trimmed:
-        return None
-    return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
 def check(identity: Identity, requests: Iterable[Request], user_roles: Mapping[str, Iterable[str]],
