@@ -32,6 +32,7 @@ from learners.change_event import ChangeEvent
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import DeliveryBatch, Sink
 from raftkv import failpoints
+from raftkv.core.learner_registry import only_progress
 from raftkv.core.overlay import Overlay
 from raftkv.raft import snapshot_file
 from raftkv.storage.engine import Position
@@ -47,6 +48,7 @@ class _Prepared:
     replica: LearnerReplica
     view: Overlay
     last: Position
+    last_data: int  # the last of its entries that was more than progress reports (0: none)
 
 
 class FeedPump:
@@ -58,6 +60,7 @@ class FeedPump:
         self.max_entries = max_entries
         self.clock = clock
         self.delivered_before_start: dict[int, int] = {}
+        self.last_data_delivered: dict[int, int] = {}  # per partition: see `learner_registry.only_progress`
         self.failures = 0
         self.resyncs = 0
         self._caught_up_at = {p: clock() for p in replicas}
@@ -105,6 +108,8 @@ class FeedPump:
         for p in prepared:
             p.replica.engine.write(p.view.mutations, p.last)
             p.replica.compact_when_longer_than(COMPACT_AFTER_ENTRIES)
+            if p.last_data:
+                self.last_data_delivered[p.replica.partition] = p.last_data
         return True
 
     def _prepare(self) -> tuple[list[_Prepared], list[ChangeEvent]]:
@@ -116,13 +121,16 @@ class FeedPump:
             if not entries:
                 continue
             view = pending_view(replica.engine)
+            last_data = 0
             for index, term, commands in entries:
                 ctx = EntryContext(self.cluster, partition, index, term, now_ms)
                 captured = capture_entry(view, commands, ctx)
                 if index > self.delivered_before_start.get(partition, 0):
                     events += captured
+                if not only_progress(commands):
+                    last_data = index
             last_index, last_term, _ = entries[-1]
-            prepared.append(_Prepared(replica, view, Position(last_index, last_term)))
+            prepared.append(_Prepared(replica, view, Position(last_index, last_term), last_data))
         return prepared, events
 
     async def _resync(self, replica: LearnerReplica) -> None:
@@ -146,6 +154,7 @@ class FeedPump:
                 await self._deliver(events, {replica.partition: snapshot.last})
             replica.engine.install(checkpoint)
         replica.mark_snapshot_installed(snapshot)
+        self.last_data_delivered[replica.partition] = max(self.last_data_delivered.get(replica.partition, 0), index)
         self.resyncs += 1
         if index > delivered:
             log.info("partition %d re-synced from a snapshot at index %d (%d events)", replica.partition, index,

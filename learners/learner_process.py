@@ -126,7 +126,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
             server = await _serve_reads(spec, topology, name, replicas, api_port, loop, sink)
         pump = FeedPump(spec.name, replicas, sink)
         loop.create_task(_publish(pump, stop))
-        loop.create_task(_report_progress(client, name, replicas, stop))
+        loop.create_task(_report_progress(client, name, pump, stop))
         print(f"raftkv learner {name} ready: partitions {partitions}, sink {sink_name}", flush=True)
         await pump.run(stop)
     finally:
@@ -169,13 +169,18 @@ async def _publish(pump: FeedPump, stop: asyncio.Event) -> None:
         await asyncio.sleep(1.0)
 
 
-async def _report_progress(client: AsyncClient, name: str, replicas: dict[int, LearnerReplica], stop: asyncio.Event,
+async def _report_progress(client: AsyncClient, name: str, pump: FeedPump, stop: asyncio.Event,
                            every: float = 1.0) -> None:
-    """Tell the voters how far the sink has durably got; they replicate it and retain the log for us."""
+    """Tell the voters how far the sink has durably got; they replicate it and retain the log for us.
+
+    Once per partition after the start, then only when more than progress reports was delivered since
+    the last report: a report is an entry the learner delivers, and reporting that would keep every
+    partition's log moving forever, learners lagging by one entry, with no client writing."""
     reported: dict[int, int] = {}
     while not stop.is_set():
-        delivered = {p: r.engine.position.index for p, r in replicas.items()}
-        changed = {p: i for p, i in delivered.items() if i > reported.get(p, 0)}
+        delivered = {p: r.engine.position.index for p, r in pump.replicas.items()}
+        changed = {p: i for p, i in delivered.items()
+                   if i > reported.get(p, 0) and (p not in reported or pump.last_data_delivered.get(p, 0) > reported[p])}
         if changed:
             try:
                 await client.report_progress(name, changed)

@@ -69,6 +69,11 @@ class LearnerReplica(Replica):
         return self.engine.position
 
     @property
+    def last_data_index(self) -> int:
+        """A learner never leads, and only leaders' statuses tell learners' lag."""
+        return self.applied_index
+
+    @property
     def pending_snapshot(self) -> Snapshot | None:
         """A snapshot the leader sent that the copy has not caught up with yet."""
         return self.state_machine.pending_snapshot

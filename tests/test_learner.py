@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import jsonschema
@@ -18,6 +19,7 @@ from learners.change_event import SCHEMA_PATH, ChangeEvent
 from raftkv import Client, Timeout, Unavailable, Undetermined, failpoints
 from raftkv.dev.local_cluster import free_port_block
 from tests.conftest import random_write, wait_for_compaction, wait_until
+from tests.test_cli import run
 
 EXAMPLE_PLUGIN = Path(__file__).parent.parent / "examples" / "jsonl_sink"
 
@@ -318,3 +320,29 @@ def test_a_learner_whose_journal_fsync_fails_stops_with_one_line(make_cluster, l
     errors = [line for line in output.splitlines() if line.startswith("error: ")]
     assert learner.proc.returncode == 2 and len(errors) == 1 and "fsync of" in errors[0], output[-3000:]
     assert "Traceback" not in output
+
+
+def test_an_idle_cluster_with_a_learner_is_still_and_the_learner_shows_no_lag(make_cluster, learner_factory):
+    """Issue 16: a learner reported every index it delivered, its report was an entry it then delivered
+    and reported, and so on: with no client writing, every partition's log grew by about one entry per
+    learner per second, forever, and `learner list` showed lag 1."""
+    cluster = make_cluster(nodes=3, partitions=2)
+    learner = learner_factory(cluster)
+    with Client(cluster.endpoints) as kv:
+        for i in range(50):
+            kv.put(b"k%d" % i, b"v")
+        wait_until(lambda: len(learner.events()) >= 50, 30, "the learner to deliver the writes")
+
+        def commit_indices() -> dict:
+            return {(s.node_id, ps.partition): ps.commit_index for s in kv.status() for ps in s.partitions}
+
+        def still_for_three_seconds() -> bool:
+            before = commit_indices()
+            time.sleep(3)
+            return commit_indices() == before
+
+        wait_until(still_for_three_seconds, 20, "the commit indices to stop moving with no client writing")
+    listed = run("learner", "list", "--config", str(cluster.spec_path), "--json")
+    assert listed.returncode == 0, listed.stderr
+    partitions = json.loads(listed.stdout)[learner.name]["partitions"]
+    assert {p: v["lag"] for p, v in partitions.items()} == {"0": 0, "1": 0}, partitions

@@ -259,7 +259,7 @@ class NodeInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., api_address: _Optional[str] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("partition", "role", "leader", "term", "commit_index", "applied_index", "last_log_index", "replicas", "has_quorum", "learners")
+    __slots__ = ("partition", "role", "leader", "term", "commit_index", "applied_index", "last_log_index", "replicas", "has_quorum", "learners", "last_data_index")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +270,7 @@ class PartitionStatus(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     HAS_QUORUM_FIELD_NUMBER: _ClassVar[int]
     LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_DATA_INDEX_FIELD_NUMBER: _ClassVar[int]
     partition: int
     role: str
     leader: str
@@ -280,7 +281,8 @@ class PartitionStatus(_message.Message):
     replicas: _containers.RepeatedScalarFieldContainer[str]
     has_quorum: bool
     learners: _containers.RepeatedCompositeFieldContainer[LearnerStatus]
-    def __init__(self, partition: _Optional[int] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., has_quorum: _Optional[bool] = ..., learners: _Optional[_Iterable[_Union[LearnerStatus, _Mapping]]] = ...) -> None: ...
+    last_data_index: int
+    def __init__(self, partition: _Optional[int] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., has_quorum: _Optional[bool] = ..., learners: _Optional[_Iterable[_Union[LearnerStatus, _Mapping]]] = ..., last_data_index: _Optional[int] = ...) -> None: ...
 
 class LearnerStatus(_message.Message):
     __slots__ = ("name", "sink", "options", "progress")

@@ -78,7 +78,7 @@ def list_(config, endpoints, as_json) -> None:
     if as_json:
         console.print_json(json.dumps({
             name: {"sink": v.sink, "options": v.options,
-                   "partitions": {p: {"delivered": v.progress[p], "lag": v.commit_index[p] - v.progress[p]}
+                   "partitions": {p: {"delivered": v.progress[p], "lag": v.lag(p)}
                                   for p in sorted(v.progress)}}
             for name, v in learners.items()}))
         return
@@ -87,7 +87,7 @@ def list_(config, endpoints, as_json) -> None:
         table.add_column(column)
     for name, v in learners.items():
         for p in sorted(v.progress):
-            table.add_row(name, v.sink, str(p), str(v.progress[p]), str(max(0, v.commit_index[p] - v.progress[p])))
+            table.add_row(name, v.sink, str(p), str(v.progress[p]), str(v.lag(p)))
     console.print(table)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterable, Sequence, TypedDict
 
 from raftkv.api import kv_pb2 as pb
@@ -57,7 +57,13 @@ class LearnerView:
     sink: str
     options: dict[str, str]
     progress: dict[int, int]  # partition -> delivered index
-    commit_index: dict[int, int]  # partition -> the leader's commit index (lag = commit - progress)
+    commit_index: dict[int, int]  # partition -> the leader's commit index
+    last_data_index: dict[int, int] = field(default_factory=dict)  # partition -> the last entry that was more
+    # than learners' progress reports, on the leader
+
+    def lag(self, partition: int) -> int:
+        """Entries the learner has yet to deliver, not counting progress reports after the last other one."""
+        return max(0, self.last_data_index.get(partition, self.commit_index[partition]) - self.progress[partition])
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
@@ -276,6 +282,7 @@ class AsyncClient:
                     view = found.setdefault(ls.name, LearnerView(ls.name, ls.sink, dict(ls.options), {}, {}))
                     view.progress[ps.partition] = ls.progress
                     view.commit_index[ps.partition] = ps.commit_index
+                    view.last_data_index[ps.partition] = ps.last_data_index
         return found
 
 

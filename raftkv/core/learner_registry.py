@@ -32,6 +32,13 @@ class LearnerInfo:
     progress: int = 0
 
 
+def only_progress(commands: Iterable[object]) -> bool:
+    """An entry that only reports learners' progress (or none at all: a Raft no-op). Delivering one
+    is no reason to report progress again: a report is itself such an entry, and a learner that
+    reported each would never let its partition's log rest."""
+    return all(isinstance(c, LearnerProgress) for c in commands)
+
+
 def updates_for(command: LearnerCommand, read_meta: Callable[[bytes], bytes | None]) -> MetaUpdates:
     """The metadata writes a learner command makes."""
     learner_key, progress_key = _LEARNER + command.name.encode(), _PROGRESS + command.name.encode()

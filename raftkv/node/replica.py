@@ -16,12 +16,12 @@ from raftkv.core import metrics
 from raftkv.core.log_codec import decode_proposal
 from raftkv.core.durable import make_dirs
 from raftkv.core.errors import CorruptData
-from raftkv.core.learner_registry import learners_from
+from raftkv.core.learner_registry import learners_from, only_progress
 from raftkv.core.retention import compaction_due, kept_for_seeds
 from raftkv.core.spec import Tuning
 from raftkv.core.state_machine import apply_proposal
 from raftkv.raft.engine_state import EngineStateMachine
-from raftkv.raft.group import Entry, ProposalCallback, RaftGroup, Role, StateMachine
+from raftkv.raft.group import Entry, ProposalCallback, RaftGroup, Role, Snapshot, StateMachine
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
 
@@ -36,13 +36,23 @@ class KVStateMachine(EngineStateMachine):
         super().__init__(f"partition {partition}", engine, folder)
         self.partition = partition
         self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
+        # The last entry applied here that was more than learners' progress reports; until one is
+        # applied, the position (a learner's lag may then show an entry or two too many).
+        self.last_data_index = engine.position.index
 
     def apply(self, entry: Entry):
         started = time.perf_counter()
-        applied = apply_proposal(self.engine.get, decode_proposal(entry.payload), self.engine.meta_get)
+        commands = decode_proposal(entry.payload)
+        applied = apply_proposal(self.engine.get, commands, self.engine.meta_get)
         self.engine.write(applied.mutations, Position(entry.index, entry.term), applied.meta)
+        if not only_progress(commands):
+            self.last_data_index = entry.index
         self._apply_seconds.observe(time.perf_counter() - started)
         return applied.results
+
+    def restore(self, snapshot: Snapshot) -> None:
+        super().restore(snapshot)
+        self.last_data_index = max(self.last_data_index, self.engine.position.index)
 
 
 class Replica:
@@ -104,6 +114,11 @@ class PartitionReplica(Replica):
         """The index the local state reflects: Raft's no-op entries advance it without
         touching the engine, and after a restart the engine is ahead until the replay catches up."""
         return max(self.group.last_applied, self.engine.position.index)
+
+    @property
+    def last_data_index(self) -> int:
+        """A learner that delivered this far is caught up: what follows only reports progress."""
+        return self.state_machine.last_data_index
 
     @property
     def applied_position(self) -> Position:

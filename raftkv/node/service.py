@@ -187,6 +187,7 @@ class KVService(kv_pb2_grpc.KVServicer):
                     last_log_index=r.group.last_log_index,
                     replicas=self._replicas_of(p),
                     has_quorum=r.group.has_quorum,
+                    last_data_index=r.last_data_index,
                     learners=[
                         pb.LearnerStatus(name=i.name, sink=i.sink, options=i.options, progress=i.progress)
                         for i in learners_from(r.engine.meta_items()).values()
