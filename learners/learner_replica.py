@@ -94,6 +94,8 @@ class LearnerReplica(Replica):
         self.state_machine.pending_snapshot = None
 
     def compact_when_longer_than(self, entries: int) -> None:
-        """The pump calls this once it has delivered what the log holds."""
-        if self.group.log_entries > entries:
+        """The pump calls this after each delivery. Only a copy that has every applied entry can be a
+        snapshot (`_FeedStateMachine.checkpoint` refuses otherwise, with a warning), so a learner
+        that is still catching up does not ask."""
+        if self.group.log_entries > entries and self.engine.position.index >= self.group.last_applied:
             self.group.compact()

@@ -16,7 +16,8 @@ from tests.test_snapshot_writer import single_voter, until
 
 
 def test_a_learner_that_delivered_everything_compacts_its_own_log(tmp_path):
-    """Its snapshot lists the group's members; a learner is not one of them (it has no address)."""
+    """Its snapshot lists the group's members; a learner is not one of them (it has no address). A copy
+    still behind its log does not ask: its snapshot would be refused, with a warning, at every step."""
 
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -32,6 +33,11 @@ def test_a_learner_that_delivered_everything_compacts_its_own_log(tmp_path):
                 assert await done == Outcome.APPLIED
             last = voter.group.last_applied
             await until(lambda: learner.group.last_applied == last)
+            asked = []
+            learner.group.compact = lambda *args: asked.append(args)
+            learner.compact_when_longer_than(10)  # its copy has none of them yet: the snapshot would be refused
+            assert asked == []
+            del learner.group.compact
             entries = learner.committed_entries(learner.engine.position.index, 1000)
             learner.engine.write([], Position(entries[-1][0], entries[-1][1]))  # as the feed pump does
             learner.compact_when_longer_than(10)
