@@ -170,6 +170,8 @@ class _Run:
         if self.config.learner == "kafka":
             feed = LocalFeed(spec, FEED_NAME, FEED_NAME, sink_options={"timeout.ms": "5000"}).start()
             cleanup.callback(feed.stop)
+            if rss := process_rss_kib(feed.learner.pid):  # one process for the whole run: no fault restarts it
+                self.memory_start["learner"] = rss
         injector = FaultInjector(cluster, self.timeline, netcut, disk, self.disk_node, disks)
         workload = Workload(WorkloadConfig(endpoints=tuple(cluster.endpoints), clients=self.config.clients,
                                            set_clients=max(1, self.config.clients // 4),
@@ -183,6 +185,8 @@ class _Run:
         self._nemesis(injector, spec)
         self.status.phase = "healing"
         self.memory_end = {**cluster.rss_kib(), "harness": process_rss_kib()}
+        if feed is not None:
+            self.memory_end["learner"] = process_rss_kib(feed.learner.pid)
         injector.heal_everything()
         self._after_heal(injector, spec, None, time.monotonic())
         workload.stop()
