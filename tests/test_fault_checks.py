@@ -1,0 +1,47 @@
+"""The fault injector's own checks of how a node handled a fault, on stand-ins for the cluster and disk."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from raftkv.chaos.faults import FaultInjector
+from raftkv.chaos.timeline import FaultRecord, Timeline
+
+
+class _Disk:
+    def heal(self) -> None:
+        pass
+
+
+def test_a_slow_fsync_that_outlasts_its_fault_is_reported_when_it_returns_not_missed(tmp_path: Path):
+    """An hour-long run reported "n2 said nothing of its slow fsyncs" three times: a 5 s fsync that began
+    in a 4 s fault returned, and its node said so, a second after the heal looked."""
+    log = tmp_path / "node.log"
+    log.write_text("")
+    cluster = SimpleNamespace(spec=SimpleNamespace(durability="fsync"), log_path=lambda node_id: log)
+    injector = FaultInjector(cluster, Timeline(), power_loss_disks={"n2": _Disk()})
+    record = FaultRecord("disk", "fsync-5s", ("n2",), start=time.monotonic() - 4.0)
+
+    def fsync_returns() -> None:
+        time.sleep(1.0)
+        with log.open("a") as f:
+            f.write("WARNING raftkv.core.durable: fsync of raft.log took 5.00s: the disk is slow\n")
+
+    writer = threading.Thread(target=fsync_returns)
+    writer.start()
+    injector._heal_disk(record)
+    writer.join()
+    assert record.problems == []
+
+
+def test_a_node_that_never_says_its_fsyncs_are_slow_is_reported(tmp_path: Path):
+    log = tmp_path / "node.log"
+    log.write_text("INFO raftkv.node.process: node n2 serving\n")
+    cluster = SimpleNamespace(spec=SimpleNamespace(durability="fsync"), log_path=lambda node_id: log)
+    injector = FaultInjector(cluster, Timeline(), power_loss_disks={"n2": _Disk()})
+    record = FaultRecord("disk", "fsync-500ms", ("n2",), start=time.monotonic() - 5.0)
+    injector._heal_disk(record)
+    assert record.problems == [f"n2 said nothing of its slow fsyncs; see {log}"]
