@@ -109,6 +109,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     client = AsyncClient([n.api_address for n in spec.nodes], timeout=5.0)
     replicas: dict[int, LearnerReplica] = {}
     server: grpc.aio.Server | None = None
+    tasks: list[asyncio.Task] = []
     try:
         topology = await _topology(client, spec)
         await _open_sink(sink, {"learner": name, "cluster_id": topology.cluster_id, **sink_options}, stop)
@@ -125,11 +126,13 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         if api_port:
             server = await _serve_reads(spec, topology, name, replicas, api_port, loop, sink)
         pump = FeedPump(spec.name, replicas, sink)
-        loop.create_task(_publish(pump, stop))
-        loop.create_task(_report_progress(client, name, pump, stop))
+        tasks += [loop.create_task(_publish(pump, stop)), loop.create_task(_report_progress(client, name, pump, stop))]
         print(f"raftkv learner {name} ready: partitions {partitions}, sink {sink_name}", flush=True)
         await pump.run(stop)
     finally:
+        for task in tasks:  # before the client closes: a report in flight would fail on the closed channel
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if server is not None:
             await server.stop(grace=1.0)
         for p, replica in replicas.items():
