@@ -38,7 +38,7 @@ class Running:
 
 @contextmanager
 def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "default",
-                   tuning: Tuning | None = None) -> Iterator[Running]:
+                   tuning: Tuning | None = None, ready_timeout: float = 60) -> Iterator[Running]:
     spec = build_spec(
         nodes=MEMBERS, partitions=partitions, replication=MEMBERS, durability=durability,
         base_port=free_port_block(MEMBERS * ports_per_node(partitions)), data_dir=data_dir,
@@ -48,7 +48,7 @@ def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "default",
     cluster = LocalCluster(spec, save_spec(spec, data_dir / "cluster.toml"))
     try:
         cluster.start_all()
-        cluster.wait_ready(timeout=60)
+        cluster.wait_ready(timeout=ready_timeout)
         yield Running(tuple(cluster.endpoints), tuple(p.pid for p in cluster.procs.values()))
     finally:
         cluster.stop_all()
