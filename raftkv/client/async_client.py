@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator, Iterable, Sequence, TypedDict
 
 from raftkv.api import kv_pb2 as pb
@@ -58,12 +58,11 @@ class LearnerView:
     options: dict[str, str]
     progress: dict[int, int]  # partition -> delivered index
     commit_index: dict[int, int]  # partition -> the leader's commit index
-    last_data_index: dict[int, int] = field(default_factory=dict)  # partition -> the last entry that was more
-    # than learners' progress reports, on the leader
+    last_data_index: dict[int, int]  # partition -> the leader's last entry that was more than progress reports
 
     def lag(self, partition: int) -> int:
         """Entries the learner has yet to deliver, not counting progress reports after the last other one."""
-        return max(0, self.last_data_index.get(partition, self.commit_index[partition]) - self.progress[partition])
+        return max(0, self.last_data_index[partition] - self.progress[partition])
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
@@ -279,7 +278,7 @@ class AsyncClient:
                 if ps.role != "leader":
                     continue
                 for ls in ps.learners:
-                    view = found.setdefault(ls.name, LearnerView(ls.name, ls.sink, dict(ls.options), {}, {}))
+                    view = found.setdefault(ls.name, LearnerView(ls.name, ls.sink, dict(ls.options), {}, {}, {}))
                     view.progress[ps.partition] = ls.progress
                     view.commit_index[ps.partition] = ps.commit_index
                     view.last_data_index[ps.partition] = ps.last_data_index
