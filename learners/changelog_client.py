@@ -24,14 +24,16 @@ from learners.change_event import ChangeEvent
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.client.core import CHANNEL_OPTIONS
-from raftkv.core.errors import InvalidRequest, Unavailable
+from raftkv.core.errors import InvalidRequest, Unauthenticated, Unavailable
+from raftkv.security.tls import Tls, open_blocking_channel, refusal
 
 
 class ChangeLogClient:
-    def __init__(self, address: str, timeout: float = 10.0):
+    def __init__(self, address: str, timeout: float = 10.0, tls: Tls | None = None):
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._tls = tls
+        self._channel = open_blocking_channel(address, tls, CHANNEL_OPTIONS)
         self._stub = kv_pb2_grpc.ChangeLogStub(self._channel)
 
     def offsets(self, after: dict[int, int] | None = None, max_rows: int = 0) -> list[pb.PartitionOffsets]:
@@ -70,9 +72,11 @@ class ChangeLogClient:
         except grpc.RpcError as exc:
             raise self._error(exc) from None
 
-    def _error(self, exc: grpc.RpcError) -> InvalidRequest | Unavailable:
+    def _error(self, exc: grpc.RpcError) -> InvalidRequest | Unauthenticated | Unavailable:
         if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
             return InvalidRequest(exc.details())
+        if why := refusal(exc.details() or "", self._tls):
+            return Unauthenticated(f"the changelog at {self.address}: {why}")
         return Unavailable(
             f"the changelog at {self.address} did not answer ({exc.code().name}: {exc.details()}); it must be "
             "a learner's --api-port, running with --sink changelog"
@@ -99,11 +103,11 @@ def event_of(change: pb.Change, partition: int, cluster: str) -> ChangeEvent:
 
 
 def tail(address: str, *, from_beginning: bool = False, out: TextIO | None = None, timeout: float | None = None,
-         max_events: int | None = None) -> int:
+         max_events: int | None = None, tls: Tls | None = None) -> int:
     """Print followed events as JSON lines until `timeout` idle seconds or `max_events`; return the count."""
     out = out or sys.stdout
     count = 0
-    with ChangeLogClient(address) as log:
+    with ChangeLogClient(address, tls=tls) as log:
         cluster = log.cluster()
         after = {o.partition: o.earliest for o in log.offsets()} if from_beginning else None
         chunks: queue.Queue = queue.Queue()

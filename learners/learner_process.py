@@ -33,6 +33,7 @@ from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailabl
 from raftkv.core.spec import ClusterSpec
 from raftkv.meta.bootstrap import spec_meta
 from raftkv.meta.records import ClusterMeta
+from raftkv.security.tls import learner_tls, listen
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def learner_folder(spec: ClusterSpec, name: str) -> Path:
 
 def registration(spec: ClusterSpec, name: str) -> LearnerView:
     """The learner's sink, options and partitions, as registered through the partitions' logs."""
-    with Client([n.api_address for n in spec.nodes], timeout=10.0) as client:
+    with Client([n.api_address for n in spec.nodes], timeout=10.0, tls=learner_tls(spec)) as client:
         learners = client.learners()
     if name not in learners:
         known = ", ".join(learners) or "none"
@@ -71,12 +72,12 @@ async def _serve_reads(spec: ClusterSpec, topology: ClusterMeta, name: str, repl
         frontends[p] = PartitionFrontend(replica, loop, max_batch_ops=1, max_batch_bytes=1, request_timeout=1.0,
                                          leader_id_of=by_address.get)
     service = KVService(spec, f"learner/{name}", frontends, lambda: topology,
-                        Peers(lambda node_id: topology.node(node_id).api_address))
+                        Peers(lambda node_id: topology.node(node_id).api_address, learner_tls(spec)))
     server = grpc.aio.server(options=GRPC_OPTIONS)
     kv_pb2_grpc.add_KVServicer_to_server(service, server)
     if isinstance(sink, ChangeSource):
         kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink, loop), server)
-    server.add_insecure_port(f"127.0.0.1:{api_port}")
+    listen(server, f"127.0.0.1:{api_port}", learner_tls(spec))
     await server.start()
     return server
 
@@ -106,7 +107,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     def corrupt(error: CorruptData) -> None:  # from a group's tick, or from RocksDB on any thread
         loop.call_soon_threadsafe(stop_on, error)
     sink = load_sink(sink_name)
-    client = AsyncClient([n.api_address for n in spec.nodes], timeout=5.0)
+    client = AsyncClient([n.api_address for n in spec.nodes], timeout=5.0, tls=learner_tls(spec))
     replicas: dict[int, LearnerReplica] = {}
     server: grpc.aio.Server | None = None
     tasks: list[asyncio.Task] = []

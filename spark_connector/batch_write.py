@@ -54,7 +54,7 @@ class KVWriter(DataSourceArrowWriter):
 
 def with_client(options: ConnectorOptions, work):
     async def run():
-        async with AsyncClient(list(options.endpoints), timeout=options.timeout) as client:
+        async with AsyncClient(list(options.endpoints), timeout=options.timeout, tls=options.tls) as client:
             return await work(client)
     return asyncio.run(run())
 

@@ -14,7 +14,8 @@ from typing import Mapping
 from raftkv.client.async_client import parse_endpoints
 from raftkv.storage.engine import prefix_end
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import load_spec
+from raftkv.core.spec import ClusterSpec, load_spec
+from raftkv.security.tls import Tls, client_tls
 
 FORMATS = ("binary", "string")
 CONSISTENCY_LEVELS = ("linearizable", "leader", "follower", "learner")
@@ -37,6 +38,7 @@ class ConnectorOptions:
     write_batch_rows: int = 2000
     split_rows: int = 500_000              # a Raft partition with more keys is read as several Spark partitions
     timeout: float = 30.0
+    tls: Tls | None = None                 # the cluster's CA and a client certificate (files on every executor)
 
     @property
     def read_endpoints(self) -> tuple[str, ...]:
@@ -75,10 +77,11 @@ def parse_options(options: Mapping[str, str]) -> ConnectorOptions:
     if consistency == "learner" and not learner:
         raise _bad("learner", "is needed with consistency=learner: the HOST:PORT of a learner's --api-port")
     start, end = _key_range(get("start"), get("end"), get("prefix"))
+    spec = load_spec(get("config")) if get("config") else None
     starting = get("startingOffsets", "earliest")
     starting = starting.lower() if starting.lower() in STARTING_OFFSETS else offsets_from_json(starting)
     return ConnectorOptions(
-        endpoints=_endpoints(get("endpoints"), get("config"), needed=not get("changelog")),
+        endpoints=_endpoints(get("endpoints"), spec, needed=not get("changelog")),
         key_format=choice("key_format", FORMATS, "binary"),
         value_format=choice("value_format", FORMATS, "binary"),
         consistency=consistency,
@@ -92,6 +95,7 @@ def parse_options(options: Mapping[str, str]) -> ConnectorOptions:
         write_batch_rows=whole("write_batch_rows", 2000, 1),
         split_rows=whole("split_rows", 500_000, 0),
         timeout=float(whole("timeout", 30, 1)),
+        tls=_tls(spec, get("tls.ca"), get("tls.cert"), get("tls.key")),
     )
 
 
@@ -99,14 +103,22 @@ def _bad(option: str, problem: str) -> ConfigError:
     return ConfigError(f"option {option} {problem}", source="raftkv connector")
 
 
-def _endpoints(endpoints: str | None, config: str | None, needed: bool) -> tuple[str, ...]:
+def _endpoints(endpoints: str | None, spec: ClusterSpec | None, needed: bool) -> tuple[str, ...]:
     if endpoints:
         return tuple(parse_endpoints(endpoints))
-    if config:
-        return tuple(n.api_address for n in load_spec(config).nodes)
+    if spec:
+        return tuple(n.api_address for n in spec.nodes)
     if not needed:
         return ()
     raise _bad("endpoints", "is missing: give endpoints=HOST:PORT[,HOST:PORT...] or config=CLUSTER_SPEC.toml")
+
+
+def _tls(spec: ClusterSpec | None, ca: str | None, cert: str | None, key: str | None) -> Tls | None:
+    try:
+        return client_tls(spec, ca, cert, key)
+    except ConfigError:
+        raise _bad("tls.cert", "and tls.key go together, with tls.ca (or a config whose [tls] names the CA); "
+                               "a cluster with TLS needs them, or a config naming a client_cert") from None
 
 
 def _partitions(raw: str | None) -> frozenset[int] | None:

@@ -19,6 +19,7 @@ from raftkv.client.sync_client import Client
 from raftkv.core.errors import CorruptData, Timeout, Unavailable, Undetermined
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
 from raftkv.core.spec import BackupConfig, ClusterSpec, Tuning, build_spec, ports_per_node, save_spec
+from raftkv.security.certs import with_certificates
 
 
 def random_write(kv, rng: random.Random, keys: int, deletes: float) -> None:
@@ -105,16 +106,19 @@ def wait_for_compaction(cluster, partitions, past_index: int, except_node: str |
 
 @pytest.fixture
 def make_cluster(tmp_path: Path):
-    """make_cluster(nodes=3, partitions=4, backup=None, **tuning) -> a started, ready LocalCluster."""
+    """make_cluster(nodes=3, partitions=4, backup=None, tls=False, **tuning) -> a started, ready LocalCluster."""
     clusters: list[LocalCluster] = []
 
     def make(nodes: int = 3, partitions: int = 4, replication: int = 3, durability: str = "default",
-             start: bool = True, backup: BackupConfig | None = None, **tuning) -> LocalCluster:
+             start: bool = True, backup: BackupConfig | None = None, tls: bool = False, **tuning) -> LocalCluster:
         base = free_port_block(nodes * ports_per_node(partitions))
         spec: ClusterSpec = build_spec(nodes=nodes, partitions=partitions, replication=replication,
                                        base_port=base, data_dir=tmp_path / f"c{len(clusters)}", durability=durability)
         spec = dataclasses.replace(spec, tuning=Tuning(**tuning), backup=backup)
-        spec_path = save_spec(spec, tmp_path / f"c{len(clusters)}" / "cluster.toml")
+        folder = tmp_path / f"c{len(clusters)}"
+        if tls:
+            spec = with_certificates(spec, folder)
+        spec_path = save_spec(spec, folder / "cluster.toml")
         cluster = LocalCluster(spec, spec_path)
         clusters.append(cluster)
         if start:
@@ -157,8 +161,8 @@ def changelog_learner(tmp_path):
 
 def changelog_caught_up(cluster, address: str) -> bool:
     """Whether the learner's changelog has every entry the cluster committed."""
-    with Client(cluster.endpoints) as client:
+    with Client(cluster.endpoints, tls=cluster.tls) as client:
         committed = {p.partition: p.commit_index for s in client.status() for p in s.partitions if p.role == "leader"}
-    with ChangeLogClient(address, timeout=5) as log:
+    with ChangeLogClient(address, timeout=5, tls=cluster.tls) as log:
         latest = {o.partition: o.latest for o in log.offsets()}
     return all(latest.get(p, 0) >= index for p, index in committed.items())

@@ -18,7 +18,7 @@ from raftkv import Client, InvalidRequest
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.partitioning import partition_for_key
-from raftkv.core.spec import ports_per_node
+from raftkv.core.spec import load_spec, ports_per_node
 from raftkv.dev.local_cluster import free_port_block, port_free
 from tests.conftest import wait_until
 
@@ -45,7 +45,12 @@ def test_cluster_init_writes_a_spec_and_refuses_to_overwrite(tmp_path):
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "cluster.toml").read_text()
     assert "partitions = 5" in text and 'id = "n3"' in text and "api_port = 21016" in text
+    spec = load_spec(tmp_path / "cluster.toml")  # TLS by default: a CA and certificates beside the spec
+    assert spec.tls.ca == tmp_path / "certs" / "ca.pem" and spec.tls.node("n3")[0].exists()
+    assert spec.tls.client_cert.name == "user-admin.pem" and spec.tls.learner_cert.exists()
     assert_one_line_error(run("cluster", "init", "-o", "cluster.toml", cwd=tmp_path), "exists", "--force")
+    assert run("cluster", "init", "--no-tls", "--force", "-o", "cluster.toml", cwd=tmp_path).returncode == 0
+    assert load_spec(tmp_path / "cluster.toml").tls is None
 
 
 def test_bad_specs_get_one_clear_line(tmp_path):

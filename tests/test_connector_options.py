@@ -11,6 +11,8 @@ from pyspark.sql.datasource import (
 from raftkv.core.errors import ConfigError
 from raftkv.core.partitioning import partition_for_key
 from raftkv.core.spec import build_spec, save_spec
+from raftkv.security.certs import with_certificates
+from raftkv.security.tls import Tls
 from spark_connector.key_filters import KeyScope, push_filters
 from spark_connector.options import parse_options
 
@@ -45,6 +47,20 @@ def test_endpoints_can_come_from_a_cluster_spec(tmp_path):
     spec = build_spec(nodes=2, partitions=2, replication=2, base_port=7000, data_dir=tmp_path)
     path = save_spec(spec, tmp_path / "cluster.toml")
     assert parse_options(options(config=str(path))).endpoints == ("127.0.0.1:7000", "127.0.0.1:7005")
+
+
+def test_tls_files_come_from_options_or_from_the_specs_client_certificate(tmp_path):
+    opts = parse_options(options(endpoints="a:1", **{"tls.ca": "/c/ca.pem", "tls.cert": "/c/u.pem", "tls.key": "/c/u.key"}))
+    assert opts.tls == Tls("/c/ca.pem", "/c/u.pem", "/c/u.key")
+    assert parse_options(options(endpoints="a:1")).tls is None
+    spec = with_certificates(build_spec(nodes=1, partitions=1, replication=1, base_port=7000, data_dir=tmp_path),
+                             tmp_path)
+    path = save_spec(spec, tmp_path / "cluster.toml")
+    assert parse_options(options(config=str(path))).tls == Tls(tmp_path / "certs/ca.pem",
+                                                               tmp_path / "certs/user-admin.pem",
+                                                               tmp_path / "certs/user-admin.key")
+    with pytest.raises(ConfigError, match="option tls.cert and tls.key go together"):
+        parse_options(options(endpoints="a:1", **{"tls.cert": "/c/u.pem"}))
 
 
 def test_prefix_and_range_options_bound_the_keys():

@@ -82,14 +82,16 @@ class Joiner:
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: list = []
 
-    def join(self, node_id: str, seed: str) -> str:
+    def join(self, node_id: str, seed: str, tls: tuple[Path, Path, Path] | None = None) -> str:
+        """`tls`: the CA, and this node's certificate and key."""
         base = free_port_block(ports_per_node(self.partitions))
+        files = ["--cacert", str(tls[0]), "--cert", str(tls[1]), "--key", str(tls[2])] if tls else []
         data_dir = self.root / node_id
         data_dir.mkdir(parents=True, exist_ok=True)
         log = open(data_dir / "node.log", "ab")
         self.logs.append(log)
         self.procs[node_id] = subprocess.Popen(
-            [sys.executable, "-m", "raftkv", "node", "start", "--join", seed, "--node", node_id, "--host", "127.0.0.1",
+            [sys.executable, "-m", "raftkv", *files, "node", "start", "--join", seed, "--node", node_id, "--host", "127.0.0.1",
              "--base-port", str(base), "--data-dir", str(data_dir)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return f"127.0.0.1:{base}"
@@ -142,6 +144,21 @@ def test_two_nodes_join_under_load_and_the_cluster_balances_itself(make_cluster,
     meta = kv_topology(cluster)
     assert all(len(set(voters)) == 3 for voters in meta.placement)
     assert len(meta.meta_voters) == 5
+
+
+def test_a_node_joins_a_tls_cluster_with_its_own_certificate_and_one_without_is_told(make_cluster, joiner, tmp_path):
+    cluster = make_cluster(nodes=3, partitions=4, replication=3, tls=True, **FAST)
+    certs = cluster.spec.tls.ca.parent
+    assert run("certs", "init", "--out", str(certs), "--node", "n4=127.0.0.1").returncode == 0
+    stranger = run("node", "start", "--join", cluster.endpoints[0], "--node", "n5", "--host", "127.0.0.1",
+                   "--base-port", str(free_port_block(ports_per_node(4))), "--data-dir", str(tmp_path / "n5"))
+    assert_one_line_error(stranger, "cannot join through", "requires TLS")
+    joiner(4).join("n4", cluster.endpoints[0], tls=(certs / "ca.pem", certs / "node-n4.pem", certs / "node-n4.key"))
+    with Client(cluster.endpoints, timeout=10.0, tls=cluster.tls) as kv:
+        wait_until(lambda: _balanced(kv, ["n1", "n2", "n3", "n4"]), 120, "n4 to take its share of replicas")
+        assert [n.id for n in kv.topology().meta.nodes] == ["n1", "n2", "n3", "n4"]
+        kv.put(b"after-join", b"1")
+        assert kv.get(b"after-join") == b"1"
 
 
 def kv_topology(cluster):

@@ -32,7 +32,7 @@ def test_a_checkpoint_file_named_outside_the_checkpoint_is_refused_and_nothing_l
         address = f"127.0.0.1:{free_port_block(1)}"
         server.add_insecure_port(address)
         await server.start()
-        peers = Peers(lambda node_id: address)
+        peers = Peers(lambda node_id: address, None)
         try:
             with pytest.raises(Unavailable, match="would land outside the checkpoint"):
                 await copy_replica(peers, ["n1"], 0, tmp_path / "data" / "p0000", [], lambda n: None)

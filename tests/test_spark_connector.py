@@ -276,19 +276,21 @@ def test_reads_from_a_learner_and_the_retained_feed_as_a_batch(spark, cluster, c
     assert sorted(r.key for r in feed if r.op == "c") == [f"k{i:03d}" for i in range(500)]
 
 
-def test_the_example_job_transforms_and_streams(spark, cluster, changelog_learner, tmp_path):
+def test_the_example_job_transforms_and_streams_over_tls(spark, make_cluster, changelog_learner, tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     import spark_example
 
+    cluster = make_cluster(nodes=3, partitions=4, tls=True)
     learner = changelog_learner(cluster)
-    with Client(cluster.endpoints) as client:
+    with Client(cluster.endpoints, tls=cluster.tls) as client:
         for i in range(20):
             client.put(f"users/{i}", f"name{i}")
         client.put("other", "x")
-    assert spark_example.upper_case_users(spark, endpoints(cluster)) == 20
-    with Client(cluster.endpoints) as client:
+    source = {"config": str(cluster.spec_path)}  # its nodes and its [tls] client certificate
+    assert spark_example.upper_case_users(spark, source) == 20
+    with Client(cluster.endpoints, tls=cluster.tls) as client:
         assert dict(client.scan(prefix="users_upper/")) == {f"users_upper/{i}".encode(): f"NAME{i}".encode()
                                                             for i in range(20)}
     wait_until(lambda: changelog_caught_up(cluster, learner), 60, "the learner to log every write")
-    spark_example.stream_changes_to_parquet(spark, learner, str(tmp_path))
+    spark_example.stream_changes_to_parquet(spark, source, learner, str(tmp_path))
     assert spark.read.parquet(str(tmp_path / "data")).count() == 41

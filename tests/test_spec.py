@@ -166,6 +166,32 @@ def test_a_bad_backup_table_is_named_by_key():
     assert "backup: unknown keys bucket" in problems
 
 
+def test_a_tls_table_resolves_its_paths_and_is_written_back_relative():
+    doc = valid_doc()
+    doc["tls"] = {"ca": "certs/ca.pem", "node_cert": "certs/node-{id}.pem", "node_key": "/etc/raftkv/node.key",
+                  "client_cert": "certs/user-admin.pem", "client_key": "certs/user-admin.key"}
+    spec = parse_spec(doc, BASE)
+    assert spec.tls.ca == BASE / "certs/ca.pem"
+    assert spec.tls.node("n2") == (BASE / "certs/node-n2.pem", Path("/etc/raftkv/node.key"))
+    assert spec.tls.learner_cert is None and spec.tls.metrics is False
+    written = tomllib.loads(spec_to_toml(spec, relative_to=BASE))["tls"]
+    assert written == {**doc["tls"], "metrics": False}
+    assert parse_spec(tomllib.loads(spec_to_toml(spec)), Path("/elsewhere")).tls == spec.tls
+    assert parse_spec(valid_doc(), BASE).tls is None
+
+
+def test_a_bad_tls_table_is_named_by_key():
+    doc = valid_doc()
+    doc["tls"] = {"node_cert": "", "node_key": 3, "client_cert": "c.pem", "metrics": "yes", "crl": "x"}
+    problems = problems_of(doc)
+    assert "tls.ca: missing (the file of the cluster CA)" in problems
+    assert "tls.node_cert: expected a file path, got ''" in problems
+    assert "tls.node_key: expected a file path, got 3" in problems
+    assert "tls: client_cert and client_key go together" in problems
+    assert "tls.metrics: expected true or false, got 'yes'" in problems
+    assert "tls: unknown keys crl" in problems
+
+
 def test_every_problem_is_reported_at_once():
     doc = valid_doc()
     doc["cluster"]["partitions"] = "x"

@@ -39,8 +39,17 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="raftkv")
-def cli() -> None:
-    """raftkv: a Raft-replicated, partitioned key-value store."""
+@click.option("--cacert", envvar="RAFTKV_CACERT", type=click.Path(dir_okay=False), default=None,
+              help="The cluster CA (PEM); default: the spec's [tls] ca.")
+@click.option("--cert", envvar="RAFTKV_CERT", type=click.Path(dir_okay=False), default=None,
+              help="Client certificate (PEM) to present; default: the spec's [tls] client_cert.")
+@click.option("--key", envvar="RAFTKV_KEY", type=click.Path(dir_okay=False), default=None,
+              help="Its private key (PEM).")
+def cli(cacert: str | None, cert: str | None, key: str | None) -> None:
+    """raftkv: a Raft-replicated, partitioned key-value store.
+
+    With TLS (the default of `cluster init` and `dev up`), commands present the client certificate the
+    spec names, or the one given here: raftkv --cert user-alice.pem --key user-alice.key get k"""
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from learners.backup_restore import backup_cluster, restore
 from raftkv.backup.store import LATEST, BackupInfo, BackupStore, list_backups, parse_storage_options
-from raftkv.cli.options import config_option, json_option
+from raftkv.cli.options import config_option, json_option, tls_files
 from raftkv.cli.output import console
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError
@@ -54,7 +54,7 @@ def create(config: str, url: str, storage_pairs: tuple[str, ...]) -> None:
     """
     spec = load_spec(config)
     store = BackupStore(url, _storage_options(storage_pairs), source="--to")
-    with Client([n.api_address for n in spec.nodes]) as kv, tempfile.TemporaryDirectory(prefix="raftkv-backup-") as tmp:
+    with Client([n.api_address for n in spec.nodes], tls=tls_files(spec)) as kv, tempfile.TemporaryDirectory(prefix="raftkv-backup-") as tmp:
         info = backup_cluster(kv, spec.name, store, work=Path(tmp), created=datetime.now(timezone.utc))
     console.print(f"backup {info.id}: {len(info.partitions)} partitions, {_size(info.total_bytes)} -> {store.url}")
 

@@ -10,6 +10,7 @@ from raftkv.cli.output import console
 from raftkv.core.errors import ConfigError
 from raftkv.cli.options import topology_options
 from raftkv.core.spec import build_spec, save_spec
+from raftkv.security.certs import CERTS_DIR, with_certificates
 
 
 
@@ -24,7 +25,7 @@ def cluster() -> None:
 @click.option("--name", default="raftkv", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="cluster.toml", show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite an existing spec.")
-def init(nodes, partitions, replication, base_port, data_dir, hosts, name, durability, output, force) -> None:
+def init(nodes, partitions, replication, base_port, data_dir, hosts, name, durability, tls, output, force) -> None:
     """Write a cluster spec (TOML)."""
     out = Path(output)
     if out.exists() and not force:
@@ -33,6 +34,11 @@ def init(nodes, partitions, replication, base_port, data_dir, hosts, name, durab
         nodes=nodes, partitions=partitions, replication=replication, base_port=base_port, data_dir=data_dir,
         hosts=[h.strip() for h in hosts.split(",")] if hosts else None, name=name, durability=durability,
     )
+    if tls:
+        spec = with_certificates(spec, out.parent.resolve())
     save_spec(spec, out)
     console.print(f"wrote {out}: {nodes} nodes, {partitions} partitions, replication {replication}")
+    if tls:
+        console.print(f"mutual TLS: certificates in {out.parent / CERTS_DIR}; the CLI presents the admin user's "
+                      f"(the spec's [tls] client_cert). Keep ca.key offline.")
     console.print(f"start each node with: raftkv node start --config {out} --node <id>  ({', '.join(spec.node_ids)})")

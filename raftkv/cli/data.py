@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from raftkv.cli.options import config_option, consistency_option, endpoints_option, json_option, resolve_endpoints
+from raftkv.cli.options import config_option, consistency_option, endpoints_option, json_option, open_client
 from raftkv.cli.output import console, err_console
 from raftkv.client.sync_client import Client
 
@@ -18,7 +18,7 @@ def _text(value: bytes) -> str:
 
 
 def _client(config: str, endpoints: str | None, timeout: float) -> Client:
-    return Client(resolve_endpoints(config, endpoints), timeout=timeout)
+    return open_client(config, endpoints, timeout=timeout)
 
 
 timeout_option = click.option("--timeout", type=float, default=10.0, show_default=True, help="Seconds.")

@@ -13,6 +13,7 @@ from raftkv.dev.local_cluster import LocalCluster
 from raftkv.dev.local_feed import LocalFeed
 from raftkv.cli.options import topology_options
 from raftkv.core.spec import build_spec, load_spec, save_spec
+from raftkv.security.certs import with_certificates
 
 
 
@@ -29,7 +30,7 @@ DEMO_TOPIC = "raftkv-feed"
 @topology_options
 @click.option("--learner/--no-learner", default=True, show_default=True,
               help="Also run an embedded Kafka-protocol broker (tansu) and a learner feeding it.")
-def up(nodes, partitions, replication, base_port, data_dir, durability, learner) -> None:
+def up(nodes, partitions, replication, base_port, data_dir, durability, tls, learner) -> None:
     """Start a local N-node cluster (data in --data-dir) until Ctrl-C.
 
     An existing DATA_DIR/cluster.toml is reused, so data survives restarts. With
@@ -43,6 +44,8 @@ def up(nodes, partitions, replication, base_port, data_dir, durability, learner)
     else:
         spec = build_spec(nodes=nodes, partitions=partitions, replication=replication, base_port=base_port,
                           data_dir=data_dir, durability=durability)
+        if tls:
+            spec = with_certificates(spec, spec_path.parent.resolve())
         spec = load_spec(save_spec(spec, spec_path))  # with its path: the learner finds its folder beside it
         console.print(f"wrote {spec_path}")
     cluster = LocalCluster(spec, spec_path)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from learners.changelog_client import tail as tail_changelog
 from learners.consumer import tail as tail_feed
+from raftkv.cli.options import config_option, tls_files
+from raftkv.core.spec import load_spec
 
 
 
@@ -22,11 +26,16 @@ def feed() -> None:
 @click.option("--from-beginning", is_flag=True, help="Start at the oldest event instead of new ones.")
 @click.option("--max-events", type=click.IntRange(1), default=None, help="Stop after this many events.")
 @click.option("--timeout", type=float, default=None, help="Stop after this many seconds without an event.")
-def tail(topic, bootstrap, changelog, from_beginning, max_events, timeout) -> None:
-    """Print events as JSON lines (Kafka: read_committed, deduplicated by partition/index/seq)."""
+@config_option
+def tail(topic, bootstrap, changelog, from_beginning, max_events, timeout, config) -> None:
+    """Print events as JSON lines (Kafka: read_committed, deduplicated by partition/index/seq).
+
+    A changelog learner of a cluster with TLS is reached with the spec's client certificate (--config),
+    or the one given as `raftkv --cert ... --key ... feed tail`."""
     if (topic is None) == (changelog is None):
         raise click.UsageError("name one feed: --topic (Kafka) or --changelog HOST:PORT (a changelog learner)")
     if changelog:
-        tail_changelog(changelog, from_beginning=from_beginning, max_events=max_events, timeout=timeout)
+        tls = tls_files(load_spec(config) if Path(config).exists() else None)
+        tail_changelog(changelog, from_beginning=from_beginning, max_events=max_events, timeout=timeout, tls=tls)
     else:
         tail_feed(bootstrap, topic, from_beginning=from_beginning, max_events=max_events, timeout=timeout)

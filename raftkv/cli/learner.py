@@ -12,9 +12,8 @@ from rich.table import Table
 
 from learners import learner_process
 from raftkv import failpoints
-from raftkv.cli.options import config_option, endpoints_option, json_option, resolve_endpoints
+from raftkv.cli.options import config_option, endpoints_option, json_option, open_client
 from raftkv.cli.output import console
-from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import load_spec
 
@@ -60,7 +59,7 @@ sink_option = click.option("--sink-option", "sink_options", multiple=True, metav
 @endpoints_option
 def add(name, sink_name, sink_options, partitions, config, endpoints) -> None:
     """Register a learner through the Raft log of each chosen partition."""
-    with Client(resolve_endpoints(config, endpoints)) as kv:
+    with open_client(config, endpoints) as kv:
         chosen = parse_partitions(partitions, kv.partitions)
         kv.register_learner(name, sink_name, parse_sink_options(sink_options), chosen)
     console.print(f"registered learner {name} ({sink_name}) on partitions {chosen}; "
@@ -73,7 +72,7 @@ def add(name, sink_name, sink_options, partitions, config, endpoints) -> None:
 @json_option
 def list_(config, endpoints, as_json) -> None:
     """Registered learners, their sinks and how far each partition's feed has got."""
-    with Client(resolve_endpoints(config, endpoints)) as kv:
+    with open_client(config, endpoints) as kv:
         learners = kv.learners()
     if as_json:
         console.print_json(json.dumps({
@@ -98,7 +97,7 @@ def list_(config, endpoints, as_json) -> None:
 @endpoints_option
 def remove(name, partitions, config, endpoints) -> None:
     """Unregister a learner; voters stop retaining the log for it."""
-    with Client(resolve_endpoints(config, endpoints)) as kv:
+    with open_client(config, endpoints) as kv:
         kv.remove_learner(name, parse_partitions(partitions, kv.partitions))
     console.print(f"removed learner {name}")
 

@@ -11,10 +11,9 @@ import click
 from rich.table import Table
 
 from raftkv import failpoints
-from raftkv.cli.options import config_option, endpoints_option, json_option, resolve_endpoints
+from raftkv.cli.options import config_option, endpoints_option, json_option, open_client, tls_files
 from raftkv.cli.output import console, err_console
 from raftkv.cli.replica import wait_for
-from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import load_spec
 from raftkv.node import process as node_process
@@ -33,7 +32,9 @@ def node() -> None:
                    "that joined.")
 @click.option("--node", "node_id", required=True, help="This node's id (e.g. n1); a new id with --join.")
 @click.option("--join", "seed", default=None, metavar="HOST:PORT",
-              help="Join a running cluster through any of its nodes (needs --base-port and --data-dir).")
+              help="Join a running cluster through any of its nodes (needs --base-port and --data-dir; with TLS, "
+                   "this node's certificate as `raftkv --cacert --cert --key node start ...`, or the same files "
+                   "the cluster's spec names).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --join: the address others reach it at.")
 @click.option("--base-port", type=click.IntRange(1024, 65000), default=None,
               help="With --join: API port; metrics, then one Raft port per partition and the metadata's follow.")
@@ -50,7 +51,7 @@ def start(config: str | None, node_id: str, seed: str | None, host: str, base_po
     elif seed is not None:
         if base_port is None or data_dir is None:
             raise ConfigError("--join needs --base-port and --data-dir", source="node start")
-        spec, initial = join(seed, node_id, host, base_port, Path(data_dir))
+        spec, initial = join(seed, node_id, host, base_port, Path(data_dir), tls_files(None))
         console.print(f"joined the cluster as {node_id}; restart it with: raftkv node start --node {node_id} "
                       f"--data-dir {data_dir}")
     else:
@@ -70,7 +71,7 @@ def start(config: str | None, node_id: str, seed: str | None, host: str, base_po
 @click.option("--timeout", type=click.FloatRange(min=1), default=1800, show_default=True)
 def decommission(config: str, endpoints: str | None, node_id: str, force: bool, wait: bool, timeout: float) -> None:
     """Move every replica and leadership off NODE_ID, then remove it; its process exits."""
-    with Client(resolve_endpoints(config, endpoints), timeout=15.0) as kv:
+    with open_client(config, endpoints, timeout=15.0) as kv:
         if force:
             err_console.print(f"warning: --force: partitions may be left with fewer replicas than the "
                               f"replication factor once {node_id} is gone")
@@ -88,7 +89,7 @@ def decommission(config: str, endpoints: str | None, node_id: str, force: bool, 
 @json_option
 def list_nodes(config: str, endpoints: str | None, as_json: bool) -> None:
     """The cluster's nodes as its metadata records them: state, replicas, and the moves under way."""
-    with Client(resolve_endpoints(config, endpoints), timeout=10.0) as kv:
+    with open_client(config, endpoints, timeout=10.0) as kv:
         topology = kv.topology()
     meta = topology.meta
     rows = [{"id": n.id, "api_address": n.api_address, "state": n.state.value, "replicas": len(meta.voter_partitions(n.id)),

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
-from raftkv.core.spec import DURABILITY_MODES, load_spec
+from raftkv.client.sync_client import Client
+from raftkv.core.spec import DURABILITY_MODES, ClusterSpec, load_spec
+from raftkv.security.tls import Tls, client_tls
 
 config_option = click.option(
     "--config", "-c", "config", type=click.Path(dir_okay=False), default="raftkv-data/cluster.toml",
@@ -21,14 +25,22 @@ consistency_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 
 
-def resolve_endpoints(config: str, endpoints: str | None) -> list[str]:
-    if endpoints:
-        return [e.strip() for e in endpoints.split(",") if e.strip()]
-    return [n.api_address for n in load_spec(config).nodes]
+def tls_files(spec: ClusterSpec | None) -> Tls | None:
+    """What this CLI run presents: the root --cacert/--cert/--key (or RAFTKV_CACERT...), else the spec's."""
+    root = click.get_current_context().find_root().params
+    return client_tls(spec, root.get("cacert"), root.get("cert"), root.get("key"))
+
+
+def open_client(config: str, endpoints: str | None, **options) -> Client:
+    """A client of the cluster in --config, or at --endpoints (then the spec, if there is one, gives TLS)."""
+    spec = load_spec(config) if not endpoints or Path(config).exists() else None
+    addresses = [e.strip() for e in endpoints.split(",") if e.strip()] if endpoints else \
+        [n.api_address for n in spec.nodes]
+    return Client(addresses, tls=tls_files(spec), **options)
 
 
 def topology_options(command):
-    """--nodes, --partitions, --replication, --base-port, --data-dir, --durability (cluster init, dev up)."""
+    """--nodes, --partitions, --replication, --base-port, --data-dir, --durability, --tls (cluster init, dev up)."""
     options = [
         click.option("--nodes", "-n", type=click.IntRange(1, 99), default=3, show_default=True),
         click.option("--partitions", "-p", type=click.IntRange(1, 4096), default=8, show_default=True,
@@ -39,6 +51,9 @@ def topology_options(command):
         click.option("--data-dir", type=click.Path(file_okay=False), default="raftkv-data", show_default=True),
         click.option("--durability", type=click.Choice(DURABILITY_MODES), default="default", show_default=True,
                      help="fsync: acknowledged writes survive power loss, not just process crashes."),
+        click.option("--tls/--no-tls", default=True, show_default=True,
+                     help="Mutual TLS on every listener: makes a CA and certificates in certs/ beside the spec "
+                          "(docs/security.md)."),
     ]
     for option in reversed(options):
         command = option(command)

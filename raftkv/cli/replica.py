@@ -9,9 +9,9 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from raftkv.cli.options import config_option, endpoints_option, resolve_endpoints
-from raftkv.cli.output import console
+from raftkv.cli.options import config_option, endpoints_option, open_client
 from raftkv.client.sync_client import Client
+from raftkv.cli.output import console
 from raftkv.core.errors import ChangeRefused, Unavailable
 from raftkv.core.spec import Tuning, load_spec
 from raftkv.meta.planner import PlannedMove, PlannedTransfer, leaders_from, plan
@@ -56,7 +56,7 @@ def move(config: str, endpoints: str | None, partition: int, source: str, target
 
     The group keeps its replication factor of up-to-date voters throughout.
     """
-    with Client(resolve_endpoints(config, endpoints), timeout=15.0) as kv:
+    with open_client(config, endpoints, timeout=15.0) as kv:
         kv.move_replica(partition, source, target)
         console.print(f"moving partition {partition}: {source} -> {target}")
         if not wait:
@@ -79,7 +79,7 @@ def rebalance(config: str, endpoints: str | None, dry_run: bool, timeout: float)
     the plan, or runs it to the end with a progress bar.
     """
     tuning = load_spec(config).tuning if endpoints is None else Tuning()
-    with Client(resolve_endpoints(config, endpoints), timeout=15.0) as kv:
+    with open_client(config, endpoints, timeout=15.0) as kv:
         actions = plan(kv.topology().meta, leaders_of(kv), max_moves=10**6, max_moves_per_node=10**6)
         if dry_run or not actions:
             _print_plan(actions)
@@ -139,7 +139,7 @@ def leader() -> None:
 @click.option("--timeout", type=click.FloatRange(min=1), default=30, show_default=True)
 def transfer(config: str, endpoints: str | None, partition: int, target: str, timeout: float) -> None:
     """Hand a partition's leadership to another of its replicas."""
-    with Client(resolve_endpoints(config, endpoints), timeout=15.0) as kv:
+    with open_client(config, endpoints, timeout=15.0) as kv:
         placement = kv.topology().meta.placement
         voters = placement[partition] if partition < len(placement) else ()
         if target not in voters:

@@ -7,9 +7,9 @@ import json
 import click
 from rich.table import Table
 
-from raftkv.cli.options import config_option, endpoints_option, json_option, resolve_endpoints
+from raftkv.cli.options import config_option, endpoints_option, json_option, open_client
 from raftkv.cli.output import console
-from raftkv.client.sync_client import Client, NodeStatus
+from raftkv.client.sync_client import NodeStatus
 
 
 
@@ -31,7 +31,7 @@ def status_rows(statuses: list[NodeStatus]) -> list[dict]:
 @json_option
 def status(config: str, endpoints: str | None, as_json: bool) -> None:
     """Partitions, leaders, terms, commit/applied indexes and replicas, as each node sees them."""
-    with Client(resolve_endpoints(config, endpoints), timeout=5.0) as kv:
+    with open_client(config, endpoints, timeout=5.0) as kv:
         statuses = kv.status()
     rows = status_rows(statuses)
     down = [{"node": s.node_id, "address": s.address, "error": s.error} for s in statuses if not s.reachable]

@@ -33,6 +33,7 @@ from raftkv.core.errors import InvalidRequest, Unavailable
 from raftkv.core.partitioning import partition_for_key
 from raftkv.meta.records import BeginMove, MetaCommand, NodeState, SetNodeState, encode_command
 from raftkv.meta.wire import Topology, topology_of
+from raftkv.security.tls import Tls
 
 Bytes = bytes | str
 
@@ -80,6 +81,7 @@ class ClientOptions(TypedDict, total=False):
     timeout: float
     max_batch_ops: int
     max_in_flight: int
+    tls: Tls | None
 
 
 class AsyncClient:
@@ -91,9 +93,11 @@ class AsyncClient:
         timeout: float = 10.0,
         max_batch_ops: int = 1024,
         max_in_flight: int = 4,
+        tls: Tls | None = None,
     ):
+        """`tls`: the cluster's CA and this client's certificate; None for a cluster without [tls]."""
         self._consistency = consistency_from_name(consistency)
-        self._core = ClientCore(parse_endpoints(endpoints), timeout, max_batch_ops, max_in_flight)
+        self._core = ClientCore(parse_endpoints(endpoints), timeout, max_batch_ops, max_in_flight, tls)
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -25,7 +25,8 @@ from raftkv.api.convert import error_from_result
 from raftkv.api.rpc_errors import error_of, never_sent
 from raftkv.client.retry import decide
 from raftkv.client.routing import RoutingTable
-from raftkv.core.errors import ChangeRefused, NotLeader, RaftKVError, Unavailable, Undetermined
+from raftkv.core.errors import ChangeRefused, NotLeader, RaftKVError, Unauthenticated, Unavailable, Undetermined
+from raftkv.security.tls import Tls, open_channel, refusal
 
 
 # Columnar scan chunks are up to 4 MiB (server.COLUMNS_CHUNK_BYTES): above gRPC's default receive limit.
@@ -114,7 +115,11 @@ class _Link:
 class ClientCore:
     """Everything that runs on the client's event loop: transport, and the one retry loop."""
 
-    def __init__(self, endpoints: list[str], timeout: float, max_batch_ops: int, max_in_flight: int):
+    def __init__(self, endpoints: list[str], timeout: float, max_batch_ops: int, max_in_flight: int,
+                 tls: Tls | None):
+        if tls is not None:
+            tls.check()  # an expired or foreign certificate of ours is a ConfigError now, not a refusal later
+        self.tls = tls
         self.routing = RoutingTable(list(endpoints))
         self.timeout = timeout
         self.max_batch_ops = max_batch_ops
@@ -131,7 +136,7 @@ class ClientCore:
 
     def stub(self, address: str) -> kv_pb2_grpc.KVStub:
         if address not in self._stubs:
-            self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._channels[address] = open_channel(address, self.tls, CHANNEL_OPTIONS)
             self._stubs[address] = kv_pb2_grpc.KVStub(self._channels[address])
         return self._stubs[address]
 
@@ -148,6 +153,7 @@ class ClientCore:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         while True:
+            refused = []
             for address in self.routing.known_addresses():
                 try:
                     return await call(self.admin(address))
@@ -155,10 +161,14 @@ class ClientCore:
                     if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
                         raise ChangeRefused(exc.details()) from None
                     last = f"{address}: {exc.code().name} {exc.details()}"
+                    if why := refusal(exc.details() or "", self.tls):
+                        refused.append(f"{address}: {why}")
                 except Unavailable as exc:
                     if not on_any_error:
                         raise
                     last = f"{address}: {exc}"
+            if refused and len(refused) == len(self.routing.known_addresses()):
+                raise Unauthenticated(refused[0])
             if loop.time() >= deadline:
                 raise Unavailable(f"{what}: no node could answer (last: {last}); check that the nodes are running")
             await asyncio.sleep(0.2)
@@ -197,6 +207,9 @@ class ClientCore:
             else:
                 result.append(NodeStatus(reply.node_id, address, True, tuple(reply.hosted)))
         if not answered:
+            refused = [refusal(r.details() or "", self.tls) for r in replies if isinstance(r, grpc.aio.AioRpcError)]
+            if refused and len(refused) == len(replies) and all(refused):
+                raise Unauthenticated(f"{addresses[0]}: {refused[0]}")
             raise Unavailable(
                 "no node answered at " + ", ".join(addresses) + "; check the endpoints and that the nodes are running"
             )

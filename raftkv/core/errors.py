@@ -39,6 +39,11 @@ class Unavailable(RaftKVError):
     """No replica could be reached, or no leader was elected before the deadline; nothing was written."""
 
 
+class Unauthenticated(RaftKVError):
+    """The TLS set-up with every node failed: a certificate one side does not trust, or TLS on one
+    side only; nothing was sent."""
+
+
 class Timeout(RaftKVError):
     """A read did not complete before its deadline."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 LEADER_CHANGES = Counter("raftkv_leader_changes_total", "Times this replica's role changed", ["partition"])
@@ -44,5 +46,9 @@ def init_partition(partition: int) -> None:
     CHECKPOINT_BYTES_SENT.labels(partition)
 
 
-def serve(host: str, port: int) -> None:
-    start_http_server(port, addr=host)
+def serve(host: str, port: int, cert_and_key: tuple[Path, Path] | None = None) -> None:
+    """Plain HTTP, or HTTPS with the node's certificate ([tls] metrics = true)."""
+    if cert_and_key is None:
+        start_http_server(port, addr=host)
+    else:
+        start_http_server(port, addr=host, certfile=str(cert_and_key[0]), keyfile=str(cert_and_key[1]))

@@ -25,6 +25,16 @@
     [backup.storage]         # fsspec storage options
     endpoint_url = "http://127.0.0.1:9000"
 
+    [tls]                    # optional (`cluster init` and `dev up` write it): mutual TLS, docs/security.md
+    ca = "certs/ca.pem"
+    node_cert = "certs/node-{id}.pem"    # {id}: the node's id (or one path, the same on every host)
+    node_key = "certs/node-{id}.key"
+    learner_cert = "certs/learner.pem"   # optional: what learner processes present
+    learner_key = "certs/learner.key"
+    client_cert = "certs/user-admin.pem" # optional: what the CLI presents unless given --cert/--key
+    client_key = "certs/user-admin.key"
+    metrics = false          # serve /metrics over HTTPS with the node's certificate
+
 `validate` names every problem by field; `load_spec` raises one ConfigError
 listing them all.
 """
@@ -125,6 +135,24 @@ class BackupConfig:
 
 
 @dataclass(frozen=True)
+class TlsSpec:
+    """Where the cluster's PEM files are; the presence of [tls] turns mutual TLS on for every listener."""
+
+    ca: Path
+    node_cert: str  # a path; "{id}" in it stands for the node's id
+    node_key: str
+    learner_cert: Path | None = None
+    learner_key: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+    metrics: bool = False
+
+    def node(self, node_id: str) -> tuple[Path, Path]:
+        """The certificate and key of node `node_id`."""
+        return Path(self.node_cert.replace("{id}", node_id)), Path(self.node_key.replace("{id}", node_id))
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     name: str
     partitions: int
@@ -135,6 +163,7 @@ class ClusterSpec:
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     tuning: Tuning = field(default_factory=Tuning)
     backup: BackupConfig | None = None
+    tls: TlsSpec | None = None
     path: Path | None = field(default=None, compare=False)
 
     @property
@@ -257,6 +286,7 @@ def spec_to_toml(spec: ClusterSpec, relative_to: Path | None = None) -> str:
         },
         **({"tuning": tuning_doc} if (tuning_doc := _non_default_tuning(spec.tuning)) else {}),
         **({"backup": _backup_doc(spec.backup)} if spec.backup else {}),
+        **({"tls": _tls_doc(spec.tls, relative_to)} if spec.tls else {}),
         "nodes": [
             {
                 "id": n.id,
@@ -279,6 +309,16 @@ def _non_default_tuning(tuning: Tuning) -> dict:
 
 def _backup_doc(backup: BackupConfig) -> dict:
     return {"url": backup.url, "seed": backup.seed, **({"storage": dict(backup.storage)} if backup.storage else {})}
+
+
+def _tls_doc(tls: TlsSpec, relative_to: Path | None) -> dict:
+    def text(path: Path | str) -> str:
+        path = Path(path)
+        return str(path.relative_to(relative_to)) if relative_to is not None and path.is_relative_to(relative_to) \
+            else str(path)
+
+    doc = {k: text(v) for k, v in vars(tls).items() if k != "metrics" and v is not None}
+    return {**doc, "metrics": tls.metrics}
 
 
 def save_spec(spec: ClusterSpec, path: str | Path) -> Path:
@@ -337,6 +377,7 @@ def parse_spec(doc: dict, base_dir: Path, source: str = "spec") -> ClusterSpec:
         problems.append(f"cluster: unknown keys {', '.join(sorted(unknown))}")
     spec_values["tuning"] = _parse_tuning(doc.get("tuning", {}), problems)
     spec_values["backup"] = _parse_backup(doc["backup"], problems) if "backup" in doc else None
+    spec_values["tls"] = _parse_tls(doc["tls"], base_dir, problems) if "tls" in doc else None
     if problems:
         raise ConfigError(problems, source=source)
     spec = ClusterSpec(nodes=tuple(nodes), **spec_values)
@@ -382,6 +423,38 @@ def _parse_backup(table: object, problems: list[str]) -> BackupConfig | None:
         return None
     pairs = tuple((k, str(v).lower() if isinstance(v, bool) else str(v)) for k, v in storage.items())
     return BackupConfig(url, seed, pairs)
+
+
+_TLS_PAIRS = (("learner_cert", "learner_key"), ("client_cert", "client_key"))
+
+
+def _parse_tls(table: object, base_dir: Path, problems: list[str]) -> TlsSpec | None:
+    if not isinstance(table, dict):
+        problems.append("tls: expected a table")
+        return None
+    before = len(problems)
+    known = {"ca", "node_cert", "node_key", "metrics"} | {k for pair in _TLS_PAIRS for k in pair}
+    if unknown := set(table) - known:
+        problems.append(f"tls: unknown keys {', '.join(sorted(unknown))}")
+    paths = {}
+    for key in known - {"metrics"}:
+        value = table.get(key)
+        if value is None:
+            if key in ("ca", "node_cert", "node_key"):
+                problems.append(f"tls.{key}: missing (the file of {'the cluster CA' if key == 'ca' else 'each node'})")
+        elif not isinstance(value, str) or not value:
+            problems.append(f"tls.{key}: expected a file path, got {value!r}")
+        else:
+            paths[key] = str(base_dir / value)  # an absolute value stays as it is
+    for cert, key in _TLS_PAIRS:
+        if (cert in table) != (key in table):
+            problems.append(f"tls: {cert} and {key} go together")
+    metrics = table.get("metrics", False)
+    if not isinstance(metrics, bool):
+        problems.append(f"tls.metrics: expected true or false, got {metrics!r}")
+    if len(problems) > before:
+        return None
+    return TlsSpec(**{k: v if k.startswith("node_") else Path(v) for k, v in paths.items()}, metrics=metrics)
 
 
 def load_spec(path: str | Path) -> ClusterSpec:

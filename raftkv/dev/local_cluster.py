@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec
+from raftkv.security.tls import client_tls
 
 
 CommandWrapper = Callable[[str, Sequence[str]], list[str]]
@@ -33,6 +34,7 @@ class LocalCluster:
     def __init__(self, spec: ClusterSpec, spec_path: Path, env: dict[str, str] | None = None,
                  wrap_command: CommandWrapper | None = None, log_dir: Path | None = None):
         self.spec = spec
+        self.tls = client_tls(spec)  # what its clients present: the spec's client certificate
         self.spec_path = Path(spec_path)
         self._log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
@@ -113,7 +115,7 @@ class LocalCluster:
         """Until every partition has a leader that all running replicas agree on."""
         deadline = time.monotonic() + timeout
         last = "no status yet"
-        with Client(self.endpoints, timeout=2.0) as client:
+        with Client(self.endpoints, timeout=2.0, tls=self.tls) as client:
             while time.monotonic() < deadline:
                 if dead := self.exited():
                     raise Unavailable(

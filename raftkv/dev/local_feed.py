@@ -20,6 +20,7 @@ from learners.learner_process import learner_folder
 from raftkv.client.sync_client import Client
 from raftkv.dev.broker import TansuBroker
 from raftkv.core.spec import ClusterSpec
+from raftkv.security.tls import client_tls
 
 
 class LocalFeed:
@@ -47,7 +48,7 @@ class LocalFeed:
         self.broker.start()
         try:
             shutil.rmtree(learner_folder(self.spec, self.name), ignore_errors=True)
-            with Client([n.api_address for n in self.spec.nodes]) as kv:
+            with Client([n.api_address for n in self.spec.nodes], tls=client_tls(self.spec)) as kv:
                 kv.register_learner(self.name, "kafka",
                                     {"bootstrap.servers": self.bootstrap, "topic": self.topic, **self.sink_options})
             with open(self.log_path, "ab") as out:

@@ -19,11 +19,12 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.core.errors import ChangeRefused, ConfigError, Unavailable
+from raftkv.core.errors import ChangeRefused, ConfigError, Unauthenticated, Unavailable
 from raftkv.core.spec import ClusterSpec, NodeSpec, load_spec, parse_spec, save_spec
 from raftkv.meta.bootstrap import node_record
 from raftkv.meta.records import AddNode, ClusterMeta, decode_meta, encode_command, encode_meta
 from raftkv.meta.wire import topology_of
+from raftkv.security.tls import Tls, open_blocking_channel, refusal
 
 SPEC_FILE = "cluster.toml"
 JOINED_FILE = "joined.json"
@@ -37,13 +38,19 @@ def joined_before(data_dir: Path) -> tuple[ClusterSpec, ClusterMeta] | None:
     return load_spec(spec_path), decode_meta(joined.read_bytes())
 
 
-def join(seed: str, node_id: str, host: str, base_port: int, data_dir: Path) -> tuple[ClusterSpec, ClusterMeta]:
-    """Register this node through `seed` (any member's API address); returns its spec and the topology."""
-    with grpc.insecure_channel(seed) as channel:
+def join(seed: str, node_id: str, host: str, base_port: int, data_dir: Path,
+         tls: Tls | None = None) -> tuple[ClusterSpec, ClusterMeta]:
+    """Register this node through `seed` (any member's API address); returns its spec and the topology.
+    `tls`: this node's certificate (--cacert/--cert/--key); without it, a cluster with TLS is joined with
+    the files its spec names (the same paths on this host)."""
+    with open_blocking_channel(seed, tls) as channel:
         admin = kv_pb2_grpc.AdminStub(channel)
-        topology = _call(seed, lambda: admin.Topology(pb.TopologyRequest(), timeout=10.0))
+        topology = _call(seed, tls, lambda: admin.Topology(pb.TopologyRequest(), timeout=10.0))
         doc = tomllib.loads(topology.spec_toml)
         cluster = parse_spec(doc, base_dir=data_dir, source=f"the cluster's spec from {seed}")
+        if tls is not None and cluster.tls is not None:
+            cluster = replace(cluster, tls=replace(cluster.tls, ca=tls.ca, node_cert=str(tls.cert),
+                                                   node_key=str(tls.key)))
         me = NodeSpec(node_id, host, base_port, base_port + 1, base_port + 2, data_dir.resolve())
         if any(n.id == node_id for n in topology.meta.nodes):
             known = topology.meta.node(node_id)
@@ -52,19 +59,21 @@ def join(seed: str, node_id: str, host: str, base_port: int, data_dir: Path) -> 
         spec = replace(cluster, nodes=tuple(n for n in cluster.nodes if n.id != node_id) + (me,), path=None)
         record = node_record(spec, me)
         command = pb.ChangeTopologyRequest(command=encode_command(AddNode(record)))
-        meta = _call(seed, lambda: admin.ChangeTopology(command, timeout=15.0)).meta
+        meta = _call(seed, tls, lambda: admin.ChangeTopology(command, timeout=15.0)).meta
     data_dir.mkdir(parents=True, exist_ok=True)
     save_spec(spec, data_dir / SPEC_FILE)
     (data_dir / JOINED_FILE).write_bytes(encode_meta(meta))
     return load_spec(data_dir / SPEC_FILE), meta
 
 
-def _call(seed: str, call):
+def _call(seed: str, tls: Tls | None, call):
     try:
         return topology_of(call())
     except grpc.RpcError as exc:
         if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
             raise ChangeRefused(exc.details()) from None
+        if why := refusal(exc.details() or "", tls):
+            raise Unauthenticated(f"cannot join through {seed}: {why}") from None
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             raise Unavailable(f"cannot join through {seed}: {exc.details()}; is a node of the cluster running "
                               "there?") from None

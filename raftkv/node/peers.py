@@ -8,6 +8,7 @@ from typing import Callable
 import grpc
 
 from raftkv.api import kv_pb2_grpc
+from raftkv.security.tls import Tls, open_channel
 
 
 @dataclass(frozen=True)
@@ -19,8 +20,9 @@ class _Peer:
 
 
 class Peers:
-    def __init__(self, address_of: Callable[[str], str]):
+    def __init__(self, address_of: Callable[[str], str], tls: Tls | None):
         self._address_of = address_of
+        self._tls = tls
         self._peers: dict[str, _Peer] = {}
         self._retired: list[grpc.aio.Channel] = []
 
@@ -30,9 +32,8 @@ class Peers:
         if peer is None or peer.address != address:  # a node that came back elsewhere gets a new channel
             if peer is not None:
                 self._retired.append(peer.channel)
-            channel = grpc.aio.insecure_channel(address)
-            peer = self._peers[node_id] = _Peer(address, channel, kv_pb2_grpc.KVStub(channel),
-                                                kv_pb2_grpc.AdminStub(channel))
+            to = open_channel(address, self._tls)
+            peer = self._peers[node_id] = _Peer(address, to, kv_pb2_grpc.KVStub(to), kv_pb2_grpc.AdminStub(to))
         return peer
 
     def stub(self, node_id: str) -> kv_pb2_grpc.KVStub:

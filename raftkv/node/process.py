@@ -39,6 +39,7 @@ from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replic
 from raftkv.node.service import KVService
 from raftkv.raft.group import AddressInUse, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from raftkv.security.tls import listen, node_tls
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ class Node:
         self.copying: dict[int, ReplicaCopying] = {}  # ... whose checkpoint files are on their way
         self._copy_tried: set[int] = set()  # ... copied (or not) already: they open as learners now
         self.meta: MetaReplica | None = None
-        self.peers = Peers(self.address_of)
+        self.tls = node_tls(spec, node_id)
+        self.peers = Peers(self.address_of, self.tls)
         self.mover = ReplicaMover(lambda: self.meta, lambda: self.topology, self.peers, spec.tuning.move_timeout)
         self.rebalancer = Rebalancer(spec.tuning, lambda: self.topology, self.peers, self.change_topology)
         self.removed = asyncio.Event()  # the metadata says this node is removed: the process exits
@@ -127,6 +129,8 @@ class Node:
                     ) from None
 
     async def start(self) -> None:
+        if self.tls is not None:
+            self.tls.check()
         loop = self._loop = asyncio.get_running_loop()
         self.failure = loop.create_future()
         # Every port of the node's block, partitions it does not hold included: any may move here.
@@ -138,7 +142,7 @@ class Node:
         if not await self._metadata_caught_up(timeout=5.0):
             await self._ask_members()
         self._server = grpc.aio.server(options=GRPC_OPTIONS)
-        self._server.add_insecure_port(self.me.api_address)
+        listen(self._server, self.me.api_address, self.tls)
         for scratch in self.me.data_dir.glob(f"{SCRATCH_PREFIX}*"):  # copies a crash interrupted
             shutil.rmtree(scratch, ignore_errors=True)
         self._reconcile(at_start=True)
@@ -146,7 +150,8 @@ class Node:
             KVService(self.spec, self.me.id, self.frontends, lambda: self.topology, self.peers), self._server)
         kv_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self._server)
         try:
-            metrics.serve(self.me.host, self.me.metrics_port)
+            https = self.tls is not None and self.spec.tls.metrics
+            metrics.serve(self.me.host, self.me.metrics_port, (self.tls.cert, self.tls.key) if https else None)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on port {self.me.metrics_port}: {exc.strerror}",
                               source=f"node {self.me.id} metrics_port") from None

@@ -13,7 +13,7 @@ import datetime
 import ipaddress
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import ClusterSpec
+from raftkv.core.spec import ClusterSpec, TlsSpec
 
 ROLES = ("node", "learner", "user")
 CA_DAYS = 3650
@@ -53,21 +53,43 @@ def identity_of(cert: x509.Certificate) -> Identity:
     return Identity(str(names[0].value), role)
 
 
-def init_certs(out: Path, spec: ClusterSpec | None, users: Iterable[str], days: int) -> list[Written]:
-    """The CA (made if absent), a certificate per node of `spec`, per user, and the learners' one."""
-    users = list(users)
+def init_certs(out: Path, spec: ClusterSpec | None, users: Iterable[str], days: int,
+               nodes: Iterable[tuple[str, str]] = ()) -> list[Written]:
+    """The CA (made if absent), a certificate per node of `spec` and per (id, host) of `nodes` (a node
+    that will join), per user, and the learners' one."""
+    users, nodes = list(users), [(n.id, n.host) for n in (spec.nodes if spec else ())] + list(nodes)
     for name in users:
         if not _NAME.match(name):
             raise ConfigError(f"{name!r} cannot be a user name: letters, digits, '.', '_' and '-' only, "
                               "up to 64", source="--user")
+    for node_id, _ in nodes:
+        if not _NAME.match(node_id):
+            raise ConfigError(f"{node_id!r} cannot be a node id: letters, digits, '.', '_' and '-' only", source="--node")
     out.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key, written = _ca(out)
-    wanted = [(f"node-{n.id}", n.id, "node", [n.host]) for n in (spec.nodes if spec else ())]
+    wanted = [(f"node-{node_id}", node_id, "node", [host]) for node_id, host in nodes]
     wanted += [(f"user-{name}", name, "user", []) for name in users]
-    wanted.append(("learner", "learner", "learner", []))
+    # A learner serves its API (follower reads, the changelog) too; it runs beside a node or on this host.
+    learner_hosts = sorted({n.host for n in spec.nodes} if spec else set()) or ["127.0.0.1"]
+    wanted.append(("learner", "learner", "learner", learner_hosts))
     for stem, name, role, hosts in wanted:
         written.append(_leaf(out, stem, name, role, hosts, days, ca_cert, ca_key))
     return written
+
+
+CERTS_DIR = "certs"
+ADMIN_USER = "admin"
+
+
+def with_certificates(spec: ClusterSpec, folder: Path, days: int = 825) -> ClusterSpec:
+    """`spec` with mutual TLS on: certificates made in `folder`/certs (the CA, one per node, the learners'
+    and an `admin` user's for the CLI), and a [tls] table naming them."""
+    out = folder / CERTS_DIR
+    init_certs(out, spec, [ADMIN_USER], days)
+    return replace(spec, tls=TlsSpec(
+        ca=out / "ca.pem", node_cert=str(out / "node-{id}.pem"), node_key=str(out / "node-{id}.key"),
+        learner_cert=out / "learner.pem", learner_key=out / "learner.key",
+        client_cert=out / f"user-{ADMIN_USER}.pem", client_key=out / f"user-{ADMIN_USER}.key"))
 
 
 def _ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey, list[Written]]:
@@ -103,7 +125,7 @@ def _leaf(out: Path, stem: str, name: str, role: str, hosts: list[str], days: in
         return Written(cert_path, False)
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
-    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if role == "node" else [])
+    usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if hosts else [])
     builder = (x509.CertificateBuilder()
                .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, f"raftkv-{role}"),
                                         x509.NameAttribute(NameOID.COMMON_NAME, name)]))

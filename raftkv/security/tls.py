@@ -1,0 +1,152 @@
+"""The PEM files a process presents and trusts, turned into gRPC credentials (docs/security.md §4).
+
+Every gRPC channel and server of raftkv is made here, so "TLS or not" is decided
+in one place: `channel(address, tls)` is plaintext only when `tls` is None.
+The files are read and checked when first used: a missing file, a certificate
+the CA did not sign, or one that expired is one ConfigError line naming the file
+and what to do, not a handshake that fails later with an OpenSSL code.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import grpc
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+from raftkv.core.errors import ConfigError
+from raftkv.core.spec import ClusterSpec
+
+_REMEDY = "make them with `raftkv certs init`, or name your own PEM files in the spec's [tls] table"
+
+
+@dataclass(frozen=True)
+class Tls:
+    """A CA to trust, and the certificate and key this process presents (its identity)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def __post_init__(self):  # paths may come as text
+        for name in ("ca", "cert", "key"):
+            object.__setattr__(self, name, Path(getattr(self, name)))
+
+    @functools.cached_property
+    def _pems(self) -> tuple[bytes, bytes, bytes]:
+        ca, cert, key = (_read(p) for p in (self.ca, self.cert, self.key))
+        check_certificate(cert, ca, self.cert, self.ca)
+        return ca, cert, key
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """Mutual TLS: a client without a certificate this CA signed fails the handshake."""
+        ca, cert, key = self._pems
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        ca, cert, key = self._pems
+        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+    def check(self) -> None:
+        """Read and check the files now (at start-up), rather than at the first connection."""
+        self._pems
+
+
+def node_tls(spec: ClusterSpec, node_id: str) -> Tls | None:
+    """What node `node_id` serves with and presents to the others; None: the cluster runs plaintext."""
+    if spec.tls is None:
+        return None
+    return Tls(spec.tls.ca, *spec.tls.node(node_id))
+
+
+def learner_tls(spec: ClusterSpec) -> Tls | None:
+    if spec.tls is None:
+        return None
+    if spec.tls.learner_cert is None:
+        raise ConfigError("the cluster runs TLS but its spec names no learner_cert and learner_key; "
+                          "`raftkv certs init` makes learner.pem", source="tls")
+    return Tls(spec.tls.ca, spec.tls.learner_cert, spec.tls.learner_key)
+
+
+def client_tls(spec: ClusterSpec | None, cacert: str | None = None, cert: str | None = None,
+               key: str | None = None) -> Tls | None:
+    """A client's TLS: the files given (the CLI's --cacert/--cert/--key), else the spec's client_cert."""
+    if cacert or cert or key:
+        if not (cacert or spec and spec.tls) or not (cert and key):
+            raise ConfigError("give --cert and --key together, and --cacert unless the spec names the CA",
+                              source="tls")
+        return Tls(Path(cacert) if cacert else spec.tls.ca, Path(cert), Path(key))
+    if spec is None or spec.tls is None:
+        return None
+    if spec.tls.client_cert is None:
+        raise ConfigError("the cluster runs TLS: give --cert and --key of a user certificate, or name one as "
+                          "client_cert and client_key in the spec's [tls] table", source="tls")
+    return Tls(spec.tls.ca, spec.tls.client_cert, spec.tls.client_key)
+
+
+def refusal(details: str, tls: Tls | None) -> str | None:
+    """What a failed connection's gRPC details mean, when the TLS set-up is what failed; else None."""
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        return (f"this client does not trust the node's certificate (not issued by the CA in "
+                f"{tls.ca if tls else '?'}, or expired); use the cluster's CA")
+    if "WRONG_VERSION_NUMBER" in details:
+        return "the node does not speak TLS: connect without TLS settings, or start the cluster with [tls]"
+    if "handshake failed" in details.lower():
+        return f"the TLS handshake failed ({details.rsplit(': ', 1)[-1]})"
+    if "failed to connect" in details and details.endswith("Socket closed"):
+        if tls is None:
+            return ("the node closed the connection at once: it requires TLS; give the cluster's CA and a client "
+                    "certificate (--cacert/--cert/--key, the spec's [tls] table, or tls= in code)")
+        return (f"the node refused the certificate {tls.cert}: it was not issued by the cluster's CA, has "
+                "expired, or is not a client certificate")
+    return None
+
+
+def check_certificate(cert_pem: bytes, ca_pem: bytes, cert_path: Path, ca_path: Path) -> None:
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        ca = x509.load_pem_x509_certificate(ca_pem)
+    except ValueError:
+        raise ConfigError(f"{cert_path} or {ca_path} is not a PEM certificate; {_REMEDY}", source="tls") from None
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if cert.not_valid_after_utc < now:
+        raise ConfigError(f"{cert_path} expired on {cert.not_valid_after_utc:%Y-%m-%d}; issue a new one "
+                          "(`raftkv certs init` makes what is missing)", source="tls")
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise ConfigError(f"{cert_path} was not issued by the CA in {ca_path}; use the certificates of one "
+                          "cluster together", source="tls") from None
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}; {_REMEDY}", source="tls") from None
+
+
+def open_channel(address: str, tls: Tls | None, options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
+    """An asyncio channel to `address`: mutual TLS with `tls`, plaintext without."""
+    if tls is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options)
+
+
+def open_blocking_channel(address: str, tls: Tls | None, options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
+    """The same, for code that is not on an event loop."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, tls.channel_credentials(), options=options)
+
+
+def listen(server: grpc.Server | grpc.aio.Server, address: str, tls: Tls | None) -> None:
+    if tls is None:
+        server.add_insecure_port(address)
+    else:
+        server.add_secure_port(address, tls.server_credentials())

@@ -1,0 +1,195 @@
+"""Mutual TLS on the node and learner APIs (docs/security.md §4), against real node processes.
+
+Every certificate a stranger could bring is refused at the handshake, on every gRPC port, with one
+line at our client, and the refused connection changes nothing. The server's refusal is shown with
+raw gRPC channels as well: our client checks its own files first, and an attacker would not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from learners.changelog_client import ChangeLogClient
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from raftkv.client.sync_client import Client
+from raftkv.core.errors import ConfigError, Unauthenticated
+from raftkv.core.spec import save_spec
+from raftkv.security.certs import init_certs
+from raftkv.security.tls import Tls
+from tests.conftest import changelog_caught_up, wait_until
+from tests.test_cli import assert_one_line_error
+
+KEY = b"tls/probe"
+
+
+def _issue(folder: Path, name: str, *, issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
+           days: tuple[int, int] = (-1, 30)) -> tuple[Path, Path]:
+    """A client certificate valid from now+days[0] to now+days[1], signed by `issuer` (None: itself)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "raftkv-user"),
+                         x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    issuer_cert, issuer_key = issuer if issuer else (None, key)
+    cert = (x509.CertificateBuilder().subject_name(subject)
+            .issuer_name(issuer_cert.subject if issuer_cert else subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now + datetime.timedelta(days=days[0]))
+            .not_valid_after(now + datetime.timedelta(days=days[1]))
+            .sign(issuer_key, hashes.SHA256()))
+    cert_path, key_path = folder / f"{name}.pem", folder / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+@pytest.fixture
+def strangers(tmp_path):
+    """name -> (cert, key) of client certificates the cluster must refuse, and another cluster's CA."""
+    folder = tmp_path / "strangers"
+    init_certs(folder / "other", None, ["eve"], days=30)
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _cluster_ca(cluster) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    tls = cluster.spec.tls
+    key = serialization.load_pem_private_key(tls.ca.with_suffix(".key").read_bytes(), password=None)
+    return x509.load_pem_x509_certificate(tls.ca.read_bytes()), key
+
+
+def _bad_certificates(cluster, folder: Path) -> dict[str, tuple[Path, Path]]:
+    return {
+        "self-signed": _issue(folder, "self-signed", issuer=None),
+        "another CA's": (folder / "other" / "user-eve.pem", folder / "other" / "user-eve.key"),
+        "expired": _issue(folder, "expired", issuer=_cluster_ca(cluster), days=(-30, -1)),
+    }
+
+
+def _raw_status(address: str, ca: Path, cert_and_key: tuple[Path, Path] | None) -> grpc.StatusCode | None:
+    """Ask `address` for its status over a channel made without any of raftkv's checks."""
+    if cert_and_key is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        creds = grpc.ssl_channel_credentials(ca.read_bytes(), cert_and_key[1].read_bytes(),
+                                             cert_and_key[0].read_bytes())
+        channel = grpc.secure_channel(address, creds)
+    with channel:
+        try:
+            kv_pb2_grpc.KVStub(channel).Status(pb.StatusRequest(), timeout=5)
+        except grpc.RpcError as exc:
+            return exc.code()
+        return None
+
+
+def _raw_put(address: str, ca: Path, cert_and_key: tuple[Path, Path] | None) -> None:
+    channel = grpc.insecure_channel(address) if cert_and_key is None else grpc.secure_channel(
+        address, grpc.ssl_channel_credentials(ca.read_bytes(), cert_and_key[1].read_bytes(),
+                                              cert_and_key[0].read_bytes()))
+    with channel:
+        with pytest.raises(grpc.RpcError) as refused:
+            kv_pb2_grpc.KVStub(channel).Execute(pb.ExecuteRequest(ops=[pb.Op(
+                partition=0, put=pb.Put(key=KEY, value=b"forged"))]), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_only_certificates_of_the_cluster_ca_get_through_the_node_api(make_cluster, strangers):
+    cluster = make_cluster(nodes=1, partitions=1, replication=1, tls=True)
+    ca, address = cluster.spec.tls.ca, cluster.endpoints[0]
+    with Client(cluster.endpoints, tls=cluster.tls, timeout=5) as kv:
+        kv.put(KEY, b"good")
+        assert kv.get(KEY) == b"good"
+
+    assert _raw_status(address, ca, None) == grpc.StatusCode.UNAVAILABLE
+    for name, files in _bad_certificates(cluster, strangers).items():
+        assert _raw_status(address, ca, files) == grpc.StatusCode.UNAVAILABLE, name
+        _raw_put(address, ca, files)
+    _raw_put(address, ca, None)
+
+    with pytest.raises(Unauthenticated, match="requires TLS"), Client(cluster.endpoints, timeout=5) as kv:
+        kv.get(KEY)
+    other = strangers / "other"
+    with pytest.raises(Unauthenticated, match="does not trust the node's certificate"), \
+            Client(cluster.endpoints, timeout=5, tls=Tls(other / "ca.pem", other / "user-eve.pem",
+                                                         other / "user-eve.key")) as kv:
+        kv.get(KEY)
+    expired = _issue(strangers, "expired-too", issuer=_cluster_ca(cluster), days=(-30, -1))
+    with pytest.raises(ConfigError, match="expired-too.pem expired on"):
+        Client(cluster.endpoints, tls=Tls(ca, *expired))
+    with Client(cluster.endpoints, tls=cluster.tls, timeout=5) as kv:
+        assert kv.get(KEY) == b"good"  # no refused connection wrote anything
+
+
+def test_the_cli_finds_the_certificates_in_the_spec_or_is_told_in_one_line(make_cluster, strangers):
+    cluster = make_cluster(nodes=1, partitions=1, replication=1, tls=True)
+    config = ["--config", str(cluster.spec_path)]
+
+    def raftkv(*args):
+        return subprocess.run([sys.executable, "-m", "raftkv", *args], capture_output=True, text=True, timeout=60)
+
+    assert raftkv("put", "k", "v", *config).returncode == 0
+    assert raftkv("get", "k", *config).stdout.strip() == "v"
+    assert_one_line_error(raftkv("get", "k", "--endpoints", cluster.endpoints[0]), "requires TLS")
+    other = strangers / "other"
+    assert_one_line_error(raftkv("--cacert", str(other / "ca.pem"), "--cert", str(other / "user-eve.pem"),
+                                 "--key", str(other / "user-eve.key"), "get", "k", *config),
+                          "does not trust the node's certificate")
+    assert_one_line_error(raftkv("--cert", str(other / "user-eve.pem"), "get", "k", *config),
+                          "give --cert and --key together")
+
+
+def test_a_node_with_an_expired_certificate_does_not_start(make_cluster, strangers):
+    cluster = make_cluster(nodes=1, partitions=1, replication=1, tls=True, start=False)
+    cert, key = cluster.spec.tls.node("n1")
+    expired = _issue(strangers, "expired-node", issuer=_cluster_ca(cluster), days=(-30, -1))
+    cert.write_bytes(expired[0].read_bytes())
+    key.write_bytes(expired[1].read_bytes())
+    node = subprocess.run([sys.executable, "-m", "raftkv", "node", "start", "--config", str(cluster.spec_path),
+                           "--node", "n1"], capture_output=True, text=True, timeout=60)
+    assert_one_line_error(node, "node-n1.pem expired on")
+
+
+def test_the_learner_api_serves_the_cluster_ca_only(make_cluster, changelog_learner, strangers):
+    cluster = make_cluster(nodes=1, partitions=1, replication=1, tls=True)
+    address = changelog_learner(cluster)
+    with Client(cluster.endpoints, tls=cluster.tls, timeout=5) as kv:
+        kv.put(KEY, b"fed")
+    wait_until(lambda: changelog_caught_up(cluster, address), 60, "the changelog learner to catch up")
+    with ChangeLogClient(address, timeout=5, tls=cluster.tls) as log:
+        assert sum(o.latest for o in log.offsets()) > 0
+    ca = cluster.spec.tls.ca
+    assert _raw_status(address, ca, None) == grpc.StatusCode.UNAVAILABLE
+    for name, files in _bad_certificates(cluster, strangers).items():
+        assert _raw_status(address, ca, files) == grpc.StatusCode.UNAVAILABLE, name
+    with pytest.raises(Unauthenticated, match="requires TLS"), ChangeLogClient(address, timeout=5) as log:
+        log.offsets()
+
+
+def test_metrics_are_served_over_https_when_the_spec_asks(make_cluster):
+    cluster = make_cluster(nodes=1, partitions=1, replication=1, tls=True, start=False)
+    save_spec(dataclasses.replace(cluster.spec, tls=dataclasses.replace(cluster.spec.tls, metrics=True)),
+              cluster.spec_path)
+    cluster.start_all()
+    cluster.wait_ready(timeout=60)
+    node = cluster.spec.nodes[0]
+    url = f"https://{node.host}:{node.metrics_port}/metrics"
+    context = ssl.create_default_context(cafile=str(cluster.spec.tls.ca))
+    with urllib.request.urlopen(url, context=context, timeout=10) as reply:
+        assert b"raftkv_is_leader" in reply.read()
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        urllib.request.urlopen(url.replace("https", "http"), timeout=10).read()
