@@ -275,17 +275,28 @@ class AsyncClient:
         return await self._core.statuses(timeout=2.0)
 
     async def learners(self) -> dict[str, LearnerView]:
-        """Registered learners as the partitions' leaders see them."""
+        """Registered learners as the partitions' leaders see them, once every partition has a leader that
+        answers (until the timeout): a partition left out would look like one the learner is not
+        registered for, and a learner started from that view would never feed it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._core.timeout
+        while True:
+            statuses = await self.status()
+            leading = {ps.partition: ps for s in statuses for ps in s.partitions if ps.role == "leader"}
+            missing = sorted(set(range(self._core.partitions)) - leading.keys())
+            if not missing:
+                break
+            if loop.time() >= deadline:
+                raise Unavailable(f"partition(s) {', '.join(map(str, missing))} have no leader that answers, so "
+                                  "their learners are unknown; try again once they have one")
+            await asyncio.sleep(0.1)
         found: dict[str, LearnerView] = {}
-        for status in await self.status():
-            for ps in status.partitions:
-                if ps.role != "leader":
-                    continue
-                for ls in ps.learners:
-                    view = found.setdefault(ls.name, LearnerView(ls.name, ls.sink, dict(ls.options), {}, {}, {}))
-                    view.progress[ps.partition] = ls.progress
-                    view.commit_index[ps.partition] = ps.commit_index
-                    view.last_data_index[ps.partition] = ps.last_data_index
+        for ps in leading.values():
+            for ls in ps.learners:
+                view = found.setdefault(ls.name, LearnerView(ls.name, ls.sink, dict(ls.options), {}, {}, {}))
+                view.progress[ps.partition] = ls.progress
+                view.commit_index[ps.partition] = ps.commit_index
+                view.last_data_index[ps.partition] = ps.last_data_index
         return found
 
 
