@@ -32,7 +32,8 @@ from raftkv.client.sync_client import Client, LearnerView
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec
 from raftkv.meta.bootstrap import spec_meta
-from raftkv.meta.records import ClusterMeta
+from raftkv.meta.records import ClusterMeta, raft_directory
+from raftkv.raft.hub import RaftHub
 from raftkv.security.tls import learner_tls, listen
 
 log = logging.getLogger(__name__)
@@ -111,14 +112,21 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     replicas: dict[int, LearnerReplica] = {}
     server: grpc.aio.Server | None = None
     tasks: list[asyncio.Task] = []
+    hub: RaftHub | None = None
     try:
         topology = await _topology(client, spec)
+        nodes = [topology.nodes, raft_directory(topology.nodes, spec.partitions)]  # and the hub's directory of them
+        hub = RaftHub(loop, None, lambda: nodes[1], learner_tls(spec),
+                      retry_seconds=spec.tuning.connection_retry_seconds,
+                      dead_after=max(3.5, spec.tuning.election_timeout_max), compression=spec.tuning.wire_compression)
+        hub.start()
+        tasks.append(loop.create_task(_follow_nodes(client, spec, nodes, stop)))
         await _open_sink(sink, {"learner": name, "cluster_id": topology.cluster_id, **sink_options}, stop)
         for p in partitions:
             voters = [topology.node(n).raft_address(p) for n in topology.group_voters(p)]
-            config = GroupConfig(partition=p, self_address=None, peers=tuple(voters), folder=folder / f"p{p:04d}",
-                                 fsync=False, tuning=spec.tuning,  # a learner can always fetch again from the voters
-                                 on_corrupt=corrupt)
+            config = GroupConfig(partition=p, hub=hub, self_address=None, peers=tuple(voters),
+                                 folder=folder / f"p{p:04d}", fsync=False,  # a learner can fetch again from the voters
+                                 tuning=spec.tuning, on_corrupt=corrupt)
             replicas[p] = LearnerReplica(p, config.folder,
                                          open_group=lambda copy, config=config: SyncObjGroup(config, copy, loop),
                                          on_corrupt=corrupt)
@@ -138,10 +146,26 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
             await server.stop(grace=1.0)
         for p, replica in replicas.items():
             close_reporting(f"partition {p}", replica.close)
+        if hub is not None:
+            await hub.close()
         sink.close()
         await client.close()
     if failure:
         raise failure[0]
+
+
+async def _follow_nodes(client: AsyncClient, spec: ClusterSpec, nodes: list, stop: asyncio.Event,
+                        every: float = 2.0) -> None:
+    """Keep `nodes` ([node records, the hub's directory of them]) current: the voters of a partition may
+    move to a node that joined since the learner started."""
+    while not stop.is_set():
+        await asyncio.sleep(every)
+        try:
+            meta = (await client.topology()).meta
+        except RaftKVError:
+            continue
+        if meta.epoch and meta.nodes != nodes[0]:
+            nodes[:] = [meta.nodes, raft_directory(meta.nodes, spec.partitions)]
 
 
 async def _open_sink(sink: Sink, options: dict[str, str], stop: asyncio.Event) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.client.sync_client import Client
+from raftkv.security.tls import client_tls
 
 
 def statuses(addresses: list[str]) -> list[tuple[str, pb.PartitionStatus]]:
@@ -30,10 +29,7 @@ def leader_of(addresses: list[str], partition: int = 0) -> str | None:
                 None)
 
 
-def transfer_leadership(spec, partition: int, leader: str, target: str) -> None:
-    """pysyncobj's own admin tool, sent to the current leader's Raft port."""
-    subprocess.run(
-        [sys.executable, "-m", "pysyncobj.syncobj_admin", "-conn", spec.node(leader).raft_address(partition),
-         "-transfer", spec.node(target).raft_address(partition)],
-        check=True, capture_output=True, timeout=30,
-    )
+def transfer_leadership(spec, partition: int, target: str) -> None:
+    """Through the Admin API: pysyncobj's own admin commands do not reach a Raft port."""
+    with Client([n.api_address for n in spec.nodes], timeout=30, tls=client_tls(spec)) as kv:
+        kv.transfer_leadership(partition, target)

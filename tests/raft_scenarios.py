@@ -32,6 +32,7 @@ from raftkv.raft.group import Entry, Outcome, Role, Snapshot
 from raftkv.raft.memory_group import Disk, MemoryGroup
 from raftkv.raft.memory_network import MemoryNetwork
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from tests.loopback_hubs import LoopbackHubs
 from raftkv.storage.engine import Position
 
 DEADLINE = 30.0
@@ -187,13 +188,16 @@ class RealDriver(Driver):
     def __init__(self, folder: Path):
         super().__init__(folder)
         self.configs: dict[str, GroupConfig] = {}
+        self.hubs: LoopbackHubs | None = None
 
     async def start(self, names: list[str]) -> None:
         port = free_port_block(len(names))
         addresses = {name: f"127.0.0.1:{port + i}" for i, name in enumerate(names)}
+        self.hubs = LoopbackHubs()
+        self.hubs.know(*addresses.values())
         for name in names:
             self.configs[name] = GroupConfig(
-                partition=0, self_address=addresses[name], peers=tuple(a for n, a in addresses.items() if n != name),
+                partition=0, hub=self.hubs.hub(addresses[name]), self_address=addresses[name], peers=tuple(a for n, a in addresses.items() if n != name),
                 folder=self.folder / name, fsync=False, tuning=Tuning())
             self._open(name)
 
@@ -227,6 +231,8 @@ class RealDriver(Driver):
     async def close(self) -> None:
         for member in self.running().values():
             member.group.close()
+        if self.hubs is not None:
+            await self.hubs.close()
 
 
 def _compacted(group) -> bool:

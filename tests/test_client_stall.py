@@ -31,7 +31,7 @@ def test_requests_for_healthy_partitions_overtake_one_stuck_on_a_lost_quorum(mak
     for partition in (0, 3):
         leader = wait_until(lambda: leader_of(cluster.endpoints, partition), 30, "a leader")
         if leader != "n1":
-            transfer_leadership(cluster.spec, partition, leader, "n1")
+            transfer_leadership(cluster.spec, partition, "n1")
             wait_until(lambda: leader_of(cluster.endpoints, partition) == "n1", 30, "n1 to lead")
 
     async def scenario() -> tuple[float, bool]:

@@ -20,17 +20,19 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.storage.engine import KeyRange
+from tests.loopback_hubs import LoopbackHubs
 
 WRITERS, PUTS_EACH = 32, 40
 
 
-def replicas_on_one_loop(folder: Path) -> list[PartitionReplica]:
+def replicas_on_one_loop(folder: Path, hubs: LoopbackHubs) -> list[PartitionReplica]:
     loop = asyncio.get_running_loop()
     base = free_port_block(3)
     addresses = [f"127.0.0.1:{base + i}" for i in range(3)]
+    hubs.know(*addresses)
     replicas = []
     for i, address in enumerate(addresses):
-        config = GroupConfig(partition=0, self_address=address, peers=tuple(a for a in addresses if a != address),
+        config = GroupConfig(partition=0, hub=hubs.hub(address), self_address=address, peers=tuple(a for a in addresses if a != address),
                              folder=folder / f"r{i}", fsync=False, tuning=Tuning())
         replicas.append(PartitionReplica(0, config.folder, Tuning(),
                                          open_group=lambda sm, config=config: SyncObjGroup(config, sm, loop)))
@@ -39,7 +41,8 @@ def replicas_on_one_loop(folder: Path) -> list[PartitionReplica]:
 
 async def write_through_a_group(folder: Path) -> tuple[Counter, list[set[bytes]]]:
     """(the leader's AppendEntries sent, with entries and empty; each replica's keys afterwards)."""
-    replicas = replicas_on_one_loop(folder)
+    hubs = LoopbackHubs()
+    replicas = replicas_on_one_loop(folder, hubs)
     try:
         await until(lambda: any(r.role == Role.LEADER for r in replicas))
         leader = next(r for r in replicas if r.role == Role.LEADER)
@@ -67,6 +70,7 @@ async def write_through_a_group(folder: Path) -> tuple[Counter, list[set[bytes]]
     finally:
         for r in replicas:
             r.close()
+        await hubs.close()
 
 
 async def until(condition, timeout: float = 30.0) -> None:

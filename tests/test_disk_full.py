@@ -21,8 +21,8 @@ def test_a_leader_whose_disk_fills_refuses_writes_hands_leadership_on_and_recove
     try:
         cluster.start_all()
         cluster.wait_ready(timeout=60)
-        if (leader := leader_of(cluster.endpoints)) != "n1":
-            transfer_leadership(cluster.spec, 0, leader, "n1")
+        if leader_of(cluster.endpoints) != "n1":
+            transfer_leadership(cluster.spec, 0, "n1")
             wait_until(lambda: leader_of(cluster.endpoints) == "n1", 20, "n1 to lead")
         acknowledged = {}
         with Client(cluster.endpoints, timeout=3) as kv:

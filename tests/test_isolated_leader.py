@@ -3,14 +3,16 @@ stale, `linearizable` reads must never be (they go through a barrier it cannot c
 
 from __future__ import annotations
 
+import os
+
 import grpc
 
 from raftkv import Client
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.chaos.netcut import NetCut
 from tests.conftest import wait_until
-from tests.netsplit import NetSplit, smallest_address_node
-from tests.raft_admin import leader_of, transfer_leadership
+from tests.raft_admin import leader_of
 
 
 def read_at(address: str, key: bytes, consistency: int) -> pb.Result:
@@ -23,19 +25,20 @@ def read_at(address: str, key: bytes, consistency: int) -> pb.Result:
 
 def test_isolated_leader_serves_stale_leader_reads_but_never_stale_linearizable_reads(make_cluster):
     # a long fallback keeps the old leader convinced it leads while we look at it
-    cluster = make_cluster(nodes=3, partitions=1, leader_fallback_timeout=20.0, request_timeout=2.0)
+    cluster = make_cluster(nodes=3, partitions=1, leader_fallback_timeout=20.0, request_timeout=2.0, start=False)
     spec = cluster.spec
-    address = {n.id: n.api_address for n in spec.nodes}
-    with Client(cluster.endpoints) as kv:
-        kv.put(b"k", b"old")
-    isolated = smallest_address_node(spec, 0, spec.node_ids)
-    if (leader := leader_of(cluster.endpoints)) != isolated:
-        transfer_leadership(spec, 0, leader, isolated)
-        wait_until(lambda: leader_of(cluster.endpoints) == isolated, 20, f"{isolated} to take over leadership")
-    majority = [address[n] for n in spec.node_ids if n != isolated]
+    net = NetCut(spec, name=f"raftkv_test_isolated_{os.getpid()}")  # each node in a cgroup its rules name
+    cluster.wrap_command = net.command_for
+    try:
+        cluster.start_all()
+        cluster.wait_ready(timeout=60)
+        address = {n.id: n.api_address for n in spec.nodes}
+        with Client(cluster.endpoints) as kv:
+            kv.put(b"k", b"old")
+        isolated = leader_of(cluster.endpoints)
+        majority = [address[n] for n in spec.node_ids if n != isolated]
 
-    with NetSplit(spec) as net:
-        net.isolate(isolated, 0, spec.node_ids)
+        net.cut([(isolated,), tuple(n for n in spec.node_ids if n != isolated)])
         new_leader = wait_until(lambda: leader_of(majority), 20, "the majority to elect a new leader")
         assert new_leader != isolated
         with Client(majority) as kv:
@@ -51,3 +54,6 @@ def test_isolated_leader_serves_stale_leader_reads_but_never_stale_linearizable_
         net.heal()
         wait_until(lambda: read_at(address[isolated], b"k", pb.FOLLOWER).value == b"new", 30,
                    "the old leader to rejoin and catch up")
+    finally:
+        cluster.stop_all()  # a cgroup goes only once its processes have
+        net.close()

@@ -12,6 +12,7 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.storage.engine import Position
+from tests.loopback_hubs import LoopbackHubs
 from tests.test_snapshot_writer import single_voter, until
 
 
@@ -21,9 +22,11 @@ def test_a_learner_that_delivered_everything_compacts_its_own_log(tmp_path):
 
     async def scenario():
         loop = asyncio.get_running_loop()
-        voter: PartitionReplica = single_voter(tmp_path / "voter")
-        config = GroupConfig(partition=0, self_address=None, peers=(voter.group.config.self_address,),
-                             folder=tmp_path / "learner", fsync=False, tuning=Tuning())
+        hubs = LoopbackHubs()
+        voter: PartitionReplica = single_voter(tmp_path / "voter", hubs=hubs)
+        config = GroupConfig(partition=0, hub=hubs.hub(None), self_address=None,
+                             peers=(voter.group.config.self_address,), folder=tmp_path / "learner", fsync=False,
+                             tuning=Tuning())
         learner = LearnerReplica(0, config.folder, open_group=lambda copy: SyncObjGroup(config, copy, loop))
         try:
             await until(lambda: voter.role == Role.LEADER)
@@ -45,5 +48,6 @@ def test_a_learner_that_delivered_everything_compacts_its_own_log(tmp_path):
         finally:
             learner.close()
             voter.close()
+            await hubs.close()
 
     asyncio.run(scenario())

@@ -299,8 +299,9 @@ def test_a_learner_follows_its_partition_to_a_new_node_that_leads_it(make_cluste
 def test_a_wiped_voter_follows_a_leader_that_moved_in_while_it_was_away_without_disrupting_it(make_cluster):
     """Found by a 300 s chaos run (seed 301): a wiped node opened its replicas with the spec's voters, as
     its empty metadata copy counted as caught up. A partition's leader that had moved in meanwhile was
-    unknown to it, and of two members only the one with the higher address connects: the replica was a
-    candidate until its terms passed the group's (50 s there) and deposed the leader."""
+    unknown to it, and with pysyncobj's transport (since replaced by the hub) of two members only the one
+    with the higher address connected: the replica was a candidate until its terms passed the group's
+    (50 s there) and deposed the leader."""
     cluster = make_cluster(nodes=4, partitions=2, replication=3, rebalance_interval=0)
     with Client(cluster.endpoints, timeout=10.0) as kv:
         wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")

@@ -21,11 +21,14 @@ from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.raft.syncobj_snapshots import snapshot_writer
 from raftkv.raft.syncobj_patches import KEPT_ASIDE
+from tests.loopback_hubs import LoopbackHubs, unconnected_hub
 
 
-def single_voter(folder: Path, fsync: bool = False) -> PartitionReplica:
-    config = GroupConfig(partition=0, self_address=f"127.0.0.1:{free_port_block(1)}", peers=(), folder=folder,
-                         fsync=fsync, tuning=Tuning())
+def single_voter(folder: Path, fsync: bool = False, hubs: LoopbackHubs | None = None) -> PartitionReplica:
+    """`hubs`: where others reach it (a learner); without, it has a hub that connects nowhere."""
+    address = f"127.0.0.1:{free_port_block(1)}"
+    config = GroupConfig(partition=0, hub=hubs.hub(address) if hubs else unconnected_hub(), self_address=address,
+                         peers=(), folder=folder, fsync=fsync, tuning=Tuning())
     loop = asyncio.get_running_loop()
     return PartitionReplica(0, folder, Tuning(), open_group=lambda sm: SyncObjGroup(config, sm, loop))
 

@@ -14,6 +14,7 @@ from raftkv.dev.local_cluster import free_port_block
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from tests.loopback_hubs import LoopbackHubs
 from tests.raft_scenarios import DictStateMachine
 from tests.test_snapshot_writer import until
 
@@ -23,8 +24,10 @@ def test_a_leader_removes_a_follower_refuses_to_remove_itself_and_goes_on_commit
         loop = asyncio.get_running_loop()
         port = free_port_block(3)
         addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
+        hubs = LoopbackHubs()
+        hubs.know(*addresses)
         machines = [DictStateMachine() for _ in addresses]
-        groups = [SyncObjGroup(GroupConfig(partition=0, self_address=a, peers=tuple(p for p in addresses if p != a),
+        groups = [SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(a), self_address=a, peers=tuple(p for p in addresses if p != a),
                                            folder=tmp_path / f"n{i}", fsync=False, tuning=Tuning(),
                                            membership_changes=True), machines[i], loop)
                   for i, a in enumerate(addresses)]
@@ -51,6 +54,7 @@ def test_a_leader_removes_a_follower_refuses_to_remove_itself_and_goes_on_commit
         finally:
             for g in groups:
                 g.close()
+            await hubs.close()
 
     asyncio.run(scenario())
 
@@ -62,7 +66,9 @@ def test_a_member_restarted_from_a_snapshot_does_not_count_itself_as_a_peer(tmp_
 
     async def scenario():
         loop = asyncio.get_running_loop()
-        config = GroupConfig(partition=0, self_address=f"127.0.0.1:{free_port_block(1)}", peers=(),
+        hubs = LoopbackHubs()
+        address = f"127.0.0.1:{free_port_block(1)}"
+        config = GroupConfig(partition=0, hub=hubs.hub(address), self_address=address, peers=(),
                              folder=tmp_path / "n1", fsync=False, tuning=Tuning(), membership_changes=True)
 
         async def applied(group, payload: bytes) -> Outcome:
@@ -86,6 +92,7 @@ def test_a_member_restarted_from_a_snapshot_does_not_count_itself_as_a_peer(tmp_
             assert await applied(group, b"b=2") == Outcome.APPLIED
         finally:
             group.close()
+            await hubs.close()
 
     asyncio.run(scenario())
 
@@ -101,6 +108,8 @@ def test_a_new_leader_refuses_a_membership_change_until_its_own_entry_commits(tm
         port = free_port_block(5)
         addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
         newcomers = [f"127.0.0.1:{port + 3}", f"127.0.0.1:{port + 4}"]
+        hubs = LoopbackHubs()
+        hubs.know(*addresses, *newcomers)
         groups: dict[str, SyncObjGroup] = {}
         at_election: list[Outcome] = []
 
@@ -114,7 +123,7 @@ def test_a_new_leader_refuses_a_membership_change_until_its_own_entry_commits(tm
             return changed
 
         for i, a in enumerate(addresses):
-            groups[a] = SyncObjGroup(GroupConfig(partition=0, self_address=a, peers=tuple(p for p in addresses if p != a),
+            groups[a] = SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(a), self_address=a, peers=tuple(p for p in addresses if p != a),
                                                  folder=tmp_path / f"n{i}", fsync=False, tuning=Tuning(),
                                                  on_role_changed=on_role_changed(a), membership_changes=True),
                                      DictStateMachine(), loop)
@@ -132,25 +141,28 @@ def test_a_new_leader_refuses_a_membership_change_until_its_own_entry_commits(tm
         finally:
             for g in groups.values():
                 g.close()
+            await hubs.close()
 
     asyncio.run(scenario())
 
 
 def test_a_member_restarted_from_a_snapshot_older_than_its_leader_reaches_the_leader(tmp_path):
-    """pysyncobj takes a restarted member's peers from its snapshot, and only the member with the
-    higher address opens a connection. A member whose snapshot predates the leader's joining never
-    connected to it, and caught up only once its elections had disrupted the group into electing a
-    leader it knew (a decommission stalled for minutes in CI). The peers our metadata names are
-    kept: it catches up from the same leader, in the same term."""
+    """pysyncobj takes a restarted member's peers from its snapshot. A member whose snapshot predates
+    the leader's joining did not count it as a member, and caught up only once its elections had
+    disrupted the group into electing a leader it knew (a decommission stalled for minutes in CI; with
+    pysyncobj's transport, where only the higher address connects, it never even heard from it). The
+    peers our metadata names are kept: it catches up from the same leader, in the same term."""
 
     async def scenario():
         loop = asyncio.get_running_loop()
         port = free_port_block(4)
         newcomer, *addresses = [f"127.0.0.1:{port + i}" for i in range(4)]  # the newcomer's is the lowest
-        stale = addresses[-1]  # the highest: it has to open the connection to the new leader
+        stale = addresses[-1]
+        hubs = LoopbackHubs()
+        hubs.know(newcomer, *addresses)
 
         def open_member(address: str, peers) -> SyncObjGroup:
-            return SyncObjGroup(GroupConfig(partition=0, self_address=address, peers=tuple(peers),
+            return SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(address), self_address=address, peers=tuple(peers),
                                             folder=tmp_path / address.replace(":", "_"), fsync=False,
                                             tuning=Tuning(), membership_changes=True), DictStateMachine(), loop)
 
@@ -191,6 +203,7 @@ def test_a_member_restarted_from_a_snapshot_older_than_its_leader_reaches_the_le
         finally:
             for g in groups.values():
                 g.close()
+            await hubs.close()
 
     asyncio.run(scenario())
 
@@ -204,7 +217,9 @@ def test_a_snapshot_lists_the_members_as_of_its_last_entry_not_a_change_still_un
         port = free_port_block(4)
         addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
         newcomer = f"127.0.0.1:{port + 3}"
-        groups = {a: SyncObjGroup(GroupConfig(partition=0, self_address=a, peers=tuple(p for p in addresses if p != a),
+        hubs = LoopbackHubs()
+        hubs.know(*addresses, newcomer)
+        groups = {a: SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(a), self_address=a, peers=tuple(p for p in addresses if p != a),
                                               folder=tmp_path / f"n{i}", fsync=False, tuning=Tuning(),
                                               membership_changes=True), DictStateMachine(), loop)
                   for i, a in enumerate(addresses)}
@@ -228,5 +243,6 @@ def test_a_snapshot_lists_the_members_as_of_its_last_entry_not_a_change_still_un
         finally:
             for g in groups.values():
                 g.close()
+            await hubs.close()
 
     asyncio.run(scenario())

@@ -11,6 +11,7 @@ from raftkv.dev.local_cluster import free_port_block
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.raft.syncobj_seed import seed
+from tests.loopback_hubs import LoopbackHubs
 from tests.raft_scenarios import DictStateMachine
 from tests.test_snapshot_writer import until
 
@@ -27,8 +28,10 @@ def test_a_replica_seeded_from_a_checkpoint_gets_only_the_entries_after_it_and_a
         loop = asyncio.get_running_loop()
         port = free_port_block(3)
         addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
+        hubs = LoopbackHubs(group=PARTITION)
+        hubs.know(*addresses)
         machines = {a: DictStateMachine() for a in addresses}
-        groups = {a: SyncObjGroup(GroupConfig(partition=PARTITION, self_address=a,
+        groups = {a: SyncObjGroup(GroupConfig(partition=PARTITION, hub=hubs.hub(a), self_address=a,
                                               peers=tuple(p for p in addresses if p != a), folder=tmp_path / f"n{i}",
                                               fsync=False, tuning=Tuning(), membership_changes=True),
                                   machines[a], loop) for i, a in enumerate(addresses)}
@@ -43,7 +46,8 @@ def test_a_replica_seeded_from_a_checkpoint_gets_only_the_entries_after_it_and_a
             if checkpoint is not None:
                 seed(folder, PARTITION, checkpoint, position, base, addresses)
             machine = DictStateMachine()
-            return SyncObjGroup(GroupConfig(partition=PARTITION, self_address=None, peers=tuple(addresses),
+            return SyncObjGroup(GroupConfig(partition=PARTITION, hub=hubs.hub(None), self_address=None,
+                                            peers=tuple(addresses),
                                             folder=folder, fsync=False, tuning=Tuning(), membership_changes=True),
                                 machine, loop), machine
 
@@ -80,5 +84,6 @@ def test_a_replica_seeded_from_a_checkpoint_gets_only_the_entries_after_it_and_a
         finally:
             for g in list(groups.values()) + opened:
                 g.close()
+            await hubs.close()
 
     asyncio.run(scenario())

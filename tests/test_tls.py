@@ -193,3 +193,27 @@ def test_metrics_are_served_over_https_when_the_spec_asks(make_cluster):
         assert b"raftkv_is_leader" in reply.read()
     with pytest.raises((urllib.error.URLError, ConnectionError)):
         urllib.request.urlopen(url.replace("https", "http"), timeout=10).read()
+
+
+@pytest.mark.parametrize("tls", [True, False], ids=["tls", "plaintext"])
+def test_pysyncobj_admin_commands_sent_to_a_raft_port_do_nothing(make_cluster, tls):
+    """pysyncobj answers `add`, `remove` and `transfer` from anyone on its port; the Raft hub carries no
+    such thing, with TLS or without: membership and leadership stay as they were."""
+    cluster = make_cluster(nodes=3, partitions=1, replication=3, tls=tls)
+    spec = cluster.spec
+    with Client(cluster.endpoints, tls=cluster.tls, timeout=10) as kv:
+        before = (kv.topology().meta.placement, _leaders(kv))
+        follower = next(n for n in spec.node_ids if n != before[1][0])
+        for command in (["-status"], ["-remove", spec.node(follower).raft_address(0)],
+                        ["-transfer", spec.node(follower).raft_address(0)],
+                        ["-add", "127.0.0.1:1"]):
+            for node in spec.nodes:
+                admin = subprocess.run([sys.executable, "-m", "pysyncobj.syncobj_admin", "-conn",
+                                        node.raft_address(0), *command], capture_output=True, text=True, timeout=60)
+                assert "SUCCESS" not in admin.stdout and "leader" not in admin.stdout, admin.stdout
+        kv.put(b"after-admin", b"1")
+        assert (kv.topology().meta.placement, _leaders(kv)) == before
+
+
+def _leaders(kv) -> dict[int, str]:
+    return {ps.partition: s.node_id for s in kv.status() for ps in s.partitions if ps.role == "leader"}

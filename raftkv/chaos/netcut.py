@@ -1,8 +1,8 @@
 """Network partitions between node processes on loopback: one cgroup v2 per node, nftables rules by cgroup.
 
-On loopback every connection's source address is 127.0.0.1, and a Raft member
-connects from the greater "host:port" to the smaller, so rules on ports alone
-can only isolate the replica with the smallest address. Instead each node
+On loopback every connection's source address is 127.0.0.1, and a node's
+connections to the others' Raft hubs leave from ports no rule can name in
+advance, so rules on ports alone cannot tell whose a packet is. Instead each node
 process runs in a cgroup of its own (`command_for` starts it there, before it
 opens a socket: a socket's cgroup is fixed when it is created, and accepted
 sockets take their listener's), and the rules match sockets by cgroup.

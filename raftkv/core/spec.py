@@ -72,7 +72,7 @@ class Tuning:
     max_batch_ops: int = 4096
     max_batch_bytes: int = 2 * 1024 * 1024
     request_timeout: float = 10.0
-    wire_compression: int = 0  # zlib level of Raft messages; 0 on loopback/LAN (raftkv/raft/syncobj_wire.py)
+    wire_compression: int = 0  # zlib level of Raft messages; 0 on loopback/LAN (raftkv/raft/hub_frames.py)
     rebalance_interval: float = 2.0  # how often the metadata leader plans moves and transfers; 0: never by itself
     max_moves: int = 2  # replica moves under way in the cluster at once
     max_moves_per_node: int = 1  # ... and per node, as source or target

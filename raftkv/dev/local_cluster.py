@@ -39,7 +39,7 @@ class LocalCluster:
         self._log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
         self._env = {**os.environ, **(env or {})}
-        self._wrap_command = wrap_command
+        self.wrap_command = wrap_command
 
     @property
     def endpoints(self) -> list[str]:
@@ -55,8 +55,8 @@ class LocalCluster:
         node.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path(node_id).parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "raftkv", "node", "start", "--config", str(self.spec_path), "--node", node_id]
-        if self._wrap_command is not None:
-            command = self._wrap_command(node_id, command)
+        if self.wrap_command is not None:
+            command = self.wrap_command(node_id, command)
         with open(self.log_path(node_id), "ab") as log:
             proc = subprocess.Popen(
                 command,

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Union
 
 from raftkv.core.errors import ChangeRefused
+from raftkv.raft.hub import Directory
 
 META = -1  # the metadata group's number among the groups
 MAX_META_VOTERS = 5  # enough to survive two failures; more only slows every metadata change
@@ -344,3 +345,10 @@ def _nodes(docs: list[dict]) -> tuple[NodeRecord, ...]:
 
 def _placement(docs: list[list[str]]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(voters) for voters in docs)
+
+
+def raft_directory(nodes: tuple[NodeRecord, ...], partitions: int) -> Directory:
+    """Where each node's Raft hub listens (its first Raft port), and whose each group's Raft address is."""
+    groups = [*range(partitions), META]
+    return Directory(endpoints={n.id: (n.host, n.raft_port_base) for n in nodes},
+                     members={n.raft_address(g): (n.id, g) for n in nodes for g in groups})

@@ -25,7 +25,8 @@ from raftkv.core import metrics
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec, spec_to_toml
 from raftkv.meta.bootstrap import bootstrap_command, spec_meta
-from raftkv.meta.records import META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command
+from raftkv.meta.records import (META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command,
+                                 raft_directory)
 from raftkv.meta.wire import topology_of
 from raftkv.node.admin_service import AdminService
 from raftkv.node.group_commit import PartitionFrontend
@@ -37,7 +38,8 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.node.backup_seed import BackupCatalog, seed_from_backup
 from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replica
 from raftkv.node.service import KVService
-from raftkv.raft.group import AddressInUse, Role
+from raftkv.raft.group import Role
+from raftkv.raft.hub import Directory, RaftHub
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.security.tls import listen, node_tls
 
@@ -70,6 +72,8 @@ class Node:
         self.meta: MetaReplica | None = None
         self.tls = node_tls(spec, node_id)
         self.peers = Peers(self.address_of, self.tls)
+        self.hub: RaftHub | None = None  # every replica's Raft messages, made in `start`
+        self._directory = (None, Directory())  # (the nodes it was made from, the hub's directory of them)
         self.mover = ReplicaMover(lambda: self.meta, lambda: self.topology, self.peers, spec.tuning.move_timeout)
         self.rebalancer = Rebalancer(spec.tuning, lambda: self.topology, self.peers, self.change_topology)
         self.removed = asyncio.Event()  # the metadata says this node is removed: the process exits
@@ -90,6 +94,12 @@ class Node:
         told it (`_ask_members`), or the initial one until it has either."""
         meta = self.meta.meta if self.meta is not None else ClusterMeta()
         return max((meta, self._told), key=lambda m: m.epoch) if meta.epoch or self._told.epoch else self._initial
+
+    def directory(self) -> Directory:
+        nodes = self.topology.nodes
+        if nodes is not self._directory[0] and nodes != self._directory[0]:
+            self._directory = (nodes, raft_directory(nodes, self.spec.partitions))
+        return self._directory[1]
 
     def address_of(self, node_id: str) -> str:
         return self.topology.node(node_id).api_address
@@ -138,6 +148,15 @@ class Node:
                           + [(f"raft port of partition {p}", self.me.raft_port_base + p)
                              for p in range(self.spec.partitions)]
                           + [("metadata raft port", self.me.meta_port(self.spec.partitions))])
+        tuning = self.spec.tuning
+        self.hub = RaftHub(loop, self.me_id, self.directory, self.tls, retry_seconds=tuning.connection_retry_seconds,
+                           dead_after=max(3.5, tuning.election_timeout_max), compression=tuning.wire_compression)
+        try:
+            self.hub.listen(self.me.host, self.me.raft_port_base)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {self.me.host}:{self.me.raft_port_base} (Raft): {exc.strerror}",
+                              source=f"node {self.me.id}") from None
+        self.hub.start()
         self.meta = self._open_meta(voting=self.me_id in self.topology.group_voters(META))
         if not await self._metadata_caught_up(timeout=5.0):
             await self._ask_members()
@@ -203,6 +222,7 @@ class Node:
         topology, loop = self.topology, self._loop
         config = GroupConfig(
             partition=META,
+            hub=self.hub,
             self_address=self.topology.node(self.me_id).raft_address(META) if voting else None,
             peers=tuple(topology.node(n).raft_address(META) for n in topology.group_voters(META) if n != self.me_id),
             folder=self.me.data_dir / "meta",
@@ -211,18 +231,15 @@ class Node:
             membership_changes=True,
             on_corrupt=self._corrupt,
         )
-        with self._opening("metadata raft port", f"{self.me.host}:{self.me.meta_port(self.spec.partitions)}"):
+        with self._opening():
             return MetaReplica(config.folder, lambda sm: SyncObjGroup(config, sm, loop),
                                on_change=lambda _meta: loop.call_soon(self._on_meta_change), voting=voting)
 
     @contextlib.contextmanager
-    def _opening(self, port_name: str, address: str):
-        """Opening a replica: a port or a data dir in use becomes the line that says so."""
+    def _opening(self):
+        """Opening a replica: a data dir in use becomes the line that says so."""
         try:
             yield
-        except AddressInUse:
-            raise ConfigError(f"cannot listen on {address} ({port_name}): the port is in use",
-                              source=f"node {self.me.id}") from None
         except RaftKVError:
             raise
         except Exception as exc:
@@ -248,6 +265,7 @@ class Node:
 
         config = GroupConfig(
             partition=p,
+            hub=self.hub,
             self_address=self.me.raft_address(p) if voter else None,
             peers=tuple(topology.node(i).raft_address(p) for i in topology.group_voters(p) if i != self.me.id),
             folder=self._folder(p),
@@ -257,7 +275,7 @@ class Node:
             membership_changes=True,
             on_corrupt=self._corrupt,
         )
-        with self._opening(f"Raft port of partition {p}", self.me.raft_address(p)):
+        with self._opening():
             return PartitionReplica(
                 p, config.folder, self.spec.tuning,
                 open_group=lambda state_machine: SyncObjGroup(config, state_machine, loop),
@@ -454,6 +472,8 @@ class Node:
         await self.peers.close()
         if self.meta is not None:
             close_reporting("the metadata replica", self.meta.close)
+        if self.hub is not None:
+            await self.hub.close()
         if self._server is not None:  # last: a close on a failed disk can block the loop for a second
             await self._server.stop(grace=1.0)
 

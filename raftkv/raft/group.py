@@ -175,7 +175,3 @@ class RaftGroup(Protocol):
     def remove_member(self, address: str, callback: ProposalCallback) -> None: ...
 
     def close(self) -> None: ...
-
-
-class AddressInUse(Exception):
-    """The group's Raft address cannot be bound."""

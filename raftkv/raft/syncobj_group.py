@@ -3,9 +3,10 @@
 This is where our parts are wired into pysyncobj (docs/pysyncobj.md lists every override):
 - the Raft log is our `RaftJournal` (checksummed, fsync-able), plugged in
   through pysyncobj's module-level `createJournal`;
-- the transport (`GroupTransport`) syncs the journal before any message leaves
-  in fsync mode, and keeps the peers named at open connected while a snapshot
-  (whose members may be older) is loaded;
+- the transport (`GroupTransport`) carries the group's messages over the node's
+  Raft hub (one connection per pair of nodes, mutual TLS with the cluster's),
+  syncs the journal before any message leaves in fsync mode, and keeps the peers
+  named at open while a snapshot (whose members may be older) is loaded;
 - log compaction writes the state machine's checkpoint into a snapshot file
   (`syncobj_snapshots`), never pysyncobj's pickle of the whole object, and
   never with fork;
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 import pysyncobj.pickle
-from pysyncobj import FAIL_REASON, SyncObjConf, SyncObjException, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, replicated
 
 from raftkv import failpoints
 from raftkv.core import metrics
@@ -36,19 +37,20 @@ from raftkv.core.durable import make_dirs
 from raftkv.core.errors import CorruptData
 from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
-from raftkv.raft.group import AddressInUse, Entry, Outcome, ProposalCallback, Role, StateMachine, contradicts
+from raftkv.raft.group import Entry, Outcome, ProposalCallback, Role, StateMachine, contradicts
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.syncobj_journal import JournalConfig, membership_change
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
 from raftkv.raft.syncobj_snapshots import SnapshotFiles
+from raftkv.raft.hub import RaftHub
 from raftkv.raft.syncobj_transport import GroupTransport
-from raftkv.raft.syncobj_wire import set_compression_level
 
 
 @dataclass(frozen=True)
 class GroupConfig:
-    partition: int
+    partition: int  # the group's number, on the hub's wire too
+    hub: RaftHub  # carries the group's messages
     self_address: str | None  # None: a learner (pysyncobj's readonly node), which never votes
     peers: tuple[str, ...]  # the voters other than this member
     folder: Path
@@ -59,7 +61,6 @@ class GroupConfig:
     on_corrupt: Callable[[CorruptData], None] | None = None  # the group found its files untrustworthy and stopped
 
 
-SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
 NEVER = 10**12
 _REGULAR = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: a call of a @replicated method
@@ -165,8 +166,7 @@ class SyncObjGroup:
         self._keep_from = 0  # the first entry the next compaction keeps (`compact`)
         self._snapshot_base = 0  # the entry the last compaction dropped the log to, had it kept none
         tuning = config.tuning
-        set_compression_level(tuning.wire_compression)
-        poller = LoopPoller(loop)
+        poller = self.poller = LoopPoller(loop)  # the transport hands it the hub's messages
         on_role_changed = config.on_role_changed
         conf = SyncObjConf(
             autoTick=False,  # ticked on the node's event loop, see syncobj_loop
@@ -174,23 +174,16 @@ class SyncObjGroup:
             appendEntriesUseBatch=False,  # we batch ourselves (group commit); pysyncobj's batching adds ~100 ms
             appendEntriesBatchSizeBytes=4 * tuning.max_batch_bytes,  # > any entry: never the chunked path
             logCompactionBatchSize=SNAPSHOT_CHUNK_BYTES,  # pysyncobj's 64 KiB chunks made snapshots crawl
-            sendBufferSize=SOCKET_BUFFER_BYTES,  # pysyncobj's 64 KiB makes big appends trickle out
-            recvBufferSize=SOCKET_BUFFER_BYTES,
             journalFile=JournalConfig(folder / "journal", config.fsync),
             fullDumpFile=str(self.snapshots.path),
             serializer=self.snapshots.write,
             serializeChecker=self.snapshots.state,
             deserializer=self.snapshots.read,
             useFork=False,
-            bindAddress=config.self_address,  # pysyncobj would otherwise listen on 0.0.0.0
-            maxBindRetries=3,
-            bindRetryTime=0.2,
             raftMinTimeout=tuning.election_timeout_min,
             raftMaxTimeout=tuning.election_timeout_max,
             appendEntriesPeriod=tuning.heartbeat_period,
             leaderFallbackTimeout=tuning.leader_fallback_timeout,
-            connectionTimeout=max(3.5, tuning.election_timeout_max),
-            connectionRetryTime=tuning.connection_retry_seconds,
             # the owner decides when to compact (`compact`)
             logCompactionMinEntries=NEVER,
             logCompactionMinTime=NEVER,
@@ -198,12 +191,7 @@ class SyncObjGroup:
             dynamicMembershipChange=config.membership_changes,
             onStateChanged=None if on_role_changed is None else lambda old, new: on_role_changed(Role(old), Role(new)),
         )
-        try:
-            self._member = _Member(self, config.self_address, config.peers, conf)
-        except SyncObjException as exc:
-            if "BindError" in str(exc):
-                raise AddressInUse(config.self_address) from None
-            raise
+        self._member = _Member(self, config.self_address, config.peers, conf)
         self._journal: RaftJournal = self._member._SyncObj__raftLog
         self.snapshots.journal = self._journal
         self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2),

@@ -89,13 +89,19 @@ class LoopPoller(Poller):
     def _dispatch(self, descr: int, event: int) -> None:
         callback, mask = self._subscriptions.get(descr, (None, 0))
         if callback is not None and (mask & event or event == POLL_EVENT_TYPE.READ and mask & POLL_EVENT_TYPE.ERROR):
-            try:
-                callback(descr, event)
-            except StorageFull as exc:  # a message whose entries could not be stored; the leader resends it
-                _warn_disk_full(exc)
-            except CorruptData as exc:  # e.g. the journal's fsync failed before an acknowledgement
-                self.on_corrupt(exc)
-                return
+            self.run(callback, descr, event)
+        else:
+            self.on_event()
+
+    def run(self, callback: Callable[..., object], *args) -> None:
+        """`callback(*args)` (pysyncobj handling a message), then a tick soon."""
+        try:
+            callback(*args)
+        except StorageFull as exc:  # a message whose entries could not be stored; the leader resends it
+            _warn_disk_full(exc)
+        except CorruptData as exc:  # e.g. the journal's fsync failed before an acknowledgement
+            self.on_corrupt(exc)
+            return
         self.on_event()
 
 

@@ -1,16 +1,23 @@
-"""pysyncobj's TCP transport with the changes raftkv needs.
+"""pysyncobj's transport interface over the node's Raft hub (`hub.py`).
 
-- Every append-entries message sent is counted (entry and snapshot bytes).
-- In fsync mode a dirty journal is synced before any message leaves, so an
-  entry is durable before a follower acknowledges it or a leader counts itself,
-  at one fsync per group commit.
-- The peers the cluster metadata named when the replica opened stay connected
-  while a snapshot is loaded. pysyncobj takes the members from the snapshot,
-  which may predate a member that joined since, and only the member with the
-  higher address opens a connection: a replica whose snapshot predates its
-  leader would never reach it, and would catch up only after its elections had
-  disrupted the group into electing a leader it knows. Membership entries in
-  the log still add and drop peers as pysyncobj applies them.
+A group's members are pysyncobj nodes named by Raft address; the hub's `Directory` says which
+node and group an address is. What pysyncobj sees:
+
+- a member is connected while the hub's connection to its node is up (looked at on every tick:
+  the hub only says that something changed);
+- a read-only member (a learner) is one per hub connection that joined this group, and all it may
+  send is its answer to an append (`next_node_idx`): a vote request or an append from it would
+  otherwise be obeyed as if a member had sent it;
+- this group, when read-only itself, joins its voters' groups through the hub;
+- pysyncobj's admin commands never arrive: the hub does not carry them.
+
+And, as before the hub:
+- every append-entries message sent is counted (entry and snapshot bytes);
+- in fsync mode a dirty journal is synced before any message leaves, so an entry is durable
+  before a follower acknowledges it or a leader counts itself, at one fsync per group commit;
+- the peers the cluster metadata named when the replica opened stay members while a snapshot is
+  loaded: pysyncobj takes the members from the snapshot, which may predate a member that joined
+  since, and would drop it until the log's membership entries add it back.
 """
 
 from __future__ import annotations
@@ -18,38 +25,128 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from pysyncobj.transport import TCPTransport
+from pysyncobj.node import Node
+from pysyncobj.transport import Transport
+
+from raftkv.raft.hub import Connection, RaftHub
 
 
-class GroupTransport(TCPTransport):
+class GroupTransport(Transport):
     def __init__(self, syncObj, selfNode, otherNodes):
-        self._named = frozenset(otherNodes)
-        self._loading_snapshot = False
         super().__init__(syncObj, selfNode, otherNodes)
+        self._syncObj = syncObj
+        config = syncObj._group.config
+        self._hub: RaftHub = config.hub
+        self._group = config.partition
+        self._poller = syncObj._group.poller
+        self._read_only = selfNode is None
+        self._named = frozenset(node.address for node in otherNodes)
+        self._loading_snapshot = False
+        self._nodes: dict[str, Node] = {}  # address -> the member's pysyncobj node
+        self._connected: set[Node] = set()
+        self._subscribers: dict[Connection, Node] = {}  # read-only members, by the connection they joined on
+        self._joined_over: dict[Node, Connection] = {}  # ... and the other way round
+        self._subscriber_count = 0
+        self._destroyed = False
+        for node in otherNodes:
+            self.addNode(node)
+        syncObj.addOnTickCallback(self._follow_links)
+        self._hub.attach(self._group, self)
 
     @contextlib.contextmanager
     def loading_snapshot(self) -> Iterator[None]:
-        """While a snapshot is loaded, its members do not disconnect the peers named at open."""
+        """While a snapshot is loaded, its members do not drop the peers named at open."""
         self._loading_snapshot = True
         try:
             yield
         finally:
             self._loading_snapshot = False
 
+    # -- pysyncobj's Transport ------------------------------------------------
+
     def addNode(self, node):
-        if node in self._nodes:  # kept through a snapshot load: its connection stands
-            return
-        super().addNode(node)
+        self._nodes[node.address] = node
+        self._joined_changed()
 
     def dropNode(self, node):
-        if self._loading_snapshot and node in self._named:
+        if self._loading_snapshot and node.address in self._named:
             return
-        super().dropNode(node)
+        if self._nodes.pop(node.address, None) is not None and node in self._connected:
+            self._connected.discard(node)
+            self._onNodeDisconnected(node)
+        self._joined_changed()
 
     def send(self, node, message):
         self._syncObj.sync_journal()
-        if not super().send(node, message):
-            return False
-        if isinstance(message, dict) and message.get("type") == "append_entries":
+        connection = self._joined_over.get(node)
+        if connection is not None:
+            sent = self._hub.reply(connection, self._group, message)
+        else:
+            where = self._hub.directory().locate(node.address)
+            sent = where is not None and self._hub.send(where[0], self._group, message)
+        if sent and isinstance(message, dict) and message.get("type") == "append_entries":
             self._syncObj.on_sent(message)
-        return True
+        return sent
+
+    def destroy(self):
+        self._destroyed = True
+        self._hub.detach(self._group)
+        self._syncObj.removeOnTickCallback(self._follow_links)
+
+    # -- what the hub calls ---------------------------------------------------
+
+    def deliver(self, sender: str | None, connection: Connection, message: object) -> None:
+        if self._group in connection.joined:  # a read-only member of this group
+            if not _read_only_answer(message):
+                return
+            self._follow_links()
+            node = self._subscribers.get(connection)
+        else:
+            address = self._hub.directory().address(sender, self._group)
+            node = self._nodes.get(address) if address is not None else None
+        if node is not None:
+            self._poller.run(self._onMessageReceived, node, message)
+
+    def links_changed(self) -> None:
+        self._poller.on_event()  # a tick soon, which follows them (`_follow_links`)
+
+    # -- keeping pysyncobj's view in step with the hub's ----------------------
+
+    def _follow_links(self) -> None:
+        if self._destroyed:
+            return
+        self._joined_changed()  # a member on a node the directory did not know yet
+        directory = self._hub.directory()
+        for node in list(self._nodes.values()):
+            where = directory.locate(node.address)
+            up = where is not None and self._hub.is_up(where[0])
+            if up and node not in self._connected:
+                self._connected.add(node)
+                self._onNodeConnected(node)
+            elif not up and node in self._connected:
+                self._connected.discard(node)
+                self._onNodeDisconnected(node)
+        joined = self._hub.subscribers(self._group)
+        for connection in [c for c in self._subscribers if c not in joined]:
+            node = self._subscribers.pop(connection)
+            del self._joined_over[node]
+            self._onReadonlyNodeDisconnected(node)
+        for connection in joined - self._subscribers.keys():
+            self._subscriber_count += 1
+            node = self._subscribers[connection] = Node(f"learner-{self._subscriber_count}")
+            self._joined_over[node] = connection
+            self._onReadonlyNodeConnected(node)
+
+    def _joined_changed(self) -> None:
+        """A read-only group joins the group at every member's node."""
+        if self._read_only:
+            directory = self._hub.directory()
+            nodes = (directory.locate(address) for address in self._nodes)
+            self._hub.join(self._group, frozenset(where[0] for where in nodes if where is not None))
+
+
+def _read_only_answer(message: object) -> bool:
+    """Whether `message` is what a read-only member sends: its answer to an append, well formed."""
+    return (isinstance(message, dict) and message.get("type") == "next_node_idx"
+            and type(message.get("next_node_idx")) is int
+            and type(message.get("reset")) is bool and type(message.get("success")) is bool)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +22,7 @@ from cryptography.exceptions import InvalidSignature
 
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import ClusterSpec
+from raftkv.security.certs import Identity, identity_of
 
 _REMEDY = "make them with `raftkv certs init`, or name your own PEM files in the spec's [tls] table"
 
@@ -55,6 +57,28 @@ class Tls:
     def check(self) -> None:
         """Read and check the files now (at start-up), rather than at the first connection."""
         self._pems
+
+    def server_context(self) -> ssl.SSLContext:
+        """For raftkv's own listeners (the Raft hub): mutual TLS, TLS 1.2 or later."""
+        return self._context(ssl.PROTOCOL_TLS_SERVER)
+
+    def client_context(self) -> ssl.SSLContext:
+        """Checks the server's certificate against the CA and the host it was dialed at."""
+        return self._context(ssl.PROTOCOL_TLS_CLIENT)
+
+    def _context(self, protocol: int) -> ssl.SSLContext:
+        ca, _, _ = self._pems
+        context = ssl.SSLContext(protocol)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=ca.decode())
+        context.load_cert_chain(self.cert, self.key)
+        return context
+
+
+def peer_identity(ssl_object: ssl.SSLObject) -> Identity:
+    """Who the other side of a mutual-TLS connection is, from its certificate (the CA checked it)."""
+    return identity_of(x509.load_der_x509_certificate(ssl_object.getpeercert(binary_form=True)))
 
 
 def node_tls(spec: ClusterSpec, node_id: str) -> Tls | None:

@@ -1,0 +1,378 @@
+"""The Raft hub: one connection from each node to each other node, for the messages of all groups.
+
+pysyncobj's own transport opens a socket per group per pair of members, trusts whatever
+address a connection's first message claims, and answers its admin commands (add, remove,
+transfer) from anyone. Here each process has one hub on its asyncio loop (docs/raft-transport.md):
+
+- A node listens on one port (its `raft_port_base`) and dials every node it has a message for;
+  it sends on the connection it dialed, and receives on the ones it accepted. A learner process
+  dials the voters of its groups, asks to `join` each group, and is sent to on that same
+  connection. So no rule decides which side connects: a node that does not know yet that another
+  is a member still hears from it.
+- With the cluster's TLS the connections are mutual TLS, and who sent a message is what the peer's
+  certificate says, never what its bytes claim: a node certificate names its node, a learner
+  certificate may only join groups read-only, anything else is refused at the handshake or at
+  the hello. Without TLS the hello is trusted, as pysyncobj trusted its first message.
+- Only Raft messages and the hub's own control frames are carried (`hub_frames`): pysyncobj's
+  admin commands have no way in; membership changes go through the Admin API.
+- Frames queued for a connection in one turn of the loop leave in one write.
+- Each dialer pings every `ping_every` seconds and the other side answers; a connection that
+  hears nothing for `dead_after` seconds is closed (a cut network otherwise leaves it hanging for
+  TCP's minutes), and the dialer tries again every `retry_seconds`.
+
+Groups attach a `GroupEndpoint` (their transport, `syncobj_transport.GroupTransport`) under their
+group number; who a group member is comes from the `Directory` the owner keeps up to date.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import socket
+import ssl as ssl_module
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol
+
+from raftkv.raft import hub_frames
+from raftkv.raft.hub_frames import CONTROL, BadFrame
+from raftkv.core.errors import ConfigError
+from raftkv.security.certs import Identity
+from raftkv.security.tls import Tls, peer_identity
+
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 5.0
+HIGH_WATER_BYTES = 128 * 1024 * 1024  # a peer this far behind in reading is as good as gone
+REFUSAL_LOG_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Directory:
+    """Where each node's hub listens, and which node and group each Raft address belongs to."""
+
+    endpoints: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # node id -> (host, port)
+    members: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # Raft address -> (node id, group)
+
+    @functools.cached_property
+    def _addresses(self) -> dict[tuple[str, int], str]:
+        return {where: address for address, where in self.members.items()}
+
+    def address(self, node_id: str, group: int) -> str | None:
+        return self._addresses.get((node_id, group))
+
+    def locate(self, address: str) -> tuple[str, int] | None:
+        return self.members.get(address)
+
+
+class GroupEndpoint(Protocol):
+    """What the hub calls on a group's transport (on the loop)."""
+
+    def deliver(self, sender: str | None, connection: Connection, message: object) -> None:
+        """A message of this group from node `sender` (None: a learner process) over `connection`."""
+
+    def links_changed(self) -> None:
+        """A connection came up or went down, or a subscriber joined or left: look again."""
+
+
+class Connection:
+    """One TCP (or TLS) stream to or from a peer, and the frames waiting to leave on it."""
+
+    def __init__(self, hub: RaftHub, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 peer: str | None, dialed: bool):
+        self._hub = hub
+        self._reader = reader
+        self._writer = writer
+        self.peer = peer  # the node id; None for a learner, or an accepted connection before its hello
+        self.dialed = dialed
+        self.greeted = dialed  # an accepted connection is of use once its hello was checked
+        self.joined: set[int] = set()  # groups this (accepted) connection subscribed to read-only
+        self.last_received = time.monotonic()
+        self.closed = False
+        self._pending: list[bytes] = []
+
+    def __repr__(self) -> str:
+        return f"<{'to' if self.dialed else 'from'} {self.peer or 'learner'}>"
+
+    def send(self, frame: bytes) -> bool:
+        if self.closed:
+            return False
+        if not self._pending:
+            self._hub.loop.call_soon(self._flush)
+        self._pending.append(frame)
+        return True
+
+    def _flush(self) -> None:
+        if self.closed or not self._pending:
+            return
+        self._writer.write(b"".join(self._pending))
+        self._pending.clear()
+        if self._writer.transport.get_write_buffer_size() > HIGH_WATER_BYTES:
+            log.warning("%r is not reading its Raft messages; closing it", self)
+            self.close()
+
+    async def read_frames(self) -> None:
+        """Hand each frame to the hub until the stream ends or sends something that is not a frame."""
+        try:
+            while True:
+                header = await self._reader.readexactly(hub_frames.HEADER_BYTES)
+                frame = await self._reader.readexactly(hub_frames.frame_length(header))
+                self.last_received = time.monotonic()
+                self._hub._received(self, hub_frames.decode(frame))
+        except BadFrame as exc:
+            self._hub._refused(self._writer, f"{exc}")
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except Exception:
+            log.exception("the Raft connection %r failed", self)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._pending.clear()
+        self._writer.close()
+        self._hub._closed(self)
+
+
+class RaftHub:
+    def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str | None, directory: Callable[[], Directory],
+                 tls: Tls | None, retry_seconds: float, dead_after: float, compression: int = 0):
+        """`node_id`: this node, or None for a learner process (it only dials)."""
+        self.loop = loop
+        self.node_id = node_id
+        self.directory = directory
+        self._tls = tls
+        self._retry_seconds = retry_seconds
+        self._dead_after = dead_after
+        self._compression = compression
+        self._groups: dict[int, GroupEndpoint] = {}
+        self._links: dict[str, Connection | None] = {}  # node id -> the connection dialed to it, if up
+        self._dialing: dict[str, asyncio.Task] = {}
+        self._accepted: set[Connection] = set()
+        self._subscribers: dict[int, set[Connection]] = {}  # group -> accepted connections that joined it
+        self._joins: dict[int, frozenset[str]] = {}  # this process's read-only groups -> the nodes to join at
+        self._serving: asyncio.Task | None = None  # becomes the server
+        self._pinger: asyncio.TimerHandle | None = None
+        self._last_refusal_log = 0.0
+        self._closing = False
+
+    # -- set-up -------------------------------------------------------------
+
+    def listen(self, host: str, port: int) -> None:
+        """Bind now (OSError if the port is taken); serve once the loop runs."""
+        sock = socket.create_server((host, port), reuse_port=False)
+        ssl = self._tls.server_context() if self._tls else None
+        self._serving = self.loop.create_task(asyncio.start_server(
+            self._accept, sock=sock, ssl=ssl, ssl_handshake_timeout=HELLO_TIMEOUT if ssl else None))
+
+    def start(self) -> None:
+        self._pinger = self.loop.call_later(self._ping_every, self._ping)
+
+    @property
+    def _ping_every(self) -> float:
+        return self._dead_after / 3
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._pinger is not None:
+            self._pinger.cancel()
+        server = await self._serving if self._serving is not None else None
+        if server is not None:
+            server.close()
+        for task in self._dialing.values():
+            task.cancel()
+        await asyncio.gather(*self._dialing.values(), return_exceptions=True)
+        for connection in [c for c in self._links.values() if c] + list(self._accepted):
+            connection.close()
+        if server is not None:
+            await server.wait_closed()
+
+    # -- what groups call ---------------------------------------------------
+
+    def attach(self, group: int, endpoint: GroupEndpoint) -> None:
+        self._groups[group] = endpoint
+        endpoint.links_changed()  # subscribers that joined before the group opened
+
+    def detach(self, group: int) -> None:
+        self._groups.pop(group, None)
+        for node_id in self._joins.pop(group, ()):
+            self._control(node_id, "leave", group)
+
+    def subscribers(self, group: int) -> frozenset[Connection]:
+        return frozenset(self._subscribers.get(group, ()))
+
+    def is_up(self, node_id: str) -> bool:
+        """Whether a connection to `node_id` is up; dials it if none is (or being made)."""
+        if self._links.get(node_id) is not None:
+            return True
+        if node_id != self.node_id and node_id not in self._dialing and not self._closing:
+            self._dialing[node_id] = self.loop.create_task(self._dial(node_id))
+        return False
+
+    def send(self, node_id: str, group: int, message: object) -> bool:
+        connection = self._links.get(node_id)
+        return connection is not None and connection.send(hub_frames.encode((group, message), self._compression))
+
+    def reply(self, connection: Connection, group: int, message: object) -> bool:
+        """To a read-only subscriber, on the connection it joined over."""
+        return connection.send(hub_frames.encode((group, message), self._compression))
+
+    def join(self, group: int, node_ids: frozenset[str]) -> None:
+        """Be a read-only member of `group` at these nodes, now and after every reconnect."""
+        before = self._joins.get(group, frozenset())
+        self._joins[group] = node_ids
+        for node_id in node_ids - before:
+            if self.is_up(node_id):
+                self._control(node_id, "join", group)
+        for node_id in before - node_ids:
+            self._control(node_id, "leave", group)
+
+    # -- connections ----------------------------------------------------------
+
+    async def _dial(self, node_id: str) -> None:
+        try:
+            while not self._closing:
+                where = self.directory().endpoints.get(node_id)
+                if where is None:  # not (or no longer) a node of the cluster; asked for again, dialed again
+                    return
+                connection = await self._connect(node_id, *where)
+                if connection is not None:
+                    self._links[node_id] = connection
+                    for group, nodes in self._joins.items():
+                        if node_id in nodes:
+                            self._control(node_id, "join", group)
+                    self._changed()
+                    await connection.read_frames()
+                await asyncio.sleep(self._retry_seconds)
+        finally:
+            self._dialing.pop(node_id, None)
+
+    async def _connect(self, node_id: str, host: str, port: int) -> Connection | None:
+        ssl = self._tls.client_context() if self._tls else None
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=ssl, server_hostname=host if ssl else None), CONNECT_TIMEOUT)
+        except ssl_module.SSLError as exc:  # the other side is down, or not the cluster's: say which
+            self._log_refusal(f"node {node_id} at {host}:{port} failed the TLS handshake: {exc.reason or exc}")
+            return None
+        except (OSError, asyncio.TimeoutError):
+            return None
+        if ssl is not None:
+            try:
+                identity = peer_identity(writer.get_extra_info("ssl_object"))
+            except ConfigError as exc:
+                identity = Identity(str(exc), "unknown")
+            if (identity.role, identity.name) != ("node", node_id):
+                self._log_refusal(f"{host}:{port} is {identity.role} {identity.name}, not node {node_id}")
+                writer.close()
+                return None
+        connection = Connection(self, reader, writer, node_id, dialed=True)
+        connection.send(hub_frames.encode((CONTROL, "hello", self.node_id)))
+        return connection
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = Connection(self, reader, writer, None, dialed=False)
+        self._accepted.add(connection)
+        try:
+            header = await asyncio.wait_for(reader.readexactly(hub_frames.HEADER_BYTES), HELLO_TIMEOUT)
+            body = hub_frames.decode(await asyncio.wait_for(
+                reader.readexactly(hub_frames.frame_length(header)), HELLO_TIMEOUT))
+            connection.peer = self._greeted(writer, body)
+        except BadFrame as exc:
+            self._refused(writer, str(exc))
+            connection.close()
+            return
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, OSError):
+            connection.close()
+            return
+        connection.greeted = True
+        connection.last_received = time.monotonic()
+        await connection.read_frames()
+
+    def _greeted(self, writer: asyncio.StreamWriter, body: tuple) -> str | None:
+        """The node id (None: a learner) an accepted connection speaks for, from its hello."""
+        if body[:2] != (CONTROL, "hello") or not (body[2] is None or isinstance(body[2], str)):
+            raise BadFrame("the first frame is not a hello")
+        claimed = body[2]
+        if self._tls is not None:
+            try:
+                identity = peer_identity(writer.get_extra_info("ssl_object"))
+            except ConfigError as exc:  # the CA signed it, but not as a raftkv role
+                raise BadFrame(str(exc)) from None
+            if identity.role == "node":
+                expected = identity.name
+            elif identity.role == "learner":
+                expected = None
+            else:
+                raise BadFrame(f"a {identity.role} certificate ({identity.name}) may not be a Raft peer")
+            if claimed != expected:
+                raise BadFrame(f"{identity.role} {identity.name} claimed to be {claimed or 'a learner'}")
+        return claimed
+
+    def _received(self, connection: Connection, body: tuple) -> None:
+        if body[0] == CONTROL:
+            self._on_control(connection, body[1], body[2])
+            return
+        group, message = body
+        endpoint = self._groups.get(group)
+        if endpoint is not None and (connection.peer is not None or group in connection.joined):
+            endpoint.deliver(connection.peer, connection, message)
+
+    def _on_control(self, connection: Connection, verb: str, arg: object) -> None:
+        if verb == "ping" and not connection.dialed:
+            connection.send(hub_frames.encode((CONTROL, "pong", None)))
+        elif verb in ("join", "leave") and not connection.dialed and isinstance(arg, int):
+            subscribers = self._subscribers.setdefault(arg, set())
+            if verb == "join":
+                connection.joined.add(arg)
+                subscribers.add(connection)
+            else:
+                connection.joined.discard(arg)
+                subscribers.discard(connection)
+            if (endpoint := self._groups.get(arg)) is not None:
+                endpoint.links_changed()
+        elif verb not in ("ping", "pong"):
+            raise BadFrame(f"an unknown control frame {verb!r}")
+
+    def _control(self, node_id: str, verb: str, arg: object) -> None:
+        connection = self._links.get(node_id)
+        if connection is not None:
+            connection.send(hub_frames.encode((CONTROL, verb, arg)))
+
+    def _closed(self, connection: Connection) -> None:
+        self._accepted.discard(connection)
+        if connection.dialed and self._links.get(connection.peer) is connection:
+            self._links[connection.peer] = None
+        for group in connection.joined:
+            self._subscribers.get(group, set()).discard(connection)
+        if connection.dialed or connection.joined:
+            connection.joined = set()
+            self._changed()
+
+    def _changed(self) -> None:
+        for endpoint in list(self._groups.values()):
+            endpoint.links_changed()
+
+    def _ping(self) -> None:
+        now = time.monotonic()
+        for connection in [c for c in self._links.values() if c] + list(self._accepted):
+            if now - connection.last_received > self._dead_after:
+                connection.close()
+            elif connection.dialed:
+                connection.send(hub_frames.encode((CONTROL, "ping", None)))
+        self._pinger = self.loop.call_later(self._ping_every, self._ping)
+
+    def _refused(self, writer: asyncio.StreamWriter, why: str) -> None:
+        """A peer that broke the protocol or is not allowed."""
+        self._log_refusal(f"refused a Raft connection from {writer.get_extra_info('peername')}: {why}")
+
+    def _log_refusal(self, line: str) -> None:
+        """At most every few seconds: a stranger knocking, or a misconfigured node retrying, would flood the log."""
+        if time.monotonic() - self._last_refusal_log >= REFUSAL_LOG_SECONDS:
+            self._last_refusal_log = time.monotonic()
+            log.warning("%s", line)

@@ -1,0 +1,227 @@
+"""The Raft hub (raftkv/raft/hub.py): its frames, who it lets speak for whom, and what it refuses.
+
+In one process, on loopback: real hubs, real pysyncobj groups, real TLS handshakes; the strangers
+are raw sockets writing what an attacker would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import ssl
+import struct
+import zlib
+
+import pytest
+
+from raftkv.core.spec import Tuning, build_spec
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.raft import hub_frames
+from raftkv.raft.group import Outcome, Role
+from raftkv.raft.hub import Directory, RaftHub
+from raftkv.raft.hub_frames import CONTROL, BadFrame
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from raftkv.security.certs import init_certs
+from raftkv.security.tls import Tls
+from tests.loopback_hubs import LoopbackHubs
+from tests.raft_scenarios import DictStateMachine
+from tests.test_snapshot_writer import until
+
+
+# -- frames ------------------------------------------------------------------------------------
+
+
+def _body(frame: bytes) -> tuple:
+    assert hub_frames.frame_length(frame[:hub_frames.HEADER_BYTES]) == len(frame) - hub_frames.HEADER_BYTES
+    return hub_frames.decode(frame[hub_frames.HEADER_BYTES:])
+
+
+@pytest.mark.parametrize("level", [0, 6])
+def test_a_frame_carries_a_groups_message_or_a_control_verb(level):
+    message = {"type": "append_entries", "entries": [(b"\x00cmd", 7, 2)], "term": 2, "commit_index": 6}
+    assert _body(hub_frames.encode((3, message), level)) == (3, message)
+    assert _body(hub_frames.encode((-1, message), level)) == (-1, message)
+    assert _body(hub_frames.encode((CONTROL, "join", 5), level)) == (CONTROL, "join", 5)
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+@pytest.mark.parametrize("body, why", [
+    (pickle.dumps((0, _Evil())), "only plain data"),
+    (pickle.dumps(["not", "a", "tuple"]), "not a tuple"),
+    (pickle.dumps((True, {})), "without a group number"),
+    (pickle.dumps((CONTROL, "hello")), "malformed control"),
+    (b"\x80\x05garbage", "undecodable"),
+])
+def test_a_frame_that_names_code_or_has_another_shape_is_refused(body, why):
+    with pytest.raises(BadFrame, match=why):
+        hub_frames.decode(b"\x00" + body)
+
+
+def test_lengths_flags_and_inflation_are_bounded():
+    with pytest.raises(BadFrame, match="a frame of 0 bytes"):
+        hub_frames.frame_length(struct.pack(">I", 0))
+    with pytest.raises(BadFrame):
+        hub_frames.frame_length(struct.pack(">I", hub_frames.MAX_FRAME_BYTES + 1))
+    with pytest.raises(BadFrame, match="unknown frame flag"):
+        hub_frames.decode(b"\x07" + pickle.dumps((0, {})))
+    bomb = zlib.compress(b"\x00" * (hub_frames.MAX_FRAME_BYTES + 1024), 9)
+    with pytest.raises(BadFrame, match="inflates past"):
+        hub_frames.decode(b"\x01" + bomb)
+
+
+# -- strangers and read-only members -------------------------------------------------------------
+
+
+async def _single_voter(hubs: LoopbackHubs, folder) -> tuple[SyncObjGroup, str]:
+    address = f"127.0.0.1:{free_port_block(1)}"
+    group = SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(address), self_address=address, peers=(),
+                                     folder=folder, fsync=False, tuning=Tuning()), DictStateMachine(),
+                         asyncio.get_running_loop())
+    await until(lambda: group.role == Role.LEADER and group.last_applied >= 1)
+    return group, address
+
+
+async def _closed_by_peer(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), 10) == b""
+    except ConnectionError:
+        return True
+
+
+def test_a_learner_may_only_answer_appends_not_ask_for_votes_or_append(tmp_path):
+    """A read-only member's vote request with a higher term would depose the leader, and its append would
+    be obeyed: both are dropped, and the group goes on committing in its term."""
+
+    async def scenario():
+        hubs = LoopbackHubs()
+        group, address = await _single_voter(hubs, tmp_path / "voter")
+        try:
+            term = group.term
+            reader, writer = await asyncio.open_connection(*address.rsplit(":", 1))
+            forged = [(CONTROL, "hello", None), (CONTROL, "join", 0),
+                      (0, {"type": "request_vote", "term": term + 50, "last_log_index": 10**6, "last_log_term": 99}),
+                      (0, {"type": "append_entries", "term": term + 50, "commit_index": 10**6, "entries": [],
+                           "prevLogIdx": 10**6, "prevLogTerm": 99})]
+            writer.write(b"".join(hub_frames.encode(body) for body in forged))
+            await writer.drain()
+            header = await asyncio.wait_for(reader.readexactly(hub_frames.HEADER_BYTES), 10)
+            group_number, message = hub_frames.decode(await reader.readexactly(hub_frames.frame_length(header)))
+            assert (group_number, message["type"]) == (0, "append_entries")  # it was taken as a learner...
+            done = asyncio.get_running_loop().create_future()
+            group.propose(b"k=v", lambda result, outcome: done.set_result(outcome))
+            assert await asyncio.wait_for(done, 10) == Outcome.APPLIED
+            assert (group.role, group.term) == (Role.LEADER, term)  # ...and no more than that
+            writer.close()
+        finally:
+            group.close()
+            await hubs.close()
+
+    asyncio.run(scenario())
+
+
+_ADMIN_STATUS = zlib.compress(pickle.dumps(["status"]))  # what pysyncobj's admin tool sends first
+
+
+@pytest.mark.parametrize("opening", [
+    b"GET / HTTP/1.1\r\n\r\n",
+    struct.pack(">I", len(_ADMIN_STATUS)) + _ADMIN_STATUS,
+    hub_frames.encode((0, {"type": "request_vote", "term": 99})),
+    hub_frames.encode((CONTROL, "hello", "n9")) + hub_frames.encode((CONTROL, "transfer", 0)),
+], ids=["http", "pysyncobj-admin", "message-before-hello", "unknown-verb"])
+def test_a_connection_that_does_not_speak_the_protocol_is_closed_and_changes_nothing(tmp_path, opening):
+    async def scenario():
+        hubs = LoopbackHubs()
+        group, address = await _single_voter(hubs, tmp_path / "voter")
+        try:
+            term, applied = group.term, group.last_applied
+            reader, writer = await asyncio.open_connection(*address.rsplit(":", 1))
+            writer.write(opening)
+            await writer.drain()
+            assert await _closed_by_peer(reader)
+            writer.close()
+            assert (group.role, group.term, group.last_applied, group.voters) == (
+                Role.LEADER, term, applied, frozenset({address}))
+        finally:
+            group.close()
+            await hubs.close()
+
+    asyncio.run(scenario())
+
+
+# -- mutual TLS --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def certs(tmp_path):
+    spec = build_spec(nodes=2, partitions=1, replication=2, base_port=7000, data_dir=tmp_path / "data")
+    init_certs(tmp_path / "certs", spec, ["alice"], days=30)
+    return tmp_path / "certs"
+
+
+def _tls(certs, stem: str) -> Tls:
+    return Tls(certs / "ca.pem", certs / f"{stem}.pem", certs / f"{stem}.key")
+
+
+@pytest.mark.parametrize("stem, claimed, accepted", [
+    ("node-n2", "n2", True),
+    ("node-n2", "n1", False),  # a node speaking for another
+    ("learner", None, True),
+    ("learner", "n2", False),  # a learner claiming to be a voter
+    ("user-alice", None, False),  # a client certificate is no Raft peer at all
+])
+def test_over_tls_a_peer_speaks_only_for_what_its_certificate_names(certs, stem, claimed, accepted):
+    async def scenario():
+        port = free_port_block(1)
+        hub = RaftHub(asyncio.get_running_loop(), "n1", Directory, _tls(certs, "node-n1"), retry_seconds=0.5,
+                      dead_after=3.5)
+        hub.listen("127.0.0.1", port)
+        hub.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=_tls(certs, stem).client_context(),
+                                                           server_hostname="127.0.0.1")
+            writer.write(hub_frames.encode((CONTROL, "hello", claimed)) + hub_frames.encode((CONTROL, "ping", None)))
+            await writer.drain()
+            if accepted:
+                header = await asyncio.wait_for(reader.readexactly(hub_frames.HEADER_BYTES), 10)
+                assert hub_frames.decode(await reader.readexactly(hub_frames.frame_length(header))) == (
+                    CONTROL, "pong", None)
+            else:
+                assert await _closed_by_peer(reader)
+            writer.close()
+        finally:
+            await hub.close()
+
+    asyncio.run(scenario())
+
+
+def test_over_tls_a_stranger_does_not_get_past_the_handshake(certs, tmp_path):
+    other = tmp_path / "other"
+    init_certs(other, None, [], days=30)
+
+    async def scenario():
+        port = free_port_block(1)
+        hub = RaftHub(asyncio.get_running_loop(), "n1", Directory, _tls(certs, "node-n1"), retry_seconds=0.5,
+                      dead_after=3.5)
+        hub.listen("127.0.0.1", port)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)  # plaintext
+            writer.write(hub_frames.encode((CONTROL, "hello", "n2")))
+            assert await _closed_by_peer(reader)
+            writer.close()
+            foreign = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            foreign.check_hostname, foreign.verify_mode = False, ssl.CERT_NONE
+            foreign.load_cert_chain(other / "learner.pem", other / "learner.key")  # another cluster's CA
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=foreign)
+                writer.write(hub_frames.encode((CONTROL, "hello", None)))
+                await writer.drain()
+                if await _closed_by_peer(reader):
+                    raise ConnectionError("closed")
+        finally:
+            await hub.close()
+
+    asyncio.run(scenario())
