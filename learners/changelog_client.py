@@ -29,11 +29,11 @@ from raftkv.security.tls import Tls, open_blocking_channel, refusal
 
 
 class ChangeLogClient:
-    def __init__(self, address: str, timeout: float = 10.0, tls: Tls | None = None):
+    def __init__(self, address: str, timeout: float = 10.0, tls: Tls | None = None, token: str | None = None):
         self.address = address
         self.timeout = timeout
         self._tls = tls
-        self._channel = open_blocking_channel(address, tls, CHANNEL_OPTIONS)
+        self._channel = open_blocking_channel(address, tls, CHANNEL_OPTIONS, token)
         self._stub = kv_pb2_grpc.ChangeLogStub(self._channel)
 
     def offsets(self, after: dict[int, int] | None = None, max_rows: int = 0) -> list[pb.PartitionOffsets]:
@@ -103,11 +103,11 @@ def event_of(change: pb.Change, partition: int, cluster: str) -> ChangeEvent:
 
 
 def tail(address: str, *, from_beginning: bool = False, out: TextIO | None = None, timeout: float | None = None,
-         max_events: int | None = None, tls: Tls | None = None) -> int:
+         max_events: int | None = None, tls: Tls | None = None, token: str | None = None) -> int:
     """Print followed events as JSON lines until `timeout` idle seconds or `max_events`; return the count."""
     out = out or sys.stdout
     count = 0
-    with ChangeLogClient(address, tls=tls) as log:
+    with ChangeLogClient(address, tls=tls, token=token) as log:
         cluster = log.cluster()
         after = {o.partition: o.earliest for o in log.offsets()} if from_beginning else None
         chunks: queue.Queue = queue.Queue()

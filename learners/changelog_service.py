@@ -20,6 +20,10 @@ import grpc
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.errors import InvalidRequest
+from raftkv.node.gatekeeper import Gatekeeper
+from raftkv.security.permissions import Access, Request
+
+EVERY_KEY = Request(Access.READ, b"", None)
 
 CHUNK_CHANGES = 4096
 
@@ -102,16 +106,21 @@ class _Tail:
 
 
 class ChangeLogService(kv_pb2_grpc.ChangeLogServicer):
-    def __init__(self, source: ChangeSource, loop: asyncio.AbstractEventLoop):
+    """Every partition's changes: each call needs read access to every key."""
+
+    def __init__(self, source: ChangeSource, loop: asyncio.AbstractEventLoop, gate: Gatekeeper):
         self.source = source
+        self._gate = gate
         self._flushes = _Flushes(loop)
         source.on_flush(self._flushes.notify)
 
     async def Offsets(self, request: pb.OffsetsRequest, context) -> pb.OffsetsResponse:
+        await self._gate.admit(context, EVERY_KEY)
         partitions = await asyncio.to_thread(self.source.offsets, dict(request.after), request.max_rows)
         return pb.OffsetsResponse(partitions=partitions)
 
     async def Read(self, request: pb.ChangesRequest, context):
+        await self._gate.admit(context, EVERY_KEY)
         try:
             changes = self.source.changes(request.partition, request.after, request.until)
             while chunk := await asyncio.to_thread(lambda: list(islice(changes, CHUNK_CHANGES))):
@@ -120,6 +129,7 @@ class ChangeLogService(kv_pb2_grpc.ChangeLogServicer):
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
 
     async def Follow(self, request: pb.FollowRequest, context):
+        await self._gate.admit(context, EVERY_KEY)
         try:
             starts = await asyncio.to_thread(self.source.offsets, {}, 0)
             tail = _Tail(self.source, {**{o.partition: o.latest for o in starts}, **request.after})

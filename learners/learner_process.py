@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import grpc
 from prometheus_client import Counter, Gauge
@@ -22,6 +22,7 @@ from learners.learner_replica import LearnerReplica
 from learners.sinks.base import Sink, load_sink
 from raftkv.core import metrics
 from raftkv.api import kv_pb2_grpc
+from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.peers import Peers
 from raftkv.node.process import GRPC_OPTIONS, close_reporting
@@ -62,22 +63,26 @@ def registration(spec: ClusterSpec, name: str) -> LearnerView:
 
 
 async def _serve_reads(spec: ClusterSpec, topology: ClusterMeta, name: str, replicas: dict[int, LearnerReplica],
-                       api_port: int, loop: asyncio.AbstractEventLoop, sink: Sink) -> grpc.aio.Server:
-    """The node API over the learner's copies: follower reads and scans here, the rest forwarded to leaders.
+                       api_port: int, loop: asyncio.AbstractEventLoop, sink: Sink,
+                       current: Callable[[], ClusterMeta]) -> grpc.aio.Server:
+    """The node API over the learner's copies: follower reads and scans here, the rest forwarded to leaders
+    (with the cluster's TLS a learner may only read, so writes must go to the nodes themselves).
 
     A sink that keeps the changes it received (the `changelog` sink) is served as the ChangeLog service.
+    Its callers are checked against the users and roles of `current()` metadata.
     """
     frontends = {}
     for p, replica in replicas.items():
         by_address = {n.raft_address(p): n.id for n in topology.nodes}
         frontends[p] = PartitionFrontend(replica, loop, max_batch_ops=1, max_batch_bytes=1, request_timeout=1.0,
                                          leader_id_of=by_address.get)
+    gate = Gatekeeper(enforce=spec.tls is not None, meta=current)
     service = KVService(spec, f"learner/{name}", frontends, lambda: topology,
-                        Peers(lambda node_id: topology.node(node_id).api_address, learner_tls(spec)))
+                        Peers(lambda node_id: topology.node(node_id).api_address, learner_tls(spec)), gate)
     server = grpc.aio.server(options=GRPC_OPTIONS)
     kv_pb2_grpc.add_KVServicer_to_server(service, server)
     if isinstance(sink, ChangeSource):
-        kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink, loop), server)
+        kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink, loop, gate), server)
     listen(server, f"127.0.0.1:{api_port}", learner_tls(spec))
     await server.start()
     return server
@@ -115,12 +120,12 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     hub: RaftHub | None = None
     try:
         topology = await _topology(client, spec)
-        nodes = [topology.nodes, raft_directory(topology.nodes, spec.partitions)]  # and the hub's directory of them
-        hub = RaftHub(loop, None, lambda: nodes[1], learner_tls(spec),
+        current = [topology, raft_directory(topology.nodes, spec.partitions)]  # the metadata, the hub's directory
+        hub = RaftHub(loop, None, lambda: current[1], learner_tls(spec),
                       retry_seconds=spec.tuning.connection_retry_seconds,
                       dead_after=max(3.5, spec.tuning.election_timeout_max), compression=spec.tuning.wire_compression)
         hub.start()
-        tasks.append(loop.create_task(_follow_nodes(client, spec, nodes, stop)))
+        tasks.append(loop.create_task(_follow_meta(client, spec, current, stop)))
         await _open_sink(sink, {"learner": name, "cluster_id": topology.cluster_id, **sink_options}, stop)
         for p in partitions:
             voters = [topology.node(n).raft_address(p) for n in topology.group_voters(p)]
@@ -133,7 +138,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         if metrics_port:
             metrics.serve("127.0.0.1", metrics_port)
         if api_port:
-            server = await _serve_reads(spec, topology, name, replicas, api_port, loop, sink)
+            server = await _serve_reads(spec, topology, name, replicas, api_port, loop, sink, lambda: current[0])
         pump = FeedPump(spec.name, replicas, sink)
         tasks += [loop.create_task(_publish(pump, stop)), loop.create_task(_report_progress(client, name, pump, stop))]
         print(f"raftkv learner {name} ready: partitions {partitions}, sink {sink_name}", flush=True)
@@ -154,18 +159,19 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         raise failure[0]
 
 
-async def _follow_nodes(client: AsyncClient, spec: ClusterSpec, nodes: list, stop: asyncio.Event,
-                        every: float = 2.0) -> None:
-    """Keep `nodes` ([node records, the hub's directory of them]) current: the voters of a partition may
-    move to a node that joined since the learner started."""
+async def _follow_meta(client: AsyncClient, spec: ClusterSpec, current: list, stop: asyncio.Event,
+                       every: float = 1.0) -> None:
+    """Keep `current` ([the metadata, the hub's directory of its nodes]) up to date: the voters of a
+    partition may move to a node that joined since the learner started, and a user's roles change."""
     while not stop.is_set():
         await asyncio.sleep(every)
         try:
             meta = (await client.topology()).meta
         except RaftKVError:
             continue
-        if meta.epoch and meta.nodes != nodes[0]:
-            nodes[:] = [meta.nodes, raft_directory(meta.nodes, spec.partitions)]
+        if meta.epoch:
+            directory = current[1] if meta.nodes == current[0].nodes else raft_directory(meta.nodes, spec.partitions)
+            current[:] = [meta, directory]
 
 
 async def _open_sink(sink: Sink, options: dict[str, str], stop: asyncio.Event) -> None:

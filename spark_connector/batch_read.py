@@ -41,7 +41,8 @@ class KVReader(DataSourceReader):
 
     def partitions(self) -> list[PartitionRead]:
         scope, split_rows = self.scope, self.options.split_rows
-        with Client(list(self.options.endpoints), timeout=self.options.timeout, tls=self.options.tls) as client:
+        with Client(list(self.options.endpoints), timeout=self.options.timeout, tls=self.options.tls,
+                    token=self.options.token) as client:
             chosen = scope.partitions_to_read(client.partitions)
             if scope.keys is not None:
                 by_partition = scope.keys_by_partition(client.partitions)
@@ -56,7 +57,7 @@ class KVReader(DataSourceReader):
     def read(self, partition: PartitionRead) -> Iterator[pa.RecordBatch]:
         opts = self.options
         with Client(list(opts.read_endpoints), timeout=opts.timeout, consistency=opts.client_consistency,
-                    tls=opts.tls) as client:
+                    tls=opts.tls, token=opts.token) as client:
             if partition.keys is not None:
                 yield from _key_reads(client, partition, opts)
                 return

@@ -54,7 +54,8 @@ class KVWriter(DataSourceArrowWriter):
 
 def with_client(options: ConnectorOptions, work):
     async def run():
-        async with AsyncClient(list(options.endpoints), timeout=options.timeout, tls=options.tls) as client:
+        async with AsyncClient(list(options.endpoints), timeout=options.timeout, tls=options.tls,
+                               token=options.token) as client:
             return await work(client)
     return asyncio.run(run())
 

@@ -33,7 +33,7 @@ class ChangeRange(InputPartition):
 
 def fetch_offsets(options: ConnectorOptions, after: dict[int, int] | None = None,
                   max_rows: int = 0) -> list[pb.PartitionOffsets]:
-    with ChangeLogClient(options.changelog, options.timeout, options.tls) as log:
+    with ChangeLogClient(options.changelog, options.timeout, options.tls, options.token) as log:
         return log.offsets(after, max_rows)
 
 
@@ -43,7 +43,7 @@ def ranges(start: Offsets, end: Offsets) -> list[ChangeRange]:
 
 
 def read_range(options: ConnectorOptions, r: ChangeRange) -> Iterator[pa.RecordBatch]:
-    with ChangeLogClient(options.changelog, options.timeout, options.tls) as log:
+    with ChangeLogClient(options.changelog, options.timeout, options.tls, options.token) as log:
         for chunk in log.read(r.partition, r.after, r.until):
             yield _batch(chunk.changes, r.partition, options)
 

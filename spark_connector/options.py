@@ -8,7 +8,7 @@ but `key_format` and `Key_Format` are the same option.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from raftkv.client.async_client import parse_endpoints
@@ -39,6 +39,7 @@ class ConnectorOptions:
     split_rows: int = 500_000              # a Raft partition with more keys is read as several Spark partitions
     timeout: float = 30.0
     tls: Tls | None = None                 # the cluster's CA and a client certificate (files on every executor)
+    token: str | None = field(default=None, repr=False)  # a user's bearer token (Spark's default redaction hides "token")
 
     @property
     def read_endpoints(self) -> tuple[str, ...]:
@@ -96,6 +97,7 @@ def parse_options(options: Mapping[str, str]) -> ConnectorOptions:
         split_rows=whole("split_rows", 500_000, 0),
         timeout=float(whole("timeout", 30, 1)),
         tls=_tls(spec, get("tls.ca"), get("tls.cert"), get("tls.key")),
+        token=get("token"),
     )
 
 

@@ -24,6 +24,8 @@ from raftkv.api import kv_pb2_grpc
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import InvalidRequest
 from raftkv.dev.local_cluster import free_port_block
+from raftkv.meta.records import ClusterMeta
+from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.core.partitioning import partition_for_key
 from tests.conftest import changelog_caught_up, wait_until
 from tests.kafka_broker import VALIDATOR
@@ -58,7 +60,8 @@ def served_sink(tmp_path):
 
     async def start() -> grpc.aio.Server:
         server = grpc.aio.server()
-        kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink, loop), server)
+        kv_pb2_grpc.add_ChangeLogServicer_to_server(
+            ChangeLogService(sink, loop, Gatekeeper(enforce=False, meta=ClusterMeta)), server)  # no TLS: no checks
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         return server

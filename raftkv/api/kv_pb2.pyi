@@ -22,6 +22,7 @@ class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNDETERMINED: _ClassVar[Code]
     TIMEOUT: _ClassVar[Code]
     STORAGE_FULL: _ClassVar[Code]
+    PERMISSION_DENIED: _ClassVar[Code]
 LINEARIZABLE: Consistency
 LEADER: Consistency
 FOLLOWER: Consistency
@@ -32,6 +33,7 @@ UNAVAILABLE: Code
 UNDETERMINED: Code
 TIMEOUT: Code
 STORAGE_FULL: Code
+PERMISSION_DENIED: Code
 
 class Put(_message.Message):
     __slots__ = ("key", "value")
@@ -304,18 +306,20 @@ class LearnerStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., sink: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., progress: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "cluster", "partitions", "nodes", "hosted")
+    __slots__ = ("node_id", "cluster", "partitions", "nodes", "hosted", "meta_epoch")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     HOSTED_FIELD_NUMBER: _ClassVar[int]
+    META_EPOCH_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     cluster: str
     partitions: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     hosted: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
-    def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., partitions: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., hosted: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ...) -> None: ...
+    meta_epoch: int
+    def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., partitions: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., hosted: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., meta_epoch: _Optional[int] = ...) -> None: ...
 
 class FollowRequest(_message.Message):
     __slots__ = ("after",)
@@ -446,7 +450,7 @@ class MoveInfo(_message.Message):
     def __init__(self, group: _Optional[int] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., step: _Optional[str] = ...) -> None: ...
 
 class TopologyResponse(_message.Message):
-    __slots__ = ("epoch", "nodes", "placement", "moves", "meta_leader", "replication", "meta_voters", "spec_toml", "cluster_id")
+    __slots__ = ("epoch", "nodes", "placement", "moves", "meta_leader", "replication", "meta_voters", "spec_toml", "cluster_id", "access")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
@@ -456,6 +460,7 @@ class TopologyResponse(_message.Message):
     META_VOTERS_FIELD_NUMBER: _ClassVar[int]
     SPEC_TOML_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeRecord]
     placement: _containers.RepeatedCompositeFieldContainer[Voters]
@@ -465,7 +470,8 @@ class TopologyResponse(_message.Message):
     meta_voters: Voters
     spec_toml: str
     cluster_id: str
-    def __init__(self, epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeRecord, _Mapping]]] = ..., placement: _Optional[_Iterable[_Union[Voters, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[MoveInfo, _Mapping]]] = ..., meta_leader: _Optional[str] = ..., replication: _Optional[int] = ..., meta_voters: _Optional[_Union[Voters, _Mapping]] = ..., spec_toml: _Optional[str] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+    access: bytes
+    def __init__(self, epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeRecord, _Mapping]]] = ..., placement: _Optional[_Iterable[_Union[Voters, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[MoveInfo, _Mapping]]] = ..., meta_leader: _Optional[str] = ..., replication: _Optional[int] = ..., meta_voters: _Optional[_Union[Voters, _Mapping]] = ..., spec_toml: _Optional[str] = ..., cluster_id: _Optional[str] = ..., access: _Optional[bytes] = ...) -> None: ...
 
 class ChangeTopologyRequest(_message.Message):
     __slots__ = ("command",)

@@ -21,7 +21,7 @@ from raftkv.core.errors import RaftKVError
 
 COMMANDS = {  # command -> the module of raftkv.cli that defines it
     "backup": "backup", "certs": "certs", "chaos": "chaos", "cluster": "cluster", "dev": "dev", "feed": "feed",
-    "learner": "learner", "node": "node", "status": "status",
+    "learner": "learner", "node": "node", "status": "status", "user": "access", "role": "access",
     "replica": "replica", "rebalance": "replica", "leader": "replica",
     "put": "data", "get": "data", "delete": "data", "scan": "data",
 }
@@ -45,7 +45,10 @@ class _LazyGroup(click.Group):
               help="Client certificate (PEM) to present; default: the spec's [tls] client_cert.")
 @click.option("--key", envvar="RAFTKV_KEY", type=click.Path(dir_okay=False), default=None,
               help="Its private key (PEM).")
-def cli(cacert: str | None, cert: str | None, key: str | None) -> None:
+@click.option("--token", envvar="RAFTKV_TOKEN", default=None, show_envvar=True,
+              help="Act as the user this bearer token belongs to (`raftkv user add --token`); prefer the "
+                   "environment variable, which does not show in the process list.")
+def cli(cacert: str | None, cert: str | None, key: str | None, token: str | None) -> None:
     """raftkv: a Raft-replicated, partitioned key-value store.
 
     With TLS (the default of `cluster init` and `dev up`), commands present the client certificate the

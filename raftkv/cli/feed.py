@@ -36,6 +36,7 @@ def tail(topic, bootstrap, changelog, from_beginning, max_events, timeout, confi
         raise click.UsageError("name one feed: --topic (Kafka) or --changelog HOST:PORT (a changelog learner)")
     if changelog:
         tls = tls_files(load_spec(config) if Path(config).exists() else None)
-        tail_changelog(changelog, from_beginning=from_beginning, max_events=max_events, timeout=timeout, tls=tls)
+        tail_changelog(changelog, from_beginning=from_beginning, max_events=max_events, timeout=timeout, tls=tls,
+                       token=click.get_current_context().find_root().params.get("token"))
     else:
         tail_feed(bootstrap, topic, from_beginning=from_beginning, max_events=max_events, timeout=timeout)

@@ -36,7 +36,8 @@ def open_client(config: str, endpoints: str | None, **options) -> Client:
     spec = load_spec(config) if not endpoints or Path(config).exists() else None
     addresses = [e.strip() for e in endpoints.split(",") if e.strip()] if endpoints else \
         [n.api_address for n in spec.nodes]
-    return Client(addresses, tls=tls_files(spec), **options)
+    return Client(addresses, tls=tls_files(spec), token=click.get_current_context().find_root().params.get("token"),
+                  **options)
 
 
 def topology_options(command):

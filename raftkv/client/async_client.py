@@ -82,6 +82,7 @@ class ClientOptions(TypedDict, total=False):
     max_batch_ops: int
     max_in_flight: int
     tls: Tls | None
+    token: str | None
 
 
 class AsyncClient:
@@ -94,10 +95,13 @@ class AsyncClient:
         max_batch_ops: int = 1024,
         max_in_flight: int = 4,
         tls: Tls | None = None,
+        token: str | None = None,
     ):
-        """`tls`: the cluster's CA and this client's certificate; None for a cluster without [tls]."""
+        """`tls`: the cluster's CA and this client's certificate; None for a cluster without [tls].
+        `token`: act as the user this bearer token belongs to (`raftkv user add --token`), not as the
+        certificate's."""
         self._consistency = consistency_from_name(consistency)
-        self._core = ClientCore(parse_endpoints(endpoints), timeout, max_batch_ops, max_in_flight, tls)
+        self._core = ClientCore(parse_endpoints(endpoints), timeout, max_batch_ops, max_in_flight, tls, token)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -243,13 +247,29 @@ class AsyncClient:
         reply = await self._core.administer("topology", lambda admin: admin.Topology(pb.TopologyRequest(), timeout=5.0))
         return topology_of(reply)
 
-    async def change_topology(self, command: MetaCommand) -> Topology:
+    async def change_topology(self, command: MetaCommand, everywhere: bool = False) -> Topology:
         """Apply one metadata command (raftkv.meta.records) on the metadata leader; ChangeRefused if a
-        rule forbids it."""
+        rule forbids it. `everywhere`: return once every node that answers has applied it too (a user
+        added, a role granted: each node checks callers against its own copy)."""
         request = pb.ChangeTopologyRequest(command=encode_command(command))
         reply = await self._core.administer(type(command).__name__,
                                             lambda admin: admin.ChangeTopology(request, timeout=15.0))
-        return topology_of(reply)
+        topology = topology_of(reply)
+        if everywhere:
+            await self._await_metadata(topology.meta.epoch)
+        return topology
+
+    async def _await_metadata(self, epoch: int) -> None:
+        """Until every node that answers has applied the cluster metadata up to `epoch`, or the timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._core.timeout
+        while True:
+            behind = [s.node_id for s in await self.status() if s.reachable and s.meta_epoch < epoch]
+            if not behind:
+                return
+            if loop.time() >= deadline:
+                raise Unavailable(f"node(s) {', '.join(behind)} have not applied the change yet; they will")
+            await asyncio.sleep(0.05)
 
     async def move_replica(self, partition: int, source: str, target: str) -> Topology:
         """Start moving partition's replica from node `source` to `target`; returns once the move is

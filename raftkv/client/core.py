@@ -25,7 +25,8 @@ from raftkv.api.convert import error_from_result
 from raftkv.api.rpc_errors import error_of, never_sent
 from raftkv.client.retry import decide
 from raftkv.client.routing import RoutingTable
-from raftkv.core.errors import ChangeRefused, NotLeader, RaftKVError, Unauthenticated, Unavailable, Undetermined
+from raftkv.core.errors import (ChangeRefused, NotLeader, PermissionDenied, RaftKVError, Unauthenticated, Unavailable,
+                                Undetermined)
 from raftkv.security.tls import Tls, open_channel, refusal
 
 
@@ -41,12 +42,22 @@ class NodeStatus:
     reachable: bool
     partitions: tuple[pb.PartitionStatus, ...] = ()
     error: str = ""
+    meta_epoch: int = 0  # of the cluster metadata the node has applied
 
 
 class _TransportError(Exception):
     def __init__(self, never_sent: bool, detail: str):
         self.never_sent = never_sent
         super().__init__(detail)
+
+
+def _refused(exc: grpc.aio.AioRpcError) -> RaftKVError | None:
+    """The final error of a call the node refused for who made it (not retried anywhere else)."""
+    if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+        return PermissionDenied(exc.details())
+    if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(exc.details())
+    return None
 
 
 STALLED_AFTER = 0.1  # s: a request out this long may wait on a partition without a leader
@@ -100,7 +111,7 @@ class _Link:
                 if not future.done():
                     future.set_result(result)
         except grpc.aio.AioRpcError as exc:
-            error = _TransportError(never_sent(exc), f"{exc.code().name}: {exc.details()}")
+            error = _refused(exc) or _TransportError(never_sent(exc), f"{exc.code().name}: {exc.details()}")
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)
@@ -116,10 +127,11 @@ class ClientCore:
     """Everything that runs on the client's event loop: transport, and the one retry loop."""
 
     def __init__(self, endpoints: list[str], timeout: float, max_batch_ops: int, max_in_flight: int,
-                 tls: Tls | None):
+                 tls: Tls | None, token: str | None = None):
         if tls is not None:
             tls.check()  # an expired or foreign certificate of ours is a ConfigError now, not a refusal later
         self.tls = tls
+        self._token = token
         self.routing = RoutingTable(list(endpoints))
         self.timeout = timeout
         self.max_batch_ops = max_batch_ops
@@ -136,7 +148,7 @@ class ClientCore:
 
     def stub(self, address: str) -> kv_pb2_grpc.KVStub:
         if address not in self._stubs:
-            self._channels[address] = open_channel(address, self.tls, CHANNEL_OPTIONS)
+            self._channels[address] = open_channel(address, self.tls, CHANNEL_OPTIONS, self._token)
             self._stubs[address] = kv_pb2_grpc.KVStub(self._channels[address])
         return self._stubs[address]
 
@@ -160,6 +172,8 @@ class ClientCore:
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
                         raise ChangeRefused(exc.details()) from None
+                    if (final := _refused(exc)) is not None:
+                        raise final from None
                     last = f"{address}: {exc.code().name} {exc.details()}"
                     if why := refusal(exc.details() or "", self.tls):
                         refused.append(f"{address}: {why}")
@@ -205,7 +219,7 @@ class ClientCore:
                 result.append(NodeStatus(self.routing.node_of(address), address, False,
                                          error=detail or type(reply).__name__))
             else:
-                result.append(NodeStatus(reply.node_id, address, True, tuple(reply.hosted)))
+                result.append(NodeStatus(reply.node_id, address, True, tuple(reply.hosted), meta_epoch=reply.meta_epoch))
         if not answered:
             refused = [refusal(r.details() or "", self.tls) for r in replies if isinstance(r, grpc.aio.AioRpcError)]
             if refused and len(refused) == len(replies) and all(refused):
@@ -267,7 +281,7 @@ class ClientCore:
             try:
                 return await self.stub(address).SplitKeys(request, timeout=self.timeout)
             except grpc.aio.AioRpcError as exc:
-                raise Unavailable(f"{address}: {exc.details() or exc.code().name}") from None
+                raise _refused(exc) or Unavailable(f"{address}: {exc.details() or exc.code().name}") from None
 
         return await self._retrying(request.partition, pb.LINEARIZABLE, False,
                                     f"split keys of partition {request.partition}", at)
@@ -280,7 +294,7 @@ class ClientCore:
             try:
                 return address, call, await call.read()
             except grpc.aio.AioRpcError as exc:
-                raise error_of(exc, partition) or Unavailable(f"{address}: {exc.details()}") from None
+                raise error_of(exc, partition) or _refused(exc) or Unavailable(f"{address}: {exc.details()}") from None
 
         address, call, chunk = await self._retrying(partition, request.consistency, False,
                                                     f"scan of partition {partition}", at)

@@ -156,8 +156,8 @@ class Client:
     def transfer_leadership(self, partition: int, node_id: str) -> None:
         self._run(self._async.transfer_leadership(partition, node_id))
 
-    def change_topology(self, command) -> Topology:
-        return self._run(self._async.change_topology(command))
+    def change_topology(self, command, everywhere: bool = False) -> Topology:
+        return self._run(self._async.change_topology(command, everywhere))
 
     def status(self) -> list[NodeStatus]:
         return self._run(self._async.status())

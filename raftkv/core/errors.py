@@ -44,6 +44,10 @@ class Unauthenticated(RaftKVError):
     side only; nothing was sent."""
 
 
+class PermissionDenied(RaftKVError):
+    """The caller's roles do not allow the operation; nothing was written."""
+
+
 class Timeout(RaftKVError):
     """A read did not complete before its deadline."""
 

@@ -6,7 +6,9 @@ import uuid
 
 from raftkv.core.partitioning import replicas_for
 from raftkv.core.spec import ClusterSpec, NodeSpec
+from raftkv.meta.access import ROOT_ROLE, UserRecord
 from raftkv.meta.records import Bootstrap, ClusterMeta, NodeRecord, meta_voter_count
+from raftkv.security.certs import ADMIN_USER
 
 
 def node_record(spec: ClusterSpec, node: NodeSpec) -> NodeRecord:
@@ -21,6 +23,8 @@ def bootstrap_command(spec: ClusterSpec) -> Bootstrap:
         placement=tuple(replicas_for(p, spec.node_ids, spec.replication) for p in range(spec.partitions)),
         meta_voters=first_meta_voters(spec.node_ids),
         cluster_id=uuid.uuid4().hex,
+        # with TLS every request is checked; the user whose certificate `cluster init` made may do everything
+        users=(UserRecord(ADMIN_USER, (ROOT_ROLE,)),) if spec.tls else (),
     )
 
 

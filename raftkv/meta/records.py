@@ -19,7 +19,11 @@ from dataclasses import asdict, dataclass, replace
 from typing import Union
 
 from raftkv.core.errors import ChangeRefused
+from raftkv.meta.access import (AccessCommand, GrantPermission, Permission, PutUser, RemoveUser, RevokePermission,
+                                RoleRecord, UserRecord, apply_access)
 from raftkv.raft.hub import Directory
+
+ACCESS_COMMANDS = (PutUser, RemoveUser, GrantPermission, RevokePermission)
 
 META = -1  # the metadata group's number among the groups
 MAX_META_VOTERS = 5  # enough to survive two failures; more only slows every metadata change
@@ -88,6 +92,8 @@ class ClusterMeta:
     meta_voters: tuple[str, ...] = ()
     moves: tuple[Move, ...] = ()
     cluster_id: str = ""  # random, made at bootstrap: tells this cluster's backups from another's of one name
+    users: tuple[UserRecord, ...] = ()  # who may do what: raftkv/meta/access.py
+    roles: tuple[RoleRecord, ...] = ()
 
     def node(self, node_id: str) -> NodeRecord:
         for n in self.nodes:
@@ -149,6 +155,7 @@ class Bootstrap:
     placement: tuple[tuple[str, ...], ...]
     meta_voters: tuple[str, ...]
     cluster_id: str = ""
+    users: tuple[UserRecord, ...] = ()  # with TLS: the admin user, holding the root role
 
 
 @dataclass(frozen=True)
@@ -186,7 +193,7 @@ class EndMove:
     voters: tuple[str, ...]
 
 
-MetaCommand = Union[Bootstrap, AddNode, SetNodeState, BeginMove, AdvanceMove, EndMove]
+MetaCommand = Union[Bootstrap, AddNode, SetNodeState, BeginMove, AdvanceMove, EndMove, AccessCommand]
 
 
 def apply(meta: ClusterMeta, command: MetaCommand) -> ClusterMeta:
@@ -196,9 +203,12 @@ def apply(meta: ClusterMeta, command: MetaCommand) -> ClusterMeta:
             raise ChangeRefused("the cluster's metadata already exists")
         return ClusterMeta(epoch=1, replication=command.replication, nodes=command.nodes,
                            placement=command.placement, meta_voters=command.meta_voters,
-                           cluster_id=command.cluster_id)
+                           cluster_id=command.cluster_id, users=command.users)
     if not meta.epoch:
         raise ChangeRefused("the cluster's metadata does not exist yet; retry once the nodes have started")
+    if isinstance(command, ACCESS_COMMANDS):
+        users, roles = apply_access(meta.users, meta.roles, command)
+        return replace(meta, epoch=meta.epoch + 1, users=users, roles=roles)
     if isinstance(command, AddNode):
         return _add_node(meta, command.node)
     if isinstance(command, SetNodeState):
@@ -294,7 +304,8 @@ def _check_move(meta: ClusterMeta, move: BeginMove) -> None:
 
 # -- encoding ---------------------------------------------------------------
 
-_COMMANDS = {cls.__name__: cls for cls in (Bootstrap, AddNode, SetNodeState, BeginMove, AdvanceMove, EndMove)}
+_COMMANDS = {cls.__name__: cls for cls in (Bootstrap, AddNode, SetNodeState, BeginMove, AdvanceMove, EndMove,
+                                            *ACCESS_COMMANDS)}
 
 
 def encode_command(command: MetaCommand) -> bytes:
@@ -306,7 +317,7 @@ def decode_command(data: bytes) -> MetaCommand:
     kind = _COMMANDS[doc.pop("kind")]
     if kind is Bootstrap:
         return Bootstrap(doc["replication"], _nodes(doc["nodes"]), _placement(doc["placement"]),
-                         tuple(doc["meta_voters"]), doc.get("cluster_id", ""))
+                         tuple(doc["meta_voters"]), doc.get("cluster_id", ""), _users(doc.get("users", ())))
     if kind is AddNode:
         return AddNode(_node(doc["node"]))
     if kind is SetNodeState:
@@ -315,7 +326,22 @@ def decode_command(data: bytes) -> MetaCommand:
         return AdvanceMove(doc["group"], MoveStep(doc["step"]))
     if kind is EndMove:
         return EndMove(doc["group"], tuple(doc["voters"]))
+    if kind is PutUser:
+        return PutUser(_user(doc["user"]), bool(doc["keep_token"]))
+    if kind is GrantPermission:
+        return GrantPermission(str(doc["role"]), Permission(str(doc["permission"]["access"]),
+                                                            str(doc["permission"]["prefix"])))
     return kind(**doc)
+
+
+def encode_access(users: tuple[UserRecord, ...], roles: tuple[RoleRecord, ...]) -> bytes:
+    return json.dumps({"users": [asdict(u) for u in users], "roles": [asdict(r) for r in roles]}).encode()
+
+
+def decode_access(data: bytes) -> dict:
+    """{"users": ..., "roles": ...}, as ClusterMeta takes them."""
+    doc = json.loads(data)
+    return {"users": _users(doc["users"]), "roles": _roles(doc["roles"])}
 
 
 def encode_meta(meta: ClusterMeta) -> bytes:
@@ -332,6 +358,8 @@ def decode_meta(data: bytes) -> ClusterMeta:
         meta_voters=tuple(doc["meta_voters"]),
         moves=tuple(Move(m["group"], m["source"], m["target"], MoveStep(m["step"])) for m in doc["moves"]),
         cluster_id=doc.get("cluster_id", ""),  # none in metadata bootstrapped before it existed
+        users=_users(doc.get("users", ())),  # nor these
+        roles=_roles(doc.get("roles", ())),
     )
 
 
@@ -341,6 +369,19 @@ def _node(doc: dict) -> NodeRecord:
 
 def _nodes(docs: list[dict]) -> tuple[NodeRecord, ...]:
     return tuple(_node(d) for d in docs)
+
+
+def _user(doc: dict) -> UserRecord:
+    return UserRecord(str(doc["name"]), tuple(map(str, doc["roles"])), str(doc["token_sha256"]))
+
+
+def _users(docs) -> tuple[UserRecord, ...]:
+    return tuple(_user(d) for d in docs)
+
+
+def _roles(docs) -> tuple[RoleRecord, ...]:
+    return tuple(RoleRecord(str(r["name"]), tuple(Permission(str(p["access"]), str(p["prefix"]))
+                                                  for p in r["permissions"])) for r in docs)
 
 
 def _placement(docs: list[list[str]]) -> tuple[tuple[str, ...], ...]:

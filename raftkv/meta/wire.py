@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.meta.records import ClusterMeta, Move, MoveStep, NodeRecord, NodeState
+from raftkv.meta.records import ClusterMeta, Move, MoveStep, NodeRecord, NodeState, decode_access, encode_access
 
 
 @dataclass(frozen=True)
@@ -15,7 +15,9 @@ class Topology:
     spec_toml: str = ""  # the cluster's constants, as the answering node's spec has them
 
 
-def topology_reply(meta: ClusterMeta, meta_leader: str | None, spec_toml: str = "") -> pb.TopologyResponse:
+def topology_reply(meta: ClusterMeta, meta_leader: str | None, spec_toml: str = "",
+                   with_access: bool = False) -> pb.TopologyResponse:
+    """`with_access`: include the users and roles (a node or learner asks: it checks callers itself)."""
     return pb.TopologyResponse(
         epoch=meta.epoch,
         replication=meta.replication,
@@ -28,6 +30,7 @@ def topology_reply(meta: ClusterMeta, meta_leader: str | None, spec_toml: str = 
         meta_leader=meta_leader or "",
         spec_toml=spec_toml,
         cluster_id=meta.cluster_id,
+        access=encode_access(meta.users, meta.roles) if with_access else b"",
     )
 
 
@@ -41,5 +44,6 @@ def topology_of(reply: pb.TopologyResponse) -> Topology:
         meta_voters=tuple(reply.meta_voters.nodes),
         moves=tuple(Move(m.group, m.source, m.target, MoveStep(m.step)) for m in reply.moves),
         cluster_id=reply.cluster_id,
+        **(decode_access(reply.access) if reply.access else {}),
     )
     return Topology(meta, reply.meta_leader or None, reply.spec_toml)

@@ -10,9 +10,10 @@ import grpc
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core import metrics
-from raftkv.core.errors import ChangeRefused
+from raftkv.core.errors import ChangeRefused, Unauthenticated
 from raftkv.meta.records import META, ClusterMeta, MetaCommand, decode_command
 from raftkv.meta.wire import topology_reply
+from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT
@@ -20,6 +21,9 @@ from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
 from raftkv.node.replica_copy import ReplicaCopying, checkpoint_chunks
 from raftkv.raft.group import Outcome, Role
+from raftkv.security.permissions import Request
+
+USERS = Request.admin("users")
 
 
 class AdminHost(Protocol):
@@ -33,6 +37,7 @@ class AdminHost(Protocol):
     peers: Peers
     topology: ClusterMeta
     spec_toml: str
+    gate: Gatekeeper
 
     def meta_leader_id(self) -> str | None: ...
 
@@ -46,9 +51,16 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         self._node = node
 
     async def Topology(self, request, context) -> pb.TopologyResponse:
-        return topology_reply(self._node.topology, self._node.meta_leader_id(), self._node.spec_toml)
+        """Open to every caller (clients route with it); the users and roles only to nodes, learners and admins."""
+        try:
+            caller = self._node.gate.caller(context)
+            trusted = caller.kind in ("node", "learner") or self._node.gate.refusal(caller, [USERS]) is None
+        except Unauthenticated:
+            trusted = False
+        return topology_reply(self._node.topology, self._node.meta_leader_id(), self._node.spec_toml, trusted)
 
     async def ChangeTopology(self, request: pb.ChangeTopologyRequest, context) -> pb.TopologyResponse:
+        await self._node.gate.admit(context, Request.admin("change_topology"))
         try:
             command = decode_command(request.command)
         except (ValueError, KeyError, TypeError) as exc:
@@ -64,6 +76,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         return topology_reply(meta, self._node.meta_leader_id(), self._node.spec_toml)
 
     async def ReplicaProgress(self, request: pb.ReplicaRequest, context) -> pb.ReplicaState:
+        await self._node.gate.admit(context, Request.admin("replica_progress"))
         node, g = self._node, request.group
         if g == META:
             replica, mode = node.meta, "voter" if node.meta.voting else "learner"
@@ -84,6 +97,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
                                      for c, i, t in (request.log_index and group.log_base_at(request.log_index)) or ()])
 
     async def Checkpoint(self, request: pb.ReplicaRequest, context):
+        await self._node.gate.admit(context, Request.admin("checkpoint"))
         frontend = self._node.frontends.get(request.group)
         if frontend is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -112,6 +126,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(refused))
 
     async def ChangeMembership(self, request: pb.ChangeMembershipRequest, context) -> pb.ChangeMembershipResponse:
+        await self._node.gate.admit(context, Request.admin("change_membership"))
         node = self._node
         leading = await self._leading(request.group, request.node, context)
         if isinstance(leading, pb.ChangeMembershipResponse):
@@ -137,6 +152,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         return pb.ChangeMembershipResponse(done=outcome == Outcome.APPLIED, leader=node.me_id)
 
     async def TransferLeadership(self, request: pb.TransferLeadershipRequest, context) -> pb.ChangeMembershipResponse:
+        await self._node.gate.admit(context, Request.admin("transfer_leadership"))
         node, g = self._node, request.group
         if request.node == node.me_id and g in node.frontends and node.frontends[g].is_leader:
             return pb.ChangeMembershipResponse(done=True, leader=node.me_id)
@@ -152,6 +168,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
 
 
     async def Compact(self, request: pb.ReplicaRequest, context) -> pb.ChangeMembershipResponse:
+        await self._node.gate.admit(context, Request.admin("compact"))
         frontend = self._node.frontends.get(request.group)
         if frontend is None or not frontend.is_leader:
             hint = frontend.not_leader().leader_hint if frontend is not None else None

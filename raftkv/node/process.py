@@ -29,6 +29,7 @@ from raftkv.meta.records import (META, ClusterMeta, MetaCommand, NodeState, SetN
                                  raft_directory)
 from raftkv.meta.wire import topology_of
 from raftkv.node.admin_service import AdminService
+from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
@@ -73,6 +74,7 @@ class Node:
         self.tls = node_tls(spec, node_id)
         self.peers = Peers(self.address_of, self.tls)
         self.hub: RaftHub | None = None  # every replica's Raft messages, made in `start`
+        self.gate = Gatekeeper(enforce=spec.tls is not None, meta=lambda: self.topology)
         self._directory = (None, Directory())  # (the nodes it was made from, the hub's directory of them)
         self.mover = ReplicaMover(lambda: self.meta, lambda: self.topology, self.peers, spec.tuning.move_timeout)
         self.rebalancer = Rebalancer(spec.tuning, lambda: self.topology, self.peers, self.change_topology)
@@ -166,7 +168,7 @@ class Node:
             shutil.rmtree(scratch, ignore_errors=True)
         self._reconcile(at_start=True)
         kv_pb2_grpc.add_KVServicer_to_server(
-            KVService(self.spec, self.me.id, self.frontends, lambda: self.topology, self.peers), self._server)
+            KVService(self.spec, self.me.id, self.frontends, lambda: self.topology, self.peers, self.gate), self._server)
         kv_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self._server)
         try:
             https = self.tls is not None and self.spec.tls.metrics

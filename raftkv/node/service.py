@@ -19,12 +19,14 @@ from raftkv.api.rpc_errors import error_metadata, never_sent
 from raftkv.api.convert import command_from_op, result_from_error, result_from_write
 from raftkv.core.commands import Limits
 from raftkv.storage.engine import KeyRange
-from raftkv.core.errors import InvalidRequest, NotLeader, RaftKVError, Unavailable
+from raftkv.core.errors import InvalidRequest, NotLeader, PermissionDenied, RaftKVError, Unauthenticated, Unavailable
 from raftkv.meta.records import ClusterMeta, NodeState
+from raftkv.node.gatekeeper import Gatekeeper, op_requests
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.peers import Peers
 from raftkv.core.learner_registry import learners_from
 from raftkv.core.spec import ClusterSpec
+from raftkv.security.permissions import Access, Identity, Request
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,10 @@ class KVService(kv_pb2_grpc.KVServicer):
         frontends: dict[int, PartitionFrontend],
         topology: Callable[[], ClusterMeta],
         peers: Peers,
+        gate: Gatekeeper,
     ):
         self._spec = spec
+        self._gate = gate
         self._node_id = node_id
         self._frontends = frontends
         self._topology = topology
@@ -61,8 +65,10 @@ class KVService(kv_pb2_grpc.KVServicer):
         results: list[pb.Result | None] = [None] * len(request.ops)
         waits: list[tuple[int, asyncio.Future | asyncio.Task]] = []
         forwards: dict[str, list[int]] = defaultdict(list)
+        caller = await self._caller(context)
         for i, op in enumerate(request.ops):
             try:
+                self._permit(caller, op)
                 target = self._target(op, request)
                 if target is None:
                     waits.append((i, self._local(op, request.consistency)))
@@ -83,6 +89,19 @@ class KVService(kv_pb2_grpc.KVServicer):
             else:
                 results[where] = value
         return pb.ExecuteResponse(results=results)
+
+    async def _caller(self, context) -> Identity:
+        try:
+            return self._gate.caller(context)
+        except Unauthenticated as error:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+
+    def _permit(self, caller: Identity, op: pb.Op) -> None:
+        """Each operation on its own: the client coalesces its callers' unrelated operations into one request."""
+        why = self._gate.refusal(caller, op_requests(
+            op, lambda: command_from_op(op, self._spec.partitions, self._limits)))
+        if why is not None:
+            raise PermissionDenied(why)
 
     def _target(self, op: pb.Op, request: pb.ExecuteRequest) -> str | None:
         """None when this node serves the op, else the node to forward it to."""
@@ -136,6 +155,8 @@ class KVService(kv_pb2_grpc.KVServicer):
     # -- Scan -------------------------------------------------------------
 
     async def Scan(self, request: pb.ScanRequest, context):
+        await self._gate.admit(context, Request(Access.READ, request.start,
+                                                request.end if request.HasField("end") else None))
         frontend = self._frontends.get(request.partition)
         try:
             if frontend is None:
@@ -160,6 +181,8 @@ class KVService(kv_pb2_grpc.KVServicer):
             yield pb.ScanChunk(applied_index=applied.index, applied_term=applied.term)
 
     async def SplitKeys(self, request: pb.SplitKeysRequest, context) -> pb.SplitKeysResponse:
+        await self._gate.admit(context, Request(Access.READ, request.start,
+                                                request.end if request.HasField("end") else None))
         frontend = self._frontends.get(request.partition)
         if frontend is None or request.every < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -201,6 +224,7 @@ class KVService(kv_pb2_grpc.KVServicer):
             nodes=[pb.NodeInfo(id=n.id, api_address=n.api_address) for n in self._topology().nodes
                    if n.state != NodeState.REMOVED],
             hosted=hosted,
+            meta_epoch=self._topology().epoch,
         )
 
 

@@ -155,18 +155,35 @@ def _read(path: Path) -> bytes:
         raise ConfigError(f"cannot read {path}: {exc.strerror}; {_REMEDY}", source="tls") from None
 
 
-def open_channel(address: str, tls: Tls | None, options: Sequence[tuple[str, object]] = ()) -> grpc.aio.Channel:
-    """An asyncio channel to `address`: mutual TLS with `tls`, plaintext without."""
+def open_channel(address: str, tls: Tls | None, options: Sequence[tuple[str, object]] = (),
+                 token: str | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to `address`: mutual TLS with `tls`, plaintext without. `token`: a user's bearer
+    token, sent with every call (over TLS only: it is a password)."""
     if tls is None:
+        _no_token_without_tls(token)
         return grpc.aio.insecure_channel(address, options=options)
-    return grpc.aio.secure_channel(address, tls.channel_credentials(), options=options)
+    return grpc.aio.secure_channel(address, _credentials(tls, token), options=options)
 
 
-def open_blocking_channel(address: str, tls: Tls | None, options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
+def open_blocking_channel(address: str, tls: Tls | None, options: Sequence[tuple[str, object]] = (),
+                          token: str | None = None) -> grpc.Channel:
     """The same, for code that is not on an event loop."""
     if tls is None:
+        _no_token_without_tls(token)
         return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(address, tls.channel_credentials(), options=options)
+    return grpc.secure_channel(address, _credentials(tls, token), options=options)
+
+
+def _credentials(tls: Tls, token: str | None) -> grpc.ChannelCredentials:
+    credentials = tls.channel_credentials()
+    if token:
+        credentials = grpc.composite_channel_credentials(credentials, grpc.access_token_call_credentials(token))
+    return credentials
+
+
+def _no_token_without_tls(token: str | None) -> None:
+    if token:
+        raise ConfigError("a token is sent over TLS only; give the cluster's TLS settings too", source="tls")
 
 
 def listen(server: grpc.Server | grpc.aio.Server, address: str, tls: Tls | None) -> None:
