@@ -488,7 +488,7 @@ class ReplicaRequest(_message.Message):
     def __init__(self, group: _Optional[int] = ..., log_index: _Optional[int] = ...) -> None: ...
 
 class ReplicaState(_message.Message):
-    __slots__ = ("mode", "applied_index", "commit_index", "leader", "snapshot_bytes_received", "log_index_term", "base")
+    __slots__ = ("mode", "applied_index", "commit_index", "leader", "snapshot_bytes_received", "log_index_term", "base", "term", "guarded")
     MODE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -496,6 +496,8 @@ class ReplicaState(_message.Message):
     SNAPSHOT_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     LOG_INDEX_TERM_FIELD_NUMBER: _ClassVar[int]
     BASE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    GUARDED_FIELD_NUMBER: _ClassVar[int]
     mode: str
     applied_index: int
     commit_index: int
@@ -503,7 +505,9 @@ class ReplicaState(_message.Message):
     snapshot_bytes_received: int
     log_index_term: int
     base: _containers.RepeatedCompositeFieldContainer[LogEntry]
-    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ..., log_index_term: _Optional[int] = ..., base: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ...) -> None: ...
+    term: int
+    guarded: bool
+    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ..., log_index_term: _Optional[int] = ..., base: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ..., term: _Optional[int] = ..., guarded: _Optional[bool] = ...) -> None: ...
 
 class CheckpointChunk(_message.Message):
     __slots__ = ("index", "term", "path", "data", "base")

@@ -21,6 +21,7 @@ from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
 from raftkv.node.replica_copy import ReplicaCopying, checkpoint_chunks
 from raftkv.raft.group import Outcome, Role
+from raftkv.raft.vote_guard import VoteGuard
 from raftkv.security.permissions import Request
 
 USERS = Request.admin("users")
@@ -38,6 +39,7 @@ class AdminHost(Protocol):
     topology: ClusterMeta
     spec_toml: str
     gate: Gatekeeper
+    guards: dict[int, VoteGuard]
 
     def meta_leader_id(self) -> str | None: ...
 
@@ -89,7 +91,9 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         else:
             return pb.ReplicaState(mode="none")
         group = replica.group
+        guard = node.guards.get(g)
         return pb.ReplicaState(mode=mode, applied_index=group.last_applied, commit_index=group.commit_index,
+                               term=group.term, guarded=guard is not None and guard.waiting,
                                snapshot_bytes_received=group.snapshot_bytes_received,
                                leader=node.node_at(g, replica.leader_address) or "",
                                log_index_term=(request.log_index and group.term_at(request.log_index)) or 0,

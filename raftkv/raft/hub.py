@@ -276,6 +276,14 @@ class RaftHub:
         return connection
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """asyncio's server runs this as a task of its own, and logs a traceback for one that ends
+        cancelled (as every one does when the process stops): so cancellation just ends it."""
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            pass
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = Connection(self, reader, writer, None, dialed=False)
         self._accepted.add(connection)
         try:

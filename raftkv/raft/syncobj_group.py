@@ -24,6 +24,7 @@ and every pysyncobj call happen on the loop.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -45,6 +46,7 @@ from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
 from raftkv.raft.syncobj_snapshots import SnapshotFiles
 from raftkv.raft.hub import RaftHub
 from raftkv.raft.syncobj_transport import GroupTransport
+from raftkv.raft.vote_guard import VoteGuard
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,13 @@ class GroupConfig:
     on_role_changed: Callable[[Role, Role], None] | None = None
     membership_changes: bool = False  # pysyncobj's dynamicMembershipChange (add_member, remove_member)
     on_corrupt: Callable[[CorruptData], None] | None = None  # the group found its files untrustworthy and stopped
+    guard: VoteGuard | None = None  # a voter that lost its data: when it may vote and campaign (vote_guard)
 
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
 NEVER = 10**12
 _REGULAR = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: a call of a @replicated method
+_LEADER = Role.LEADER.value
 
 # pysyncobj reasons after which the proposal was certainly not applied; any other failure may
 # have been (leadership changed while it was in flight).
@@ -106,6 +110,18 @@ class _Member(PatchedSyncObj):
         the apply callback) is sent later in this same tick, with the new commit index."""
         need_send = PatchedSyncObj._SyncObj__applyLogEntries(self)
         return need_send and not self._SyncObj__commandsQueue._FastQueue__queue
+
+    def postpone_election(self) -> None:
+        """A fresh election timeout from now: the loop was blocked, so silence from the leader meant nothing."""
+        if self._SyncObj__raftState != _LEADER:
+            self._SyncObj__raftElectionDeadline = time.monotonic() + self._SyncObj__generateRaftTimeout()
+
+    def _onTick(self, timeToWait=0.0):
+        """A guarded voter (vote_guard) does not campaign: its election timer never runs out."""
+        guard = self._group.config.guard
+        if guard is not None and not guard.may_campaign(self._group.last_log_index):
+            self._SyncObj__raftElectionDeadline = time.monotonic() + self._group.config.tuning.election_timeout_max
+        return PatchedSyncObj._onTick(self, timeToWait)
 
     def _SyncObj__doApplyCommand(self, command: bytes):
         self._group._check_committed()
@@ -195,7 +211,7 @@ class SyncObjGroup:
         self._journal: RaftJournal = self._member._SyncObj__raftLog
         self.snapshots.journal = self._journal
         self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2),
-                             on_corrupt=config.on_corrupt)
+                             on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election)
         self._ticker.start()
 
     # -- state ------------------------------------------------------------
@@ -368,6 +384,13 @@ class SyncObjGroup:
                 f"partition {self.partition}: the Raft log contradicts the database: committed entry {index} "
                 f"(term {term}) cannot come before its position {position.index} (term {position.term}); stop "
                 f"the node, move {self.config.folder} away and restart it so the partition re-syncs from its peers")
+
+    def admits(self, message: dict) -> bool:
+        """Whether pysyncobj may see `message`: a guarded voter (vote_guard) drops vote requests it may
+        not grant (pysyncobj answers a refused one with nothing either)."""
+        guard = self.config.guard
+        return (guard is None or message.get("type") != "request_vote"
+                or guard.may_vote(message.get("term", 0), message.get("last_log_index", 0)))
 
     def count_sent(self, message: dict) -> None:
         """An append-entries message left for another member: count its entries' or snapshot chunk's bytes."""

@@ -106,6 +106,7 @@ class LoopPoller(Poller):
 
 
 DISK_FULL_LOG_SECONDS = 10.0
+STALL_SECONDS = 0.2  # a periodic tick this late means the loop was blocked
 _disk_full_logged = [0.0]  # when a full disk was last logged: it fails every tick and every message
 
 
@@ -133,8 +134,12 @@ class Ticker:
     """Ticks one SyncObj (autoTick=False) on the loop: on events and every `period` seconds."""
 
     def __init__(self, syncobj, poller: LoopPoller, loop: asyncio.AbstractEventLoop, period: float,
-                 on_corrupt: Callable[[CorruptData], None] | None = None):
+                 on_corrupt: Callable[[CorruptData], None] | None = None,
+                 on_stall: Callable[[], None] = lambda: None):
+        """`on_stall()` runs before the first periodic tick after the loop was blocked for a while."""
         self._syncobj = syncobj
+        self._on_stall = on_stall
+        self._due = 0.0
         self._on_corrupt = on_corrupt
         self._loop = loop
         self._period = period
@@ -145,6 +150,7 @@ class Ticker:
         poller.on_corrupt = self._corrupt
 
     def start(self) -> None:
+        self._due = self._loop.time() + self._period
         self._timer = self._loop.call_later(self._period, self._periodic)
 
     def soon(self) -> None:
@@ -178,8 +184,14 @@ class Ticker:
             self._on_corrupt(exc)
 
     def _periodic(self) -> None:
+        # A loop blocked for a while (a RocksDB reopen on a freed disk, a long fsync) runs this timer
+        # before the messages that arrived meanwhile: a follower would campaign against the leader it
+        # has not heard only because it was not listening.
+        if self._loop.time() - self._due > STALL_SECONDS:
+            self._on_stall()
         self._tick()
         if not self._stopped:
+            self._due = self._loop.time() + self._period
             self._timer = self._loop.call_later(self._period, self._periodic)
 
     def stop(self) -> None:

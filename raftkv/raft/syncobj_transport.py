@@ -48,6 +48,7 @@ class GroupTransport(Transport):
         self._joined_over: dict[Node, Connection] = {}  # ... and the other way round
         self._subscriber_count = 0
         self._destroyed = False
+        self._ticked = False  # pysyncobj loads its snapshot in its first tick: nothing is heard or joined before
         for node in otherNodes:
             self.addNode(node)
         syncObj.addOnTickCallback(self._follow_links)
@@ -96,15 +97,18 @@ class GroupTransport(Transport):
     # -- what the hub calls ---------------------------------------------------
 
     def deliver(self, sender: str | None, connection: Connection, message: object) -> None:
-        if self._group in connection.joined:  # a read-only member of this group
+        if not self._ticked:  # an append judged against the log before its snapshot is loaded gets one sent
+            return
+        address = self._hub.directory().address(sender, self._group) if sender is not None else None
+        node = self._nodes.get(address) if address is not None else None
+        # A member first: a node whose read-only replica was just added to the group answers the leader's
+        # appends to the member over the connection its read-only replica joined on.
+        if node is None and self._group in connection.joined:  # a read-only member of this group
             if not _read_only_answer(message):
                 return
             self._follow_links()
             node = self._subscribers.get(connection)
-        else:
-            address = self._hub.directory().address(sender, self._group)
-            node = self._nodes.get(address) if address is not None else None
-        if node is not None:
+        if node is not None and self._syncObj._group.admits(message):
             self._poller.run(self._onMessageReceived, node, message)
 
     def links_changed(self) -> None:
@@ -113,7 +117,8 @@ class GroupTransport(Transport):
     # -- keeping pysyncobj's view in step with the hub's ----------------------
 
     def _follow_links(self) -> None:
-        if self._destroyed:
+        """On every tick (after it: the first one loads the snapshot) and when the hub says so."""
+        if self._destroyed or not self._ticked and not self._first_tick_done():
             return
         self._joined_changed()  # a member on a node the directory did not know yet
         directory = self._hub.directory()
@@ -137,9 +142,13 @@ class GroupTransport(Transport):
             self._joined_over[node] = connection
             self._onReadonlyNodeConnected(node)
 
+    def _first_tick_done(self) -> bool:
+        self._ticked = not self._syncObj._SyncObj__needLoadDumpFile
+        return self._ticked
+
     def _joined_changed(self) -> None:
-        """A read-only group joins the group at every member's node."""
-        if self._read_only:
+        """A read-only group joins the group at every member's node (once it has ticked)."""
+        if self._read_only and self._ticked:
             directory = self._hub.directory()
             nodes = (directory.locate(address) for address in self._nodes)
             self._hub.join(self._group, frozenset(where[0] for where in nodes if where is not None))
