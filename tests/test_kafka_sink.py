@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 
 from learners.consumer import FeedConsumer
 from learners.sinks.base import DeliveryBatch, load_sink
-from learners.sinks.kafka_options import POSITIONS_SUFFIX
+from learners.sinks.kafka_options import POSITIONS_SUFFIX, KafkaOptions
 from learners.sinks.kafka_sink import EVENT_ID_HEADER, KafkaSink
 from raftkv.core.errors import ConfigError, Unavailable
 from tests.kafka_broker import (FAST_CONSUMER, History, TansuBroker, new_topic, read_raw, sink_options,
@@ -302,3 +303,18 @@ def test_an_invalid_option_is_a_config_error_naming_it(option, value):
     with pytest.raises(ConfigError) as error:
         KafkaSink().open(options)
     assert f"'{option}'" in str(error.value)
+
+
+def test_tls_and_sasl_settings_reach_every_client_of_the_broker():
+    """The producer, the admin client that makes the topics and the consumers that read the positions
+    back all connect to the same broker: a SASL_SSL broker needs its settings in each."""
+    logger = logging.getLogger("test")
+    options = KafkaOptions.parse({"bootstrap.servers": "kafka:9093", "topic": "t", "producer.linger.ms": "20",
+                                  "producer.security.protocol": "SASL_SSL", "producer.sasl.mechanism": "PLAIN",
+                                  "producer.sasl.username": "feed", "producer.sasl.password": "secret",
+                                  "producer.ssl.endpoint.identification.algorithm": "none"})
+    assert options.connection(logger) == {"bootstrap.servers": "kafka:9093", "logger": logger,
+                                          "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
+                                          "sasl.username": "feed", "sasl.password": "secret",
+                                          "ssl.endpoint.identification.algorithm": "none"}
+    assert options.producer_config(logger)["linger.ms"] == "20"

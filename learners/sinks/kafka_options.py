@@ -18,6 +18,7 @@ _KNOWN = {"bootstrap.servers", "topic", "tombstones", "transactional.id", "topic
           "topic.replication.factor", "timeout.ms"}
 _PRODUCER = "producer."
 _RESERVED_PRODUCER = {"bootstrap.servers", "transactional.id", "enable.idempotence"}
+_CONNECTION = ("security.", "ssl.", "sasl.")  # producer settings every client of the broker needs
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -40,6 +41,12 @@ class KafkaOptions:
     @property
     def witness_group(self) -> str:
         return f"{self.transactional_id}.positions"
+
+    def connection(self, logger: logging.Logger) -> dict[str, object]:
+        """What every client of the broker needs (the admin client and the consumers too): where, and the
+        TLS and SASL settings given as producer.security.*, producer.ssl.*, producer.sasl.*."""
+        return {"bootstrap.servers": self.bootstrap, "logger": logger,
+                **{k: v for k, v in self.producer if k.startswith(_CONNECTION)}}
 
     def producer_config(self, logger: logging.Logger) -> dict[str, object]:
         return {

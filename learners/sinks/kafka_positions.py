@@ -56,13 +56,12 @@ def _last_record_before(options: KafkaOptions, end: int) -> bytes | None:
     """End detection never uses watermarks (tansu reports them wrong): it stops at offset end-1,
     at a partition EOF, or fails after the timeout."""
     reader = Consumer({
-        "bootstrap.servers": options.bootstrap,
+        **options.connection(log),
         "group.id": f"{options.witness_group}.reader",  # never joined nor committed: assign() only
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
         "enable.auto.commit": False,
         "fetch.wait.max.ms": 50,
-        "logger": log,
     })
     key = options.learner.encode()
     found: bytes | None = None

@@ -10,7 +10,9 @@ Options (`raftkv learner add ... --sink kafka --option k=v`; parsed in kafka_opt
     topic.partitions         partitions of the feed when this sink creates it (default 8)
     topic.replication.factor when this sink creates topics (default -1: the broker's default)
     timeout.ms               bound on every blocking Kafka call (default 30000)
-    producer.<property>      passed through to the producer (librdkafka names)
+    producer.<property>      passed through to the producer (librdkafka names); producer.security.*,
+                             producer.ssl.* and producer.sasl.* reach the sink's admin client and
+                             consumers too (a TLS or SASL broker)
 
 Records. Key = the user key; value = `ChangeEvent.to_json()`; headers
 `raftkv-event-id` = "<partition>/<index>/<seq>" and `raftkv-op`. The
@@ -101,8 +103,7 @@ class KafkaSink:
 
     def open(self, config: Mapping[str, str]) -> None:
         self.options = o = KafkaOptions.parse(config)
-        self._witness = Consumer({"bootstrap.servers": o.bootstrap, "group.id": o.witness_group,
-                                  "enable.auto.commit": False, "logger": log})
+        self._witness = Consumer({**o.connection(log), "group.id": o.witness_group, "enable.auto.commit": False})
         try:
             self._ensure_topics()
             self._ensure_producer()
@@ -183,7 +184,7 @@ class KafkaSink:
 
     def _ensure_topics(self) -> None:
         o = self.options
-        admin = AdminClient({"bootstrap.servers": o.bootstrap, "logger": log})
+        admin = AdminClient(o.connection(log))
         try:
             existing = admin.list_topics(timeout=o.timeout).topics
         except KafkaException as exc:

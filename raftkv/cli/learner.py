@@ -12,7 +12,7 @@ from rich.table import Table
 
 from learners import learner_process
 from raftkv import failpoints
-from raftkv.cli.options import config_option, endpoints_option, json_option, open_client
+from raftkv.cli.options import config_option, endpoints_option, json_option, open_client, parse_key_values
 from raftkv.cli.output import console
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import load_spec
@@ -22,16 +22,6 @@ from raftkv.core.spec import load_spec
 @click.group()
 def learner() -> None:
     """Non-voting replicas that feed a sink (Kafka change feed, backup, plugins)."""
-
-
-def parse_sink_options(pairs: tuple[str, ...]) -> dict[str, str]:
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"expected KEY=VALUE, got {pair!r}", source="--sink-option")
-        options[key] = value
-    return options
 
 
 def parse_partitions(text: str, count: int) -> list[int]:
@@ -61,7 +51,7 @@ def add(name, sink_name, sink_options, partitions, config, endpoints) -> None:
     """Register a learner through the Raft log of each chosen partition."""
     with open_client(config, endpoints) as kv:
         chosen = parse_partitions(partitions, kv.partitions)
-        kv.register_learner(name, sink_name, parse_sink_options(sink_options), chosen)
+        kv.register_learner(name, sink_name, parse_key_values(sink_options, "--sink-option"), chosen)
     console.print(f"registered learner {name} ({sink_name}) on partitions {chosen}; "
                   f"run it with: raftkv learner start --name {name} --config {config}")
 
@@ -116,7 +106,7 @@ def start(name, config, sink_options, data_dir, metrics_port, api_port) -> None:
     spec = load_spec(config)
     registered = learner_process.registration(spec, name)
     folder = Path(data_dir) if data_dir else learner_process.learner_folder(spec, name)
-    options = {**registered.options, **parse_sink_options(sink_options)}
+    options = {**registered.options, **parse_key_values(sink_options, "--sink-option")}
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failpoints.arm_from_environment()
     asyncio.run(learner_process.serve(spec, name, registered.sink, options, sorted(registered.progress), folder,

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from raftkv.client.sync_client import Client
+from raftkv.core.errors import ConfigError
 from raftkv.core.spec import DURABILITY_MODES, ClusterSpec, load_spec
 from raftkv.security.tls import Tls, client_tls
 
@@ -23,6 +24,16 @@ consistency_option = click.option(
     show_default=True, help="Read consistency level.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+
+
+def parse_key_values(pairs: tuple[str, ...], source: str) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected KEY=VALUE, got {pair!r}", source=source)
+        options[key] = value
+    return options
 
 
 def tls_files(spec: ClusterSpec | None) -> Tls | None:

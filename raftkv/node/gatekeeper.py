@@ -59,6 +59,11 @@ class Gatekeeper:
         except (ConfigError, ValueError) as exc:
             raise Unauthenticated(f"the client certificate names no raftkv identity: {exc}") from None
 
+    @staticmethod
+    def checks(caller: Identity) -> bool:
+        """Whether `caller`'s requests are checked at all: a node's (and everyone's without TLS) are not."""
+        return caller.kind != "node"
+
     def refusal(self, caller: Identity, requests: Iterable[Request]) -> str | None:
         if caller is ANYONE:
             return None

@@ -97,7 +97,10 @@ class KVService(kv_pb2_grpc.KVServicer):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
 
     def _permit(self, caller: Identity, op: pb.Op) -> None:
-        """Each operation on its own: the client coalesces its callers' unrelated operations into one request."""
+        """Each operation on its own: the client coalesces its callers' unrelated operations into one request.
+        Nodes (forwarding what they checked) and clusters without TLS are not checked: nothing is decoded."""
+        if not self._gate.checks(caller):
+            return
         why = self._gate.refusal(caller, op_requests(
             op, lambda: command_from_op(op, self._spec.partitions, self._limits)))
         if why is not None:
@@ -196,6 +199,21 @@ class KVService(kv_pb2_grpc.KVServicer):
     # -- Status -----------------------------------------------------------
 
     async def Status(self, request: pb.StatusRequest, context) -> pb.StatusResponse:
+        try:
+            hosted = self._hosted()
+        except RaftKVError as error:  # a replica closed under the call (the node stops), or damaged
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+        return pb.StatusResponse(
+            node_id=self._node_id,
+            cluster=self._spec.name,
+            partitions=self._spec.partitions,
+            nodes=[pb.NodeInfo(id=n.id, api_address=n.api_address) for n in self._topology().nodes
+                   if n.state != NodeState.REMOVED],
+            hosted=hosted,
+            meta_epoch=self._topology().epoch,
+        )
+
+    def _hosted(self) -> list[pb.PartitionStatus]:
         hosted = []
         for p, frontend in sorted(self._frontends.items()):
             r = frontend.replica
@@ -217,15 +235,7 @@ class KVService(kv_pb2_grpc.KVServicer):
                     ],
                 )
             )
-        return pb.StatusResponse(
-            node_id=self._node_id,
-            cluster=self._spec.name,
-            partitions=self._spec.partitions,
-            nodes=[pb.NodeInfo(id=n.id, api_address=n.api_address) for n in self._topology().nodes
-                   if n.state != NodeState.REMOVED],
-            hosted=hosted,
-            meta_epoch=self._topology().epoch,
-        )
+        return hosted
 
 
 def _next_chunk(items, applied_index: int) -> pb.ScanChunk | None:

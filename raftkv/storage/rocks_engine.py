@@ -47,7 +47,7 @@ from raftkv.core.command_kinds import write_mutation
 from raftkv.core.commands import Mutation
 from raftkv.storage.engine import ZERO, KeyRange, Position
 from raftkv.core.durable import fsync_directory, fsync_tree, make_dirs
-from raftkv.core.errors import CorruptData, DiskFailed, StorageFull
+from raftkv.core.errors import CorruptData, DiskFailed, StorageFull, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,9 @@ class RocksEngine:
 
     def _checked(self, exc: Exception) -> Exception:
         """The error to raise for what RocksDB raised: CorruptData or DiskFailed (reported to
-        on_corrupt), or itself."""
+        on_corrupt), Unavailable once closed (a call that raced the node's stop), or itself."""
+        if self._meta is None:
+            return Unavailable(f"{self.folder} is closed (the node is stopping, or its database is being reopened)")
         if _is_corruption(exc):
             error = corrupt_database(self.folder / "db", exc)
         elif _is_io_error(exc):
