@@ -10,7 +10,8 @@ import pytest
 
 from raftkv import Client, RaftKVError
 from raftkv.chaos.netcut import NetCut
-from raftkv.raft.vote_guard import VoteFloor, VoteGuard
+from raftkv.core.errors import CorruptData, DiskFailed
+from raftkv.raft.vote_guard import FLOOR_FILE, VoteFloor, VoteGuard
 from tests.conftest import wait_until
 from tests.raft_admin import leader_of
 
@@ -26,6 +27,17 @@ def test_a_guard_waits_for_its_floor_then_admits_only_later_terms_and_full_logs(
     reopened = VoteGuard(tmp_path, guarded=True)  # a restart before it caught up keeps the floor
     assert not reopened.waiting and reopened.floor == VoteFloor(7, 120)
     assert VoteGuard(tmp_path / "fresh", guarded=False).may_vote(1, 0)
+
+
+def test_an_unreadable_or_damaged_floor_stops_the_replica_with_one_line(tmp_path):
+    (tmp_path / FLOOR_FILE).mkdir()  # reading it fails as a failing disk's read does (an OSError)
+    with pytest.raises(DiskFailed, match="cannot read"):
+        VoteGuard(tmp_path, guarded=True)
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / FLOOR_FILE).write_text("{")
+    with pytest.raises(CorruptData, match="is corrupt"):
+        VoteGuard(damaged, guarded=True)
 
 
 def _wipe_all(cluster, node_id: str) -> None:

@@ -333,7 +333,15 @@ class Node:
             known = [r for r in replies if isinstance(r, pb.ReplicaState) and r.mode == "voter" and not r.guarded]
             if known:
                 floor = VoteFloor(max(r.term for r in known), max(r.commit_index for r in known))
-                guard.settle(floor)
+                try:
+                    guard.settle(floor)
+                except CorruptData as error:  # the fsync failed: this disk cannot be trusted
+                    self._fail(error)
+                    return
+                except OSError as exc:  # a full disk: asked again next round
+                    log.warning("%s: cannot keep its vote floor (%s); trying again", group_name(group), exc.strerror)
+                    await asyncio.sleep(1.0)
+                    continue
                 log.info("%s: votes again, in terms after %d and for logs up to %d at least", group_name(group),
                          floor.term, floor.index)
                 return

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raftkv.core.durable import fsync_directory, fsync_file
-from raftkv.core.errors import CorruptData
+from raftkv.core.errors import CorruptData, DiskFailed
 
 FLOOR_FILE = "vote_floor"
 
@@ -74,6 +74,9 @@ def _read(path: Path) -> VoteFloor | None:
         return VoteFloor(int(doc["term"]), int(doc["index"]))
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise DiskFailed(f"cannot read {path} ({exc.strerror}): check the disk (dmesg), then move {path.parent} "
+                         "away and restart the node so the partition re-syncs from its peers") from None
     except (ValueError, KeyError, TypeError):
         raise CorruptData(f"{path} is corrupt; stop the node, move {path.parent} away and restart it so the "
                           "partition re-syncs from its peers") from None
