@@ -31,7 +31,7 @@ def test_a_guard_waits_for_its_floor_then_admits_only_later_terms_and_full_logs(
 
 def test_an_unreadable_or_damaged_floor_stops_the_replica_with_one_line(tmp_path):
     (tmp_path / FLOOR_FILE).mkdir()  # reading it fails as a failing disk's read does (an OSError)
-    with pytest.raises(DiskFailed, match="cannot read"):
+    with pytest.raises(DiskFailed, match="is unreadable"):
         VoteGuard(tmp_path, guarded=True)
     damaged = tmp_path / "damaged"
     damaged.mkdir()

@@ -75,7 +75,7 @@ def _read(path: Path) -> VoteFloor | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise DiskFailed(f"cannot read {path} ({exc.strerror}): check the disk (dmesg), then move {path.parent} "
+        raise DiskFailed(f"{path} is unreadable ({exc.strerror}): check the disk (dmesg), then move {path.parent} "
                          "away and restart the node so the partition re-syncs from its peers") from None
     except (ValueError, KeyError, TypeError):
         raise CorruptData(f"{path} is corrupt; stop the node, move {path.parent} away and restart it so the "

@@ -179,9 +179,9 @@ class RocksEngine:
             db = self._db
             try:
                 return db.get(key)
-            except DbClosedError:
-                if db is self._db:
-                    raise
+            except DbClosedError as exc:
+                if db is self._db:  # closed for good (the node stops), not reopened under the read
+                    raise self._checked(exc) from None
             except Exception as exc:
                 raise self._checked(exc) from None
 
