@@ -65,8 +65,6 @@ class Gatekeeper:
         return caller.kind != "node"
 
     def refusal(self, caller: Identity, requests: Iterable[Request]) -> str | None:
-        if caller is ANYONE:
-            return None
         rules = self._current()
         return check(caller, requests, rules.user_roles, rules.role_grants)
 

@@ -79,6 +79,7 @@ class Node:
         self.hub: RaftHub | None = None  # every replica's Raft messages, made in `start`
         self.guards: dict[int, VoteGuard] = {}  # voter replicas that opened without their data (vote_guard)
         self._had_data = False  # this data dir belonged to a cluster before (decided in `start`)
+        self._remembered = False  # ... and records it now (`_remember_cluster`)
         self.gate = Gatekeeper(enforce=spec.tls is not None, meta=lambda: self.topology)
         self._directory = (None, Directory())  # (the nodes it was made from, the hub's directory of them)
         self.mover = ReplicaMover(lambda: self.meta, lambda: self.topology, self.peers, spec.tuning.move_timeout)
@@ -349,11 +350,14 @@ class Node:
 
     def _remember_cluster(self) -> None:
         """Once the metadata exists, the data dir records it: an empty replica later means lost data."""
+        if self._remembered or not self.topology.epoch:
+            return
         identity = self.me.data_dir / IDENTITY_FILE
-        if self.topology.epoch and not identity.exists():
+        if not identity.exists():
             identity.write_text(self.topology.cluster_id or "bootstrapped")
             fsync_path(identity)
             fsync_directory(identity.parent)
+        self._remembered = True
 
     def _on_meta_change(self) -> None:
         if self._server is None:  # still starting: `start` opens the replicas once its ports are checked
