@@ -111,12 +111,8 @@ def test_api_rejects_bad_input_and_writes_nothing(make_cluster):
     address = cluster.spec.nodes[0].api_address
     with grpc.insecure_channel(address) as channel:
         stub = kv_pb2_grpc.KVStub(channel)
-        results = stub.Execute(pb.ExecuteRequest(ops=[
-            pb.Op(partition=0),                                                     # no operation set
-            pb.Op(partition=99, put=pb.Put(key=b"k", value=b"v")),                  # no such partition
-            pb.Op(partition=(partition_for_key(b"zz", 4) + 1) % 4, put=pb.Put(key=b"zz", value=b"v")),
-        ])).results
-        assert [r.code for r in results] == [pb.INVALID, pb.INVALID, pb.INVALID]
+        results = stub.Execute(pb.ExecuteRequest(ops=_BAD_OPS)).results
+        assert [r.code for r in results] == [pb.INVALID] * len(_BAD_OPS)
         assert "does not exist" in results[1].message
         garbage = channel.unary_unary("/raftkv.v1.KV/Execute", request_serializer=lambda b: b,
                                       response_deserializer=lambda b: b)
@@ -126,6 +122,24 @@ def test_api_rejects_bad_input_and_writes_nothing(make_cluster):
     with Client(cluster.endpoints) as kv:  # the node survived all of it
         kv.put(b"still", b"alive")
         assert kv.get(b"still") == b"alive"
+
+
+_BAD_OPS = [
+    pb.Op(partition=0),                                                                # no operation set
+    pb.Op(partition=99, put=pb.Put(key=b"k", value=b"v")),                             # no such partition
+    pb.Op(partition=(partition_for_key(b"zz", 4) + 1) % 4, put=pb.Put(key=b"zz", value=b"v")),  # wrong one
+    pb.Op(partition=0, get=pb.Get(key=b"")),                                           # empty key
+]
+
+
+def test_bad_ops_are_invalid_even_on_a_node_that_has_no_leader_to_forward_to(make_cluster):
+    """Validation happens where an op arrives; it once waited for the leader and said UNAVAILABLE."""
+    cluster = make_cluster(nodes=3, partitions=4)
+    cluster.kill("n2")
+    cluster.kill("n3")
+    with grpc.insecure_channel(cluster.spec.nodes[0].api_address) as channel:
+        results = kv_pb2_grpc.KVStub(channel).Execute(pb.ExecuteRequest(ops=_BAD_OPS), timeout=30).results
+    assert [r.code for r in results] == [pb.INVALID] * len(_BAD_OPS), [r.message for r in results]
 
 
 def test_dev_up_starts_serves_and_stops_everything_even_with_its_stdout_gone(tmp_path):

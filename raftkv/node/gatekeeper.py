@@ -93,11 +93,11 @@ def _certificate_identity(pem: bytes) -> Identity:
     return Identity(cert.name, cert.role)
 
 
-def op_requests(op: pb.Op, command: Callable[[], Command]) -> list[Request]:
-    """What an Execute operation asks for; `command` decodes it (not needed for a read)."""
-    if op.WhichOneof("op") == "get":
+def op_requests(op: pb.Op, command: Command | None) -> list[Request]:
+    """What an Execute operation asks for; `command` is the write it carries, None for a read."""
+    if command is None:
         return [Request.key(Access.READ, op.get.key)]
-    return command_requests(command())
+    return command_requests(command)
 
 
 def command_requests(command: Command) -> list[Request]:

@@ -17,7 +17,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.api.rpc_errors import error_metadata, never_sent
 from raftkv.api.convert import command_from_op, result_from_error, result_from_write
-from raftkv.core.commands import Limits
+from raftkv.core.commands import Command, Limits
 from raftkv.storage.engine import KeyRange
 from raftkv.core.errors import InvalidRequest, NotLeader, PermissionDenied, RaftKVError, Unauthenticated, Unavailable
 from raftkv.meta.records import ClusterMeta, NodeState
@@ -68,10 +68,11 @@ class KVService(kv_pb2_grpc.KVServicer):
         caller = await self._caller(context)
         for i, op in enumerate(request.ops):
             try:
-                self._permit(caller, op)
+                command = self._validated(op)
+                self._permit(caller, op, command)
                 target = self._target(op, request)
                 if target is None:
-                    waits.append((i, self._local(op, request.consistency)))
+                    waits.append((i, self._local(op, command, request.consistency)))
                 else:
                     forwards[target].append(i)
             except RaftKVError as error:
@@ -96,13 +97,21 @@ class KVService(kv_pb2_grpc.KVServicer):
         except Unauthenticated as error:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
 
-    def _permit(self, caller: Identity, op: pb.Op) -> None:
+    def _validated(self, op: pb.Op) -> Command | None:
+        """The write command an op carries (None for a read), checked where the op arrives: a bad op is
+        INVALID on every node, not UNAVAILABLE on one that would have forwarded it during an election."""
+        if op.WhichOneof("op") == "get":
+            if not op.get.key:
+                raise InvalidRequest("key must not be empty")
+            return None
+        return command_from_op(op, self._spec.partitions, self._limits)
+
+    def _permit(self, caller: Identity, op: pb.Op, command: Command | None) -> None:
         """Each operation on its own: the client coalesces its callers' unrelated operations into one request.
-        Nodes (forwarding what they checked) and clusters without TLS are not checked: nothing is decoded."""
+        Nodes (forwarding what they checked) and clusters without TLS are not checked."""
         if not self._gate.checks(caller):
             return
-        why = self._gate.refusal(caller, op_requests(
-            op, lambda: command_from_op(op, self._spec.partitions, self._limits)))
+        why = self._gate.refusal(caller, op_requests(op, command))
         if why is not None:
             raise PermissionDenied(why)
 
@@ -124,16 +133,13 @@ class KVService(kv_pb2_grpc.KVServicer):
             raise Unavailable(f"partition {p} has no leader right now (election in progress); retry")
         return leader
 
-    def _local(self, op: pb.Op, consistency: int) -> asyncio.Future:
+    def _local(self, op: pb.Op, command: Command | None, consistency: int) -> asyncio.Future:
         frontend = self._frontends[op.partition]
-        if op.WhichOneof("op") == "get":
+        if command is None:
             return asyncio.ensure_future(self._get(frontend, op.get.key, consistency))
-        command = command_from_op(op, self._spec.partitions, self._limits)
         return _chain(frontend.submit(command), result_from_write)
 
     async def _get(self, frontend: PartitionFrontend, key: bytes, consistency: int) -> pb.Result:
-        if not key:
-            raise InvalidRequest("key must not be empty")
         if consistency == pb.LINEARIZABLE:
             await frontend.barrier()
         elif consistency == pb.LEADER and not frontend.is_leader:
