@@ -25,7 +25,7 @@ from raftkv.api import kv_pb2_grpc
 from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.peers import Peers
-from raftkv.node.process import GRPC_OPTIONS, close_reporting
+from raftkv.node.process import api_server, close_reporting
 from raftkv.node.service import KVService
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.client.async_client import AsyncClient
@@ -79,7 +79,7 @@ async def _serve_reads(spec: ClusterSpec, topology: ClusterMeta, name: str, repl
     gate = Gatekeeper(enforce=spec.tls is not None, meta=current)
     service = KVService(spec, f"learner/{name}", frontends, lambda: topology,
                         Peers(lambda node_id: topology.node(node_id).api_address, learner_tls(spec)), gate)
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = api_server()
     kv_pb2_grpc.add_KVServicer_to_server(service, server)
     if isinstance(sink, ChangeSource):
         kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink, loop, gate), server)

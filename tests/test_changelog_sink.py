@@ -50,6 +50,8 @@ def test_offsets_keep_whole_entries_within_max_rows(tmp_path):
     planned = {o.partition: o.end for o in sink.offsets({0: 0, 1: 0}, 10)}
     assert planned == {0: 2, 1: 1}  # 8 rows of partition 0 (entries 1-2) and partition 1's one
     assert {o.partition: o.end for o in sink.offsets({0: 3, 1: 1}, 10)} == {0: 10, 1: 1}
+    # an offset past the last event (the fuzzer's uint64 max once overflowed the event key) plans nothing new
+    assert {o.partition: o.end for o in sink.offsets({0: 2**64 - 1}, 10)} == {0: 2**64 - 1, 1: 1}
 
 
 def test_plan_ends_never_stalls_on_an_entry_larger_than_the_budget():

@@ -118,10 +118,16 @@ def test_api_rejects_bad_input_and_writes_nothing(make_cluster):
                                       response_deserializer=lambda b: b)
         with pytest.raises(grpc.RpcError) as failure:
             garbage(b"\xff\xff\xff\xff not a protobuf", timeout=5)
-        assert "Error parsing message" in failure.value.details()
+        assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # was UNKNOWN, and a logged traceback
+        assert "malformed request: Error parsing message with type 'raftkv.v1.ExecuteRequest'" in failure.value.details()
+        with pytest.raises(grpc.RpcError) as failure:
+            list(stub.Scan(pb.ScanRequest(partition=99), timeout=5))  # was an IndexError in the node
+        assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "partition 99 does not exist" in failure.value.details()
     with Client(cluster.endpoints) as kv:  # the node survived all of it
         kv.put(b"still", b"alive")
         assert kv.get(b"still") == b"alive"
+    assert "Traceback" not in cluster.log_path("n1").read_text()
 
 
 _BAD_OPS = [

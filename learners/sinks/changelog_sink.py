@@ -180,6 +180,8 @@ class ChangelogSink:
         return sizes
 
     def _events(self, partition: int, after: int, until: int) -> Iterator[tuple[int, bytes]]:
+        if after >= until:  # also keeps after + 1 within the key's 64 bits
+            return
         for key, raw in self._db.items(from_key=_event_key(partition, after + 1)):
             tag, p, index, _ = _EVENT.unpack(key) if len(key) == _EVENT.size else (b"", 0, 0, 0)
             if tag != b"e" or p != partition or index > until:

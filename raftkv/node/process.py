@@ -21,6 +21,7 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.api.malformed import RejectMalformed
 from raftkv.core import metrics
 from raftkv.core.durable import fsync_directory, fsync_path
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
@@ -56,6 +57,11 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.so_reuseport", 0),
 ]
+
+
+def api_server() -> grpc.aio.Server:
+    """The gRPC server of a node's or a learner's API (not yet listening)."""
+    return grpc.aio.server(options=GRPC_OPTIONS, interceptors=[RejectMalformed()])
 
 
 class Node:
@@ -171,7 +177,7 @@ class Node:
         self.meta = self._open_meta(voting=self.me_id in self.topology.group_voters(META))
         if not await self._metadata_caught_up(timeout=5.0):
             await self._ask_members()
-        self._server = grpc.aio.server(options=GRPC_OPTIONS)
+        self._server = api_server()
         listen(self._server, self.me.api_address, self.tls)
         for scratch in self.me.data_dir.glob(f"{SCRATCH_PREFIX}*"):  # copies a crash interrupted
             shutil.rmtree(scratch, ignore_errors=True)

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 SCAN_CHUNK_ITEMS = 1024
 SCAN_CHUNK_BYTES = 1 << 20
 COLUMNS_CHUNK_BYTES = 4 << 20  # one Arrow batch in Spark: bigger is cheaper per row there
+_SCAN_CODES = {NotLeader: grpc.StatusCode.FAILED_PRECONDITION, InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT}
 
 
 class KVService(kv_pb2_grpc.KVServicer):
@@ -118,8 +119,7 @@ class KVService(kv_pb2_grpc.KVServicer):
     def _target(self, op: pb.Op, request: pb.ExecuteRequest) -> str | None:
         """None when this node serves the op, else the node to forward it to."""
         p = op.partition
-        if p >= self._spec.partitions:
-            raise InvalidRequest(f"partition {p} does not exist; the cluster has {self._spec.partitions}")
+        self._check_partition(p)
         frontend = self._frontends.get(p)
         is_follower_read = op.WhichOneof("op") == "get" and request.consistency == pb.FOLLOWER
         if frontend is not None and (frontend.is_leader or is_follower_read):
@@ -132,6 +132,10 @@ class KVService(kv_pb2_grpc.KVServicer):
                 return self._replicas_of(p)[0]  # a replica knows the leader and forwards once more if needed
             raise Unavailable(f"partition {p} has no leader right now (election in progress); retry")
         return leader
+
+    def _check_partition(self, partition: int) -> None:
+        if partition >= self._spec.partitions:
+            raise InvalidRequest(f"partition {partition} does not exist; the cluster has {self._spec.partitions}")
 
     def _local(self, op: pb.Op, command: Command | None, consistency: int) -> asyncio.Future:
         frontend = self._frontends[op.partition]
@@ -168,6 +172,7 @@ class KVService(kv_pb2_grpc.KVServicer):
                                                 request.end if request.HasField("end") else None))
         frontend = self._frontends.get(request.partition)
         try:
+            self._check_partition(request.partition)
             if frontend is None:
                 raise NotLeader(request.partition, self._replicas_of(request.partition)[0])
             if request.consistency == pb.LINEARIZABLE:
@@ -175,8 +180,8 @@ class KVService(kv_pb2_grpc.KVServicer):
             elif request.consistency == pb.LEADER and not frontend.is_leader:
                 raise frontend.not_leader()
         except RaftKVError as error:
-            code = grpc.StatusCode.FAILED_PRECONDITION if isinstance(error, NotLeader) else grpc.StatusCode.UNAVAILABLE
-            await context.abort(code, str(error), trailing_metadata=error_metadata(error))
+            await context.abort(_SCAN_CODES.get(type(error), grpc.StatusCode.UNAVAILABLE), str(error),
+                                trailing_metadata=error_metadata(error))
         key_range = KeyRange(request.start, request.end if request.HasField("end") else None, request.limit)
         applied = frontend.replica.applied_position  # nothing applies between these two lines
         _, items = frontend.replica.engine.scan(key_range)
