@@ -17,6 +17,7 @@ import grpc
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.spec import ClusterSpec
+from raftkv.security.tls import Tls, client_tls, open_blocking_channel
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,13 @@ class ReplicaView:
     contents: dict[bytes, bytes]
 
 
-def scan_replica(address: str, partition: int, timeout: float = 10.0) -> tuple[int, dict[bytes, bytes]]:
-    """The partition's applied index and contents as this one node holds them."""
+def scan_replica(address: str, partition: int, timeout: float = 10.0,
+                 tls: Tls | None = None) -> tuple[int, dict[bytes, bytes]]:
+    """The partition's applied index and contents as this one node holds them (`tls`: the cluster's
+    client TLS, a user that may read everything)."""
     contents: dict[bytes, bytes] = {}
     index = -1
-    with grpc.insecure_channel(address) as channel:
+    with open_blocking_channel(address, tls) as channel:
         request = pb.ScanRequest(partition=partition, consistency=pb.FOLLOWER)
         for chunk in kv_pb2_grpc.KVStub(channel).Scan(request, timeout=timeout):
             index = chunk.applied_index
@@ -42,7 +45,7 @@ def scan_any(spec: ClusterSpec, partition: int, replicas: tuple[str, ...]) -> di
     """The partition's contents from the first of `replicas` that answers (None: none did)."""
     for node_id in replicas:
         try:
-            return scan_replica(spec.node(node_id).api_address, partition)[1]
+            return scan_replica(spec.node(node_id).api_address, partition, tls=client_tls(spec))[1]
         except grpc.RpcError:
             continue  # stopped (on damage, say), which the replica check reports
     return None
@@ -74,12 +77,13 @@ def _views_at_one_index(spec: ClusterSpec, partition: int, replicas: tuple[str, 
     """The replicas' views once they answer at one applied index; else, at the deadline, what each
     said last."""
     last: dict[str, str] = {}
+    tls = client_tls(spec)
     while time.monotonic() < deadline:
         each_round()
         views = []
         for n in replicas:
             try:
-                views.append(ReplicaView(n, *scan_replica(spec.node(n).api_address, partition)))
+                views.append(ReplicaView(n, *scan_replica(spec.node(n).api_address, partition, tls=tls)))
                 last[n] = f"{n} at {views[-1].applied_index}"
             except grpc.RpcError as e:
                 last[n] = f"{n}: {e.code().name} {e.details()}"
