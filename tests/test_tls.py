@@ -7,6 +7,7 @@ raw gRPC channels as well: our client checks its own files first, and an attacke
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import ssl
@@ -30,7 +31,8 @@ from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError, Unauthenticated
 from raftkv.core.spec import save_spec
 from raftkv.security.certs import init_certs
-from raftkv.security.tls import Tls
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.security.tls import Tls, open_channel
 from tests.conftest import changelog_caught_up, wait_until
 from tests.test_cli import assert_one_line_error
 
@@ -217,3 +219,38 @@ def test_pysyncobj_admin_commands_sent_to_a_raft_port_do_nothing(make_cluster, t
 
 def _leaders(kv) -> dict[int, str]:
     return {ps.partition: s.node_id for s in kv.status() for ps in s.partitions if ps.role == "leader"}
+
+
+def test_a_channel_reaches_its_server_within_a_second_of_it_coming_back():
+    """gRPC's default reconnect backoff grows to 120 s, and a channel in backoff fails every call at once:
+    a node's channel to a peer that was down for a minute kept failing its forwards for another minute.
+    (Found as a forward failing just after start-up: the start-up probe of the peers had met a node not
+    yet listening.)"""
+    port = free_port_block(1)
+    address = f"127.0.0.1:{port}"
+
+    async def scenario() -> float:
+        async with open_channel(address, None) as channel:
+            status = channel.unary_unary("/raftkv.v1.KV/Status")
+            deadline = asyncio.get_running_loop().time() + 6
+            while asyncio.get_running_loop().time() < deadline:  # down: backoff grows over the attempts
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await status(b"", timeout=1)
+                await asyncio.sleep(0.1)
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("raftkv.v1.KV", {
+                "Status": grpc.unary_unary_rpc_method_handler(lambda request, context: b"")})])
+            server.add_insecure_port(address)
+            await server.start()
+            back = asyncio.get_running_loop().time()
+            try:
+                while True:
+                    try:
+                        await status(b"", timeout=1)
+                        return asyncio.get_running_loop().time() - back
+                    except grpc.aio.AioRpcError:
+                        await asyncio.sleep(0.05)
+            finally:
+                await server.stop(None)
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) < 1.5

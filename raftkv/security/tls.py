@@ -155,10 +155,17 @@ def _read(path: Path) -> bytes:
         raise ConfigError(f"cannot read {path}: {exc.strerror}; {_REMEDY}", source="tls") from None
 
 
+# A channel that cannot connect fails every call at once until its next attempt, and gRPC spaces the
+# attempts out to 2 minutes: a peer or a client would shun a node for that long after it came back.
+# (Not grpc.min_reconnect_backoff_ms: it is also the least time a connection attempt gets.)
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000))
+
+
 def open_channel(address: str, tls: Tls | None, options: Sequence[tuple[str, object]] = (),
                  token: str | None = None) -> grpc.aio.Channel:
     """An asyncio channel to `address`: mutual TLS with `tls`, plaintext without. `token`: a user's bearer
     token, sent with every call (over TLS only: it is a password)."""
+    options = [*RECONNECT_OPTIONS, *options]
     if tls is None:
         _no_token_without_tls(token)
         return grpc.aio.insecure_channel(address, options=options)
@@ -168,6 +175,7 @@ def open_channel(address: str, tls: Tls | None, options: Sequence[tuple[str, obj
 def open_blocking_channel(address: str, tls: Tls | None, options: Sequence[tuple[str, object]] = (),
                           token: str | None = None) -> grpc.Channel:
     """The same, for code that is not on an event loop."""
+    options = [*RECONNECT_OPTIONS, *options]
     if tls is None:
         _no_token_without_tls(token)
         return grpc.insecure_channel(address, options=options)
