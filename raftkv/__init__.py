@@ -10,13 +10,13 @@ from raftkv.client.async_client import AsyncClient
 from raftkv.client.sync_client import Client, NodeStatus, Read, Topology
 from raftkv.core.commands import CasResult, Delete, DeleteRange, Put
 from raftkv.core.errors import (
-    ChangeRefused, ConfigError, CorruptData, InvalidRequest, NotLeader, PermissionDenied, RaftKVError, StorageFull,
-    Timeout, Unauthenticated, Unavailable, Undetermined,
+    ChangeRefused, ConfigError, CorruptData, InvalidRequest, NotLeader, PermissionDenied, RaftKVError,
+    ResourceExhausted, StorageFull, Timeout, Unauthenticated, Unavailable, Undetermined,
 )
 from raftkv.security.tls import Tls
 
 __all__ = [
     "AsyncClient", "CasResult", "ChangeRefused", "Client", "ConfigError", "CorruptData", "Delete", "DeleteRange", "InvalidRequest", "NodeStatus",
-    "NotLeader", "PermissionDenied", "Put", "RaftKVError", "Read", "StorageFull", "Timeout", "Tls", "Topology", "Unauthenticated",
+    "NotLeader", "PermissionDenied", "Put", "RaftKVError", "Read", "ResourceExhausted", "StorageFull", "Timeout", "Tls", "Topology", "Unauthenticated",
     "Unavailable", "Undetermined",
 ]

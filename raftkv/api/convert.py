@@ -10,8 +10,8 @@ from raftkv.core.commands import (
     RegisterLearner, RemoveLearner,
 )
 from raftkv.core.command_kinds import check_command, kind_of, routing_keys, tag_of
-from raftkv.core.errors import (InvalidRequest, NotLeader, PermissionDenied, RaftKVError, StorageFull, Timeout,
-                                Unavailable, Undetermined)
+from raftkv.core.errors import (InvalidRequest, NotLeader, PermissionDenied, RaftKVError, ResourceExhausted,
+                                StorageFull, Timeout, Unavailable, Undetermined)
 from raftkv.core.partitioning import partition_for_key
 
 CONSISTENCY_BY_NAME = {
@@ -106,6 +106,7 @@ _CODE_BY_ERROR = (
     (Timeout, pb.TIMEOUT),
     (StorageFull, pb.STORAGE_FULL),
     (PermissionDenied, pb.PERMISSION_DENIED),
+    (ResourceExhausted, pb.RESOURCE_EXHAUSTED),
 )
 
 

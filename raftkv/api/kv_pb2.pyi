@@ -23,6 +23,7 @@ class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIMEOUT: _ClassVar[Code]
     STORAGE_FULL: _ClassVar[Code]
     PERMISSION_DENIED: _ClassVar[Code]
+    RESOURCE_EXHAUSTED: _ClassVar[Code]
 LINEARIZABLE: Consistency
 LEADER: Consistency
 FOLLOWER: Consistency
@@ -34,6 +35,7 @@ UNDETERMINED: Code
 TIMEOUT: Code
 STORAGE_FULL: Code
 PERMISSION_DENIED: Code
+RESOURCE_EXHAUSTED: Code
 
 class Put(_message.Message):
     __slots__ = ("key", "value")

@@ -25,8 +25,8 @@ from raftkv.api.convert import error_from_result
 from raftkv.api.rpc_errors import error_of, never_sent
 from raftkv.client.retry import decide
 from raftkv.client.routing import RoutingTable
-from raftkv.core.errors import (ChangeRefused, NotLeader, PermissionDenied, RaftKVError, Unauthenticated, Unavailable,
-                                Undetermined)
+from raftkv.core.errors import (ChangeRefused, NotLeader, PermissionDenied, RaftKVError, ResourceExhausted,
+                                Unauthenticated, Unavailable, Undetermined)
 from raftkv.security.tls import Tls, open_channel, refusal
 
 
@@ -57,6 +57,8 @@ def _refused(exc: grpc.aio.AioRpcError) -> RaftKVError | None:
         return PermissionDenied(exc.details())
     if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(exc.details())
+    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # a limit of the node's, or gRPC's message size
+        return ResourceExhausted(exc.details())
     return None
 
 

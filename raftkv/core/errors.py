@@ -48,6 +48,11 @@ class PermissionDenied(RaftKVError):
     """The caller's roles do not allow the operation; nothing was written."""
 
 
+class ResourceExhausted(RaftKVError):
+    """The caller is over one of its limits on a node (calls, scans or writes in flight); nothing was
+    applied. Not retried: the caller is the one to slow down."""
+
+
 class Timeout(RaftKVError):
     """A read did not complete before its deadline."""
 

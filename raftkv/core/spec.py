@@ -78,6 +78,10 @@ class Tuning:
     max_moves_per_node: int = 1  # ... and per node, as source or target
     dead_after: float = 300.0  # a node unreachable this long is dead: its replicas are re-created elsewhere
     move_timeout: float = 300.0  # a move whose new replica makes no progress this long is rolled back
+    # what one client (a user; a host without TLS) may have open on one node (raftkv/node/client_limits.py)
+    max_calls_per_client: int = 2048
+    max_scans_per_client: int = 64
+    max_writes_per_client: int = 200_000  # write operations sent and not yet answered
 
     def problems(self) -> list[str]:
         problems = []
@@ -86,7 +90,8 @@ class Tuning:
         if self.leader_fallback_timeout <= self.heartbeat_period:
             problems.append("tuning.leader_fallback_timeout: must exceed heartbeat_period")
         for name in ("compaction_min_entries", "max_batch_ops", "max_batch_bytes", "learner_retention_entries",
-                     "learner_retention_bytes", "seed_retention_bytes"):
+                     "learner_retention_bytes", "seed_retention_bytes", "max_calls_per_client", "max_scans_per_client",
+                     "max_writes_per_client"):
             if getattr(self, name) < 2:
                 problems.append(f"tuning.{name}: must be at least 2")
         for name in ("connection_retry_seconds", "compaction_min_seconds", "request_timeout", "dead_after",

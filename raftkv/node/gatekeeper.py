@@ -68,9 +68,9 @@ class Gatekeeper:
         rules = self._current()
         return check(caller, requests, rules.user_roles, rules.role_grants)
 
-    async def admit(self, context, request: Request) -> None:
-        """A call made of one request, refused whole: the call ends with the error (in its trailers too,
-        for a streaming call, which has no response to carry it)."""
+    async def admit(self, context, request: Request) -> Identity:
+        """The caller of a call made of one request, refused whole: the call ends with the error (in its
+        trailers too, for a streaming call, which has no response to carry it)."""
         try:
             caller = self.caller(context)
         except Unauthenticated as error:
@@ -78,6 +78,7 @@ class Gatekeeper:
         if (why := self.refusal(caller, [request])) is not None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, why,
                                 trailing_metadata=error_metadata(PermissionDenied(why)))
+        return caller
 
     def _current(self) -> _Rules:
         meta = self._meta()

@@ -19,8 +19,10 @@ from raftkv.api.rpc_errors import error_metadata, never_sent
 from raftkv.api.convert import command_from_op, result_from_error, result_from_write
 from raftkv.core.commands import Command, Limits
 from raftkv.storage.engine import KeyRange
-from raftkv.core.errors import InvalidRequest, NotLeader, PermissionDenied, RaftKVError, Unauthenticated, Unavailable
+from raftkv.core.errors import (InvalidRequest, NotLeader, PermissionDenied, RaftKVError, ResourceExhausted,
+                                Unauthenticated, Unavailable)
 from raftkv.meta.records import ClusterMeta, NodeState
+from raftkv.node.client_limits import ClientLimits, ClientLoad, client_of
 from raftkv.node.gatekeeper import Gatekeeper, op_requests
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.peers import Peers
@@ -54,6 +56,9 @@ class KVService(kv_pb2_grpc.KVServicer):
         self._limits = Limits(spec.max_key_bytes, spec.max_value_bytes)
         self._timeout = spec.tuning.request_timeout
         self._peers = peers
+        tuning = spec.tuning
+        self._load = ClientLoad(ClientLimits(tuning.max_calls_per_client, tuning.max_scans_per_client,
+                                             tuning.max_writes_per_client), node_id)
 
     def _replicas_of(self, partition: int) -> tuple[str, ...]:
         return self._topology().placement[partition]
@@ -63,13 +68,29 @@ class KVService(kv_pb2_grpc.KVServicer):
     async def Execute(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
         metrics.API_REQUESTS.inc()
         metrics.API_OPS.inc(len(request.ops))
+        caller = await self._caller(context)
+        client = client_of(caller, context.peer(), request.forwarded)
+        await self._open(client, context)
+        writes = self._load.take_writes(client, sum(op.WhichOneof("op") != "get" for op in request.ops))
+        try:
+            return await self._execute(request, caller, client, writes)
+        finally:
+            self._load.return_writes(client, writes)
+            self._load.close(client)
+
+    async def _execute(self, request: pb.ExecuteRequest, caller: Identity, client: str | None,
+                       writes: int) -> pb.ExecuteResponse:
+        """`writes`: how many of the request's write operations the client's limit lets through."""
         results: list[pb.Result | None] = [None] * len(request.ops)
         waits: list[tuple[int, asyncio.Future | asyncio.Task]] = []
         forwards: dict[str, list[int]] = defaultdict(list)
-        caller = await self._caller(context)
         for i, op in enumerate(request.ops):
             try:
                 command = self._validated(op)
+                if command is not None:
+                    if writes == 0:
+                        raise self._load.refusal(client)
+                    writes -= 1
                 self._permit(caller, op, command)
                 target = self._target(op, request)
                 if target is None:
@@ -97,6 +118,14 @@ class KVService(kv_pb2_grpc.KVServicer):
             return self._gate.caller(context)
         except Unauthenticated as error:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+
+    async def _open(self, client: str | None, context, scan: bool = False) -> None:
+        """One more call of `client` open on this node (`ClientLoad.close` it), or the call ends here."""
+        try:
+            self._load.open(client, scan)
+        except ResourceExhausted as error:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error),
+                                trailing_metadata=error_metadata(error))
 
     def _validated(self, op: pb.Op) -> Command | None:
         """The write command an op carries (None for a read), checked where the op arrives: a bad op is
@@ -168,8 +197,21 @@ class KVService(kv_pb2_grpc.KVServicer):
     # -- Scan -------------------------------------------------------------
 
     async def Scan(self, request: pb.ScanRequest, context):
-        await self._gate.admit(context, Request(Access.READ, request.start,
-                                                request.end if request.HasField("end") else None))
+        client = await self._open_range_read(request.start, request.end if request.HasField("end") else None, context)
+        try:
+            async for chunk in self._scan(request, context):
+                yield chunk
+        finally:
+            self._load.close(client, scan=True)
+
+    async def _open_range_read(self, start: bytes, end: bytes | None, context) -> str | None:
+        """A scan's or split's caller, if it may read the range and open one more scan; its client."""
+        caller = await self._gate.admit(context, Request(Access.READ, start, end))
+        client = client_of(caller, context.peer(), forwarded=False)
+        await self._open(client, context, scan=True)
+        return client
+
+    async def _scan(self, request: pb.ScanRequest, context):
         frontend = self._frontends.get(request.partition)
         try:
             self._check_partition(request.partition)
@@ -195,8 +237,13 @@ class KVService(kv_pb2_grpc.KVServicer):
             yield pb.ScanChunk(applied_index=applied.index, applied_term=applied.term)
 
     async def SplitKeys(self, request: pb.SplitKeysRequest, context) -> pb.SplitKeysResponse:
-        await self._gate.admit(context, Request(Access.READ, request.start,
-                                                request.end if request.HasField("end") else None))
+        client = await self._open_range_read(request.start, request.end if request.HasField("end") else None, context)
+        try:
+            return await self._split_keys(request, context)
+        finally:
+            self._load.close(client, scan=True)
+
+    async def _split_keys(self, request: pb.SplitKeysRequest, context) -> pb.SplitKeysResponse:
         frontend = self._frontends.get(request.partition)
         if frontend is None or request.every < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
