@@ -213,3 +213,33 @@ def test_a_command_loads_only_its_own_family():
              "print(sorted(m for m in sys.modules if m.startswith('raftkv.cli.') or m == 'raftkv.chaos.runner'))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.splitlines()[-1] == "['raftkv.cli.learner', 'raftkv.cli.options', 'raftkv.cli.output']"
+
+
+# -- hostile arguments (found by tests/test_fuzz_inputs.py) ------------------------------------------
+
+
+def test_keys_that_are_not_utf8_are_a_usage_error(tmp_path):
+    result = run("put", b"caf\xe9", "v", "--endpoints", "127.0.0.1:1", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == "Error: Invalid value for 'KEY': 'caf\\udce9' is not UTF-8 text"
+
+
+def test_specs_are_written_in_utf8_and_named_as_given(tmp_path):
+    assert_one_line_error(run("cluster", "init", "--no-tls", "--name", b"caf\xe9", cwd=tmp_path),
+                          "b'\\xe9' is not UTF-8 text")
+    for name, shown in ((b"caf\xe9.toml", "caf\\udce9.toml"), ("[/].toml", "[/].toml")):  # not rich markup either
+        result = run("cluster", "init", "--no-tls", "-o", name, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"wrote {shown}: 3 nodes")
+
+
+@pytest.mark.parametrize("argv", [("cluster", "init", "-o", "x" * 300), ("certs", "init", "--out", "x" * 300)])
+def test_a_file_name_the_os_refuses_is_one_line(tmp_path, argv):
+    assert_one_line_error(run(*argv, cwd=tmp_path), "cannot write", "File name too long")
+
+
+def test_line_breaks_in_arguments_stay_on_the_error_line(tmp_path):
+    assert_one_line_error(run("get", "k", "--endpoints", "a\nb:1", "--timeout", "1", cwd=tmp_path),
+                          "no node answered at a\\nb:1")
+    result = run("learner", "remove", "--name", "l", "a\nb", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.splitlines()[-1] == "Error: Got unexpected extra argument (a\\nb)"

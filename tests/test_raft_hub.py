@@ -73,6 +73,30 @@ def test_lengths_flags_and_inflation_are_bounded():
         hub_frames.decode(b"\x01" + bomb)
 
 
+def test_an_empty_frame_and_a_short_header_are_bad_frames():
+    with pytest.raises(BadFrame, match="an empty frame"):
+        hub_frames.decode(b"")
+    with pytest.raises(BadFrame, match="a frame header of 3 bytes"):
+        hub_frames.frame_length(b"\x00\x00\x01")
+
+
+def test_a_zlib_frame_inflates_sixteenfold_at_most():
+    """Unpickling takes ~70 bytes a byte of EMPTY_LIST opcodes: 1 MiB of them in a 1 KiB frame
+    would take 70 MiB, and 64 MiB of them in a 64 KiB frame gigabytes."""
+    bomb = zlib.compress(b"\x80\x05" + b"]" * (1 << 20) + b".", 9)
+    with pytest.raises(BadFrame, match=r"inflates past 65536 bytes \(16 times its size\)"):
+        hub_frames.decode(b"\x01" + bomb)
+
+
+def test_encode_sends_plain_a_body_that_would_inflate_past_the_limit():
+    zeros = (0, {"entries": [b"\x00" * (1 << 20)]})
+    frame = hub_frames.encode(zeros, 9)
+    assert frame[hub_frames.HEADER_BYTES] == 0 and _body(frame) == zeros
+    rows = (0, {"entries": [f"user:{i:08d} {{'age': {i % 97}, 'name': 'user {i}'}}".encode() for i in range(5000)]})
+    frame = hub_frames.encode(rows, 9)
+    assert frame[hub_frames.HEADER_BYTES] == 1 and _body(frame) == rows
+
+
 # -- strangers and read-only members -------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
 from pathlib import Path
 
@@ -163,3 +164,69 @@ def test_wire_compression_must_be_a_zlib_level():
     doc = valid_doc()
     doc["tuning"] = {"wire_compression": 12}
     assert "tuning.wire_compression: a zlib level, 0 (none) to 9" in problems_of(doc)
+
+
+# --- hostile spec files (found by tests/test_fuzz_inputs.py) -------------------------------------
+
+
+@pytest.mark.parametrize("text, named", [
+    (b'\xff[cluster]\nname = "x"\n', "not UTF-8 text (byte 0)"),
+    (b"[cluster]\npartitions = " + b"9" * 5000 + b"\n", "not valid TOML: Exceeds the limit (4300 digits)"),
+    (b"a = " + b"[" * 100_000, "not valid TOML: maximum recursion depth exceeded"),
+])
+def test_a_spec_file_tomllib_cannot_read_is_one_config_error_line(tmp_path, text, named):
+    path = tmp_path / "cluster.toml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError, match=re.escape(named)) as info:
+        load_spec(path)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("key", ["problems", "__class__", "__doc__"])
+def test_a_tuning_key_that_names_a_method_or_dunder_is_unknown(key):
+    doc = valid_doc()
+    doc["tuning"] = {key: 1}
+    assert problems_of(doc) == [f"tuning.{key}: unknown key"]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 10**400])
+def test_a_tuning_number_must_be_finite(value):
+    doc = valid_doc()
+    doc["tuning"] = {"heartbeat_period": value}
+    assert problems_of(doc) == [f"tuning.heartbeat_period: expected a finite number, got {value!r}"]
+
+
+def test_a_huge_partition_count_is_refused_without_checking_a_port_per_partition():
+    doc = valid_doc()
+    doc["cluster"]["partitions"] = 2**63 - 1
+    assert problems_of(doc) == [f"cluster.partitions: {2**63 - 1} is not in 1..4096"]
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda doc: doc["cluster"].update({"a\nb": 1}), "cluster: unknown keys a\\nb"),
+    (lambda doc: [node.update(host="h\n", api_port=7000) for node in doc["nodes"]],
+     "nodes[1].api_port: port 7000 on h\\n is also n1 api_port"),
+])
+def test_line_breaks_in_keys_and_hosts_are_escaped_in_the_one_line_error(change, problem):
+    doc = valid_doc()
+    change(doc)
+    with pytest.raises(ConfigError) as info:
+        parse_spec(doc, BASE, source="t.toml")
+    assert "\n" not in str(info.value)
+    assert problem in info.value.problems
+
+
+def test_a_spec_with_text_that_is_not_utf8_is_not_saved(tmp_path):
+    spec = dataclasses.replace(build_spec(nodes=1, partitions=1, replication=1, base_port=9000, data_dir=tmp_path),
+                               name="caf\udce9")
+    with pytest.raises(ConfigError, match=r"b'\\xe9' is not UTF-8 text"):
+        save_spec(spec, tmp_path / "cluster.toml")
+    assert not (tmp_path / "cluster.toml").exists()
+
+
+def test_a_nul_character_in_a_name_or_path_is_refused():
+    doc = valid_doc()
+    doc["nodes"][0]["data_dir"] = "n\x001"
+    doc["tls"] = {"ca": "ca\x00.pem", "node_cert": "n.pem", "node_key": "n.key"}
+    assert problems_of(doc) == ["nodes[0].data_dir: 'n\\x001' holds a NUL character, which no name or path can",
+                                "tls.ca: expected a file path, got 'ca\\x00.pem'"]

@@ -119,23 +119,32 @@ class BackupInfo:
         """Parse and check a manifest; `where` names it in the error."""
         try:
             doc = json.loads(data)
-            if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+            if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
                 raise ValueError(f"not a {FORMAT} manifest of version {VERSION}")
             copies = tuple(_partition_copy(p) for p in doc["partitions"])
-            return cls(doc["id"], doc["cluster"], datetime.fromisoformat(doc["created"]), copies,
-                       str(doc.get("cluster_id", "")))
-        except (ValueError, KeyError, TypeError) as exc:
+            return cls(_typed_field(doc, "id", str), _typed_field(doc, "cluster", str),
+                       datetime.fromisoformat(doc["created"]), copies, str(doc.get("cluster_id", "")))
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
             raise CorruptData(f"{where}: unreadable backup manifest ({exc})") from None
 
 
 def _partition_copy(doc: dict) -> PartitionCopy:
-    partition = int(doc["partition"])
-    files = tuple(FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in doc["files"])
+    partition = _typed_field(doc, "partition", int)
+    files = tuple(FileEntry(_typed_field(f, "path", str), _typed_field(f, "size", int), _typed_field(f, "sha256", str))
+                  for f in doc["files"])
     for f in files:  # restore writes these paths locally: nothing may point elsewhere
-        path = PurePosixPath(f.path)
-        if len(path.parts) != 2 or path.parts[0] != partition_dir(partition) or path.name in ("", ".", ".."):
-            raise ValueError(f"file {f.path!r} is outside {partition_dir(partition)}/")
-    return PartitionCopy(partition, Position(int(doc["index"]), int(doc["term"])), files)
+        folder, _, name = f.path.partition("/")
+        if folder != partition_dir(partition) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+            raise ValueError(f"file {f.path!r} is not a plain name in {partition_dir(partition)}/")
+    return PartitionCopy(partition, Position(_typed_field(doc, "index", int), _typed_field(doc, "term", int)), files)
+
+
+def _typed_field(doc: dict, key: str, kind: type) -> str | int:
+    """doc[key], a text or a count (an integer, not negative, not a boolean)."""
+    value = doc[key]
+    if type(value) is not kind or (kind is int and value < 0):
+        raise ValueError(f"{key}: expected {'a count' if kind is int else 'text'}, got {value!r}")
+    return value
 
 
 # -- storage options ---------------------------------------------------------
@@ -249,7 +258,7 @@ class BackupStore:
         where = f"{self.url}/{folder}/{MANIFEST}"
         info = BackupInfo.from_manifest(self._fs.cat_file(path), where)
         if info.id != folder:  # files are fetched from the folder named by the id
-            raise CorruptData(f"{where}: the manifest is of backup {info.id}, not {folder}")
+            raise CorruptData(f"{where}: the manifest is of backup {info.id!r}, not {folder}")
         return info
 
     def get(self, backup_id: str) -> BackupInfo:

@@ -17,7 +17,7 @@ import sys
 import click
 
 from raftkv.cli.output import err_console
-from raftkv.core.errors import RaftKVError
+from raftkv.core.errors import RaftKVError, one_line
 
 COMMANDS = {  # command -> the module of raftkv.cli that defines it
     "backup": "backup", "certs": "certs", "chaos": "chaos", "cluster": "cluster", "dev": "dev", "feed": "feed",
@@ -56,14 +56,17 @@ def cli(cacert: str | None, cert: str | None, key: str | None, token: str | None
 
 
 def main() -> None:
+    if hasattr(sys.stdout, "reconfigure"):  # names and paths in argv that are not UTF-8 are echoed escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         err_console.print("aborted")
         sys.exit(130)
     except click.ClickException as exc:
+        exc.message = one_line(exc.message)
         exc.show()
         sys.exit(2)
     except RaftKVError as exc:
-        err_console.print(f"error: {exc}", markup=False, soft_wrap=True)
+        err_console.print(f"error: {one_line(str(exc))}", markup=False, soft_wrap=True)
         sys.exit(2)

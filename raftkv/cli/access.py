@@ -14,7 +14,7 @@ import secrets
 import click
 from rich.table import Table
 
-from raftkv.cli.options import config_option, endpoints_option, json_option, open_client
+from raftkv.cli.options import UTF8, config_option, endpoints_option, json_option, open_client
 from raftkv.cli.output import console
 from raftkv.meta.access import GrantPermission, Permission, PutUser, RemoveUser, RevokePermission, UserRecord
 
@@ -78,7 +78,7 @@ def role() -> None:
     """Roles: read, write or admin on key prefixes (each level includes the ones below)."""
 
 
-prefix_option = click.option("--prefix", default="", show_default=True,
+prefix_option = click.option("--prefix", type=UTF8, default="", show_default=True,
                              help="Keys starting with this text (UTF-8); empty: every key.")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from raftkv.cli.options import writing
 from raftkv.cli.output import console
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import load_spec
@@ -34,7 +35,8 @@ def init(out: str, config: str | None, users: tuple[str, ...], nodes: tuple[str,
     pairs = [n.split("=", 1) for n in nodes]
     if any(len(p) != 2 or not p[1] for p in pairs):
         raise ConfigError("expected ID=HOST, e.g. n4=10.0.0.4", source="--node")
-    written = init_certs(Path(out), spec, users, days, [(node_id, host) for node_id, host in pairs])
+    with writing(source="--out"):
+        written = init_certs(Path(out), spec, users, days, [(node_id, host) for node_id, host in pairs])
     table = Table(title=f"certificates in {out}")
     table.add_column("certificate (its .key beside it)")
     table.add_column("")

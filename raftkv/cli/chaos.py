@@ -70,11 +70,11 @@ def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_c
         report = run_chaos(config, status=status)
     _summary(report)
     if not report.ok:
-        err_console.print(f"[bold red]{len(report.violations)} violations[/]; history, timeline and data dirs "
-                          f"kept in {report.run_dir}", soft_wrap=True)
+        err_console.print(Text.assemble((f"{len(report.violations)} violations", "bold red"),
+                                        f"; history, timeline and data dirs kept in {report.run_dir}"), soft_wrap=True)
         sys.exit(1)
     where = f"; history and timeline in {report.run_dir}" if report.run_dir else ""
-    console.print(f"[bold green]no violations[/] in {report.ops:,} ops{where}", soft_wrap=True)
+    console.print(Text.assemble(("no violations", "bold green"), f" in {report.ops:,} ops{where}"), soft_wrap=True)
 
 
 def _progress(status: RunStatus, config: ChaosConfig) -> Text:
@@ -115,7 +115,8 @@ def _summary(report: ChaosReport) -> None:
     for column in ("check", "result", "detail"):
         checks.add_column(column)
     for check in report.checks:
-        checks.add_row(check.name, "[green]ok[/]" if check.ok else "[bold red]VIOLATED[/]", check.detail)
+        checks.add_row(check.name, Text("ok", style="green") if check.ok else Text("VIOLATED", style="bold red"),
+                       check.detail)
     parts = [ops, faults, checks]
     if report.memory_kib:  # a node restarted by a fault started again from nothing
         parts.append(Text("memory (RSS MiB at the start and the end of the faults): " + ", ".join(

@@ -8,7 +8,7 @@ import click
 
 from raftkv.cli.output import console
 from raftkv.core.errors import ConfigError
-from raftkv.cli.options import topology_options
+from raftkv.cli.options import topology_options, writing
 from raftkv.core.spec import build_spec, save_spec
 from raftkv.security.certs import CERTS_DIR, with_certificates
 
@@ -28,15 +28,16 @@ def cluster() -> None:
 def init(nodes, partitions, replication, base_port, data_dir, hosts, name, durability, tls, output, force) -> None:
     """Write a cluster spec (TOML)."""
     out = Path(output)
-    if out.exists() and not force:
-        raise ConfigError(f"{out} exists; pass --force to overwrite it", source="cluster init")
-    spec = build_spec(
-        nodes=nodes, partitions=partitions, replication=replication, base_port=base_port, data_dir=data_dir,
-        hosts=[h.strip() for h in hosts.split(",")] if hosts else None, name=name, durability=durability,
-    )
-    if tls:
-        spec = with_certificates(spec, out.parent.resolve())
-    save_spec(spec, out)
+    with writing(source="cluster init"):
+        if out.exists() and not force:
+            raise ConfigError(f"{out} exists; pass --force to overwrite it", source="cluster init")
+        spec = build_spec(
+            nodes=nodes, partitions=partitions, replication=replication, base_port=base_port, data_dir=data_dir,
+            hosts=[h.strip() for h in hosts.split(",")] if hosts else None, name=name, durability=durability,
+        )
+        if tls:
+            spec = with_certificates(spec, out.parent.resolve())
+        save_spec(spec, out)
     console.print(f"wrote {out}: {nodes} nodes, {partitions} partitions, replication {replication}")
     if tls:
         console.print(f"mutual TLS: certificates in {out.parent / CERTS_DIR}; the CLI presents the admin user's "

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from raftkv.cli.options import config_option, consistency_option, endpoints_option, json_option, open_client
+from raftkv.cli.options import UTF8, config_option, consistency_option, endpoints_option, json_option, open_client
 from raftkv.cli.output import console, err_console
 from raftkv.client.sync_client import Client
 
@@ -25,8 +25,8 @@ timeout_option = click.option("--timeout", type=float, default=10.0, show_defaul
 
 
 @click.command()
-@click.argument("key")
-@click.argument("value")
+@click.argument("key", type=UTF8)
+@click.argument("value", type=UTF8)
 @config_option
 @endpoints_option
 @timeout_option
@@ -38,7 +38,7 @@ def put(key: str, value: str, config: str, endpoints: str | None, timeout: float
 
 
 @click.command()
-@click.argument("key")
+@click.argument("key", type=UTF8)
 @config_option
 @endpoints_option
 @consistency_option
@@ -60,7 +60,7 @@ def get(key: str, config: str, endpoints: str | None, consistency: str, timeout:
 
 
 @click.command()
-@click.argument("key")
+@click.argument("key", type=UTF8)
 @config_option
 @endpoints_option
 @timeout_option
@@ -72,9 +72,9 @@ def delete(key: str, config: str, endpoints: str | None, timeout: float) -> None
 
 
 @click.command()
-@click.option("--prefix", default=None, help="Only keys starting with this.")
-@click.option("--start", default="", help="First key (inclusive).")
-@click.option("--end", default=None, help="Last key (exclusive).")
+@click.option("--prefix", type=UTF8, default=None, help="Only keys starting with this.")
+@click.option("--start", type=UTF8, default="", help="First key (inclusive).")
+@click.option("--end", type=UTF8, default=None, help="Last key (exclusive).")
 @click.option("--limit", type=click.IntRange(0), default=100, show_default=True, help="0: no limit.")
 @config_option
 @endpoints_option

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import click
+from rich.text import Text
 
 from raftkv.cli.output import console, err_console
 from raftkv.dev.local_cluster import LocalCluster
@@ -61,8 +62,8 @@ def up(nodes, partitions, replication, base_port, data_dir, durability, tls, lea
                           f"log {cluster.log_path(n.id)}", soft_wrap=True)
         if learner:
             feed = _start_feed(spec)
-        console.print(f"[bold green]ready[/]: try  raftkv put hello world --config {spec_path}   "
-                      "(Ctrl-C stops the cluster)", soft_wrap=True)
+        console.print(Text.assemble(("ready", "bold green"), f": try  raftkv put hello world --config {spec_path}   "
+                                    "(Ctrl-C stops the cluster)"), soft_wrap=True)
         while not stop:
             if dead := cluster.exited():
                 err_console.print(f"node(s) exited: {dead}; see their node.log; stopping")

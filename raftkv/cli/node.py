@@ -74,7 +74,7 @@ def decommission(config: str, endpoints: str | None, node_id: str, force: bool, 
     with open_client(config, endpoints, timeout=15.0) as kv:
         if force:
             err_console.print(f"warning: --force: partitions may be left with fewer replicas than the "
-                              f"replication factor once {node_id} is gone")
+                              f"replication factor once {node_id!r} is gone", soft_wrap=True)
         kv.decommission(node_id, force)
         console.print(f"{node_id} is draining")
         if wait:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import click
 
@@ -24,6 +26,33 @@ consistency_option = click.option(
     show_default=True, help="Read consistency level.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+
+
+class Utf8Text(click.ParamType):
+    """Text the cluster keeps as UTF-8 (keys, values, prefixes): a shell's bytes that are not UTF-8
+    reach Python as surrogates, and are a usage error here rather than a traceback in the client."""
+
+    name = "text"
+
+    def convert(self, value: str, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            self.fail(f"{value!r} is not UTF-8 text", param, ctx)
+        return value
+
+
+UTF8 = Utf8Text()
+
+
+@contextmanager
+def writing(source: str) -> Iterator[None]:
+    """Files written where the user said: the OS refusing one (a name too long, no permission, a full
+    disk) is one ConfigError line, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConfigError(f"cannot write {exc.filename or 'there'}: {exc.strerror}", source=source) from None
 
 
 def parse_key_values(pairs: tuple[str, ...], source: str) -> dict[str, str]:

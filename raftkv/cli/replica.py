@@ -8,6 +8,7 @@ from typing import Callable
 import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from raftkv.cli.options import config_option, endpoints_option, open_client
 from raftkv.client.sync_client import Client
@@ -27,7 +28,7 @@ def wait_for(kv: Client, done: Callable[[ClusterMeta], bool], timeout: float,
             if time.monotonic() > deadline:
                 raise Unavailable(f"still not done after {timeout:.0f}s ({describe(meta)}); it goes on: see "
                                   "`raftkv node list`")
-            status.update(describe(meta))
+            status.update(Text(describe(meta)))  # quotes node ids: never markup
             time.sleep(0.5)
     return meta
 

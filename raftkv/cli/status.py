@@ -6,6 +6,7 @@ import json
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from raftkv.cli.options import config_option, endpoints_option, json_option, open_client
 from raftkv.cli.output import console
@@ -42,9 +43,9 @@ def status(config: str, endpoints: str | None, as_json: bool) -> None:
     for column in ("partition", "node", "role", "leader", "term", "commit", "applied", "replicas"):
         table.add_column(column, justify="right" if column in ("partition", "term", "commit", "applied") else "left")
     for r in rows:
-        role = f"[bold green]{r['role']}[/]" if r["role"] == "leader" else r["role"]
+        role = Text(r["role"], style="bold green") if r["role"] == "leader" else r["role"]
         table.add_row(str(r["partition"]), r["node"], role, r["leader"] or "-", str(r["term"]),
                       str(r["commit_index"]), str(r["applied_index"]), ",".join(r["replicas"]))
     console.print(table)
     for d in down:
-        console.print(f"[red]unreachable[/]: {d['node']} at {d['address']} ({d['error']})")
+        console.print(Text.assemble(("unreachable", "red"), f": {d['node']} at {d['address']} ({d['error']})"))

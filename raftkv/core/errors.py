@@ -78,3 +78,11 @@ class StorageFull(RaftKVError):
 class ChangeRefused(RaftKVError):
     """A change to the cluster's topology broke a rule (an unknown node, a second move of a
     partition...); nothing changed."""
+
+
+def one_line(text: str) -> str:
+    """`text` with line breaks and other control characters escaped, for an error of one line that
+    quotes what a user wrote: a key or a host may hold them."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)

@@ -41,17 +41,20 @@ listing them all.
 
 from __future__ import annotations
 
+import os
+import sys
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import tomli_w
 
-from raftkv.core.errors import ConfigError
+from raftkv.core.errors import ConfigError, one_line
 
 DURABILITY_MODES = ("default", "fsync")
 DEFAULT_MAX_KEY_BYTES = 4 * 1024
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
+MAX_PARTITIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -188,8 +191,8 @@ class ClusterSpec:
         problems = []
         if not self.name:
             problems.append("cluster.name: must not be empty")
-        if not 1 <= self.partitions <= 4096:
-            problems.append(f"cluster.partitions: {self.partitions} is not in 1..4096")
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            problems.append(f"cluster.partitions: {self.partitions} is not in 1..{MAX_PARTITIONS}")
         if not self.nodes:
             problems.append("nodes: at least one node is required")
         if not 1 <= self.replication <= max(len(self.nodes), 1):
@@ -202,7 +205,8 @@ class ClusterSpec:
             problems.append("cluster.max_key_bytes: must be positive")
         if self.max_value_bytes < 0:
             problems.append("cluster.max_value_bytes: must not be negative")
-        problems += _node_problems(self.nodes, self.partitions)
+        if 1 <= self.partitions <= MAX_PARTITIONS:  # else one Raft port a partition would be too many to check
+            problems += _node_problems(self.nodes, self.partitions)
         problems += self.tuning.problems()
         return problems
 
@@ -268,7 +272,7 @@ def build_spec(
     )
     problems = spec.validate()
     if problems:
-        raise ConfigError(problems, source="cluster init")
+        raise _problems(problems, "cluster init")
     return spec
 
 
@@ -329,8 +333,14 @@ def _tls_doc(tls: TlsSpec, relative_to: Path | None) -> dict:
 def save_spec(spec: ClusterSpec, path: str | Path) -> Path:
     """Write the spec; relative data dirs stay relative to the spec file's folder."""
     path = Path(path)
+    text = spec_to_toml(spec, relative_to=path.parent.resolve())
+    try:
+        data = text.encode()
+    except UnicodeEncodeError as exc:  # a name, host or path from command-line bytes that are not UTF-8
+        raise ConfigError(f"{os.fsencode(text[exc.start:exc.end])!r} is not UTF-8 text, which is all a TOML spec "
+                          "can hold; give names, hosts and paths in UTF-8", source=one_line(str(path))) from None
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(spec_to_toml(spec, relative_to=path.parent.resolve()))
+    path.write_bytes(data)
     return path
 
 
@@ -352,6 +362,9 @@ def parse_spec(doc: dict, base_dir: Path, source: str = "spec") -> ClusterSpec:
             problems.append(f"{where}.{key}: missing")
         elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             problems.append(f"{where}.{key}: expected {kind.__name__}, got {value!r}")
+            return None
+        elif kind is str and "\0" in value:
+            problems.append(f"{where}.{key}: {value!r} holds a NUL character, which no name or path can")
             return None
         return value
 
@@ -384,29 +397,32 @@ def parse_spec(doc: dict, base_dir: Path, source: str = "spec") -> ClusterSpec:
     spec_values["backup"] = _parse_backup(doc["backup"], problems) if "backup" in doc else None
     spec_values["tls"] = _parse_tls(doc["tls"], base_dir, problems) if "tls" in doc else None
     if problems:
-        raise ConfigError(problems, source=source)
+        raise _problems(problems, source)
     spec = ClusterSpec(nodes=tuple(nodes), **spec_values)
     problems = spec.validate()
     if problems:
-        raise ConfigError(problems, source=source)
+        raise _problems(problems, source)
     return spec
+
+
+_TUNING_KINDS = {f.name: type(f.default) for f in fields(Tuning)}
 
 
 def _parse_tuning(table: object, problems: list[str]) -> Tuning:
     if not isinstance(table, dict):
         problems.append("tuning: expected a table")
         return Tuning()
-    default = Tuning()
     values = {}
     for key, value in table.items():
-        if not hasattr(default, key):
+        kind = _TUNING_KINDS.get(key)
+        if kind is None:
             problems.append(f"tuning.{key}: unknown key")
-            continue
-        kind = type(getattr(default, key))
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
             problems.append(f"tuning.{key}: expected {kind.__name__}, got {value!r}")
-            continue
-        values[key] = kind(value)
+        elif kind is float and not abs(value) <= sys.float_info.max:  # NaN, infinities, integers past any float
+            problems.append(f"tuning.{key}: expected a finite number, got {value!r}")
+        else:
+            values[key] = kind(value)
     return Tuning(**values)
 
 
@@ -447,7 +463,7 @@ def _parse_tls(table: object, base_dir: Path, problems: list[str]) -> TlsSpec | 
         if value is None:
             if key in ("ca", "node_cert", "node_key"):
                 problems.append(f"tls.{key}: missing (the file of {'the cluster CA' if key == 'ca' else 'each node'})")
-        elif not isinstance(value, str) or not value:
+        elif not isinstance(value, str) or not value or "\0" in value:
             problems.append(f"tls.{key}: expected a file path, got {value!r}")
         else:
             paths[key] = str(base_dir / value)  # an absolute value stays as it is
@@ -464,15 +480,22 @@ def _parse_tls(table: object, base_dir: Path, problems: list[str]) -> TlsSpec | 
 
 def load_spec(path: str | Path) -> ClusterSpec:
     path = Path(path)
+    source = one_line(str(path))
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise ConfigError("file not found; create one with `raftkv cluster init`", source=str(path)) from None
+        raise ConfigError("file not found; create one with `raftkv cluster init`", source=source) from None
     except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", source=str(path)) from None
+        raise ConfigError(f"cannot read: {exc.strerror}", source=source) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start}); a spec is a TOML file", source=source) from None
     try:
         doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"not valid TOML: {exc}", source=str(path)) from None
-    spec = parse_spec(doc, base_dir=path.resolve().parent, source=str(path))
+    except (ValueError, RecursionError) as exc:  # tomllib lets through int()'s digit limit and deep nesting
+        raise ConfigError(f"not valid TOML: {exc}", source=source) from None
+    spec = parse_spec(doc, base_dir=path.resolve().parent, source=source)
     return replace(spec, path=path)
+
+
+def _problems(problems: list[str], source: str) -> ConfigError:
+    return ConfigError([one_line(p) for p in problems], source=source)
