@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench.py                 # full run, about 3.5 minutes on 2 cores
     .venv/bin/python scripts/bench.py --quick         # about 1 minute
     .venv/bin/python scripts/bench.py --json-out bench.json --processes 4 --in-flight 64
+    .venv/bin/python scripts/bench.py --tls           # TLS vs plaintext, for raftkv and etcd alike (below)
 
 What is measured, each for raftkv and etcd in the same run:
 
@@ -28,6 +29,19 @@ is driven through the asyncio core of `raftkv.Client`, etcd through etcd3aio (as
 gRPC). Figures are printed as one table (with the raftkv/etcd ratio and the issue's
 targets) and optionally written as JSON; docs/benchmarks.md has a measured run.
 Benchmarks report; they never assert timings.
+
+With --tls the run asks another question: what TLS costs each system. Four
+clusters are up together: raftkv plaintext; raftkv with mutual TLS on client and
+Raft connections, the clients being the user `admin` (role root; with TLS the
+cluster checks every request's permissions); etcd plaintext; etcd with TLS on
+client and peer URLs, each requiring a certificate its CA signed
+(`--client-cert-auth`, `--peer-client-cert-auth`; etcd's own auth stays off).
+Each cluster has its own CA, made with `raftkv.security.certs`. Scenarios 1 to 3
+(sequential put, concurrent put, linearizable get) run for etcd plaintext, etcd
+TLS, raftkv plaintext, raftkv TLS back to back; the batch, local-read, fsync and
+disk-ceiling scenarios are left out to keep the run short (about 3 minutes; with
+--quick about 70 s). The table gives each system's TLS/plaintext ratio and the
+issue's target: TLS costs raftkv no more, as a ratio, than it costs etcd.
 """
 
 from __future__ import annotations
@@ -40,6 +54,7 @@ import signal
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -88,6 +103,8 @@ PHASES = {  # raftkv durability -> the scenarios run with that raftkv cluster be
     "default": tuple(SCENARIOS),
     "fsync": ("seq_put", "put"),
 }
+TLS_PHASES = ("plaintext", "tls")  # --tls: each system without TLS, then with it
+TLS_SCENARIOS = ("seq_put", "put", "get_linearizable")
 ETCD_CLIENT = "etcd3aio (async gRPC, grpc.aio)"
 MEASURED_ELSEWHERE = {  # rows whose set-up is a run of its own -> (the script, the target)
     "learner catch-up vs an etcd learner": ("scripts/bench_learner.py", "≤ 1.0×"),
@@ -104,7 +121,7 @@ def run_scenario(name: str, system: str, cluster: Running, config: Config) -> Fi
         system=system, endpoints=cluster.endpoints, op=scenario.op, consistency=scenario.consistency,
         processes=config.processes if scenario.concurrent else 1,
         in_flight=config.in_flight if scenario.concurrent else 1,
-        duration=config.duration, warmup=config.warmup, batch=config.batch, keys=config.keys,
+        duration=config.duration, warmup=config.warmup, batch=config.batch, keys=config.keys, tls=cluster.tls,
     )
     return run_load(load, cluster.pids)
 
@@ -117,21 +134,42 @@ def measure_all(config: Config, data_dir: Path, etcd_binary: str, console: Conso
         for durability, names in PHASES.items():
             with raftkv_cluster(data_dir / f"raftkv-{durability}", config.partitions, durability) as raftkv:
                 fill("raftkv", raftkv.endpoints, config.keys)
-                results[durability] = measure({"etcd": etcd, "raftkv": raftkv}, names, config, console, durability)
+                results.update(measure({durability: {"etcd": etcd, "raftkv": raftkv}}, names, config, console))
     return results
 
 
-def measure(clusters: dict[str, Running], names: tuple[str, ...], config: Config, console: Console, phase: str):
-    """Each scenario for etcd then raftkv back to back, so that load from elsewhere hits both alike."""
-    results: dict[str, dict[str, Figures]] = {system: {} for system in clusters}
+def measure_tls(config: Config, data_dir: Path, etcd_binary: str, console: Console) -> dict:
+    """results[phase][system][scenario], phase "plaintext" or "tls": the four clusters are up together."""
+    clusters = {}
+    with ExitStack() as stack:
+        for phase in TLS_PHASES:
+            tls = phase == "tls"
+            clusters[phase] = {
+                "etcd": stack.enter_context(etcd_cluster(etcd_binary, data_dir / f"etcd-{phase}", tls)),
+                "raftkv": stack.enter_context(raftkv_cluster(data_dir / f"raftkv-{phase}", config.partitions, tls=tls)),
+            }
+            for system, cluster in clusters[phase].items():
+                fill(system, cluster.endpoints, config.keys, cluster.tls)
+        return measure(clusters, TLS_SCENARIOS, config, console)
+
+
+def measure(clusters: dict[str, dict[str, Running]], names: tuple[str, ...], config: Config, console: Console):
+    """results[phase][system][scenario] from clusters[phase][system].
+
+    Each scenario runs for etcd then raftkv, each in every phase, back to back, so that load from
+    elsewhere hits all alike.
+    """
+    results = {phase: {system: {} for system in by_system} for phase, by_system in clusters.items()}
+    width = max(7, *map(len, clusters))
     for name in names:
         for system in SCENARIOS[name].systems:
-            f = results[system][name] = run_scenario(name, system, clusters[system], config)
-            console.print(
-                f"[dim]{phase:>7} {system:>6} {name:<16} {f.ops_per_s:>8,.0f} ops/s  p50 {f.p50_ms:6.2f}  "
-                f"p99 {f.p99_ms:7.2f} ms  cores: servers {f.server_cpu:.2f}, clients {f.client_cpu:.2f}, "
-                f"other {f.other_cpu:.2f}  errors {f.errors}[/dim]"
-            )
+            for phase, by_system in clusters.items():
+                f = results[phase][system][name] = run_scenario(name, system, by_system[system], config)
+                console.print(
+                    f"[dim]{phase:>{width}} {system:>6} {name:<16} {f.ops_per_s:>8,.0f} ops/s  p50 {f.p50_ms:6.2f}  "
+                    f"p99 {f.p99_ms:7.2f} ms  cores: servers {f.server_cpu:.2f}, clients {f.client_cpu:.2f}, "
+                    f"other {f.other_cpu:.2f}  errors {f.errors}[/dim]"
+                )
     return results
 
 
@@ -187,15 +225,44 @@ def fmt(value: float, latency: bool) -> str:
 def evaluate(row: Row, results: dict, config: Config) -> dict:
     """The row's two values, their ratio, and whether the target is met."""
     (raftkv_phase, raftkv_name), (etcd_phase, etcd_name) = row.raftkv, row.etcd
-    raftkv, etcd = results[raftkv_phase]["raftkv"][raftkv_name], results[etcd_phase]["etcd"][etcd_name]
-    a, b = metric(raftkv, row.metric, config), metric(etcd, row.metric, config)
-    ratio = a / b if b else math.nan
-    met = None
-    if row.target is not None:
-        met = ratio <= row.target if row.lower_is_better else ratio >= row.target
-    return {"label": row.label, "raftkv": a, "etcd": b, "ratio": ratio, "latency": row.lower_is_better,
-            "target": row.target, "met": met, "errors": {"raftkv": raftkv.errors, "etcd": etcd.errors},
-            "noisy": {"raftkv": raftkv.other_cpu > NOISY_CORES, "etcd": etcd.other_cpu > NOISY_CORES}}
+    entry = _columns({"raftkv": results[raftkv_phase]["raftkv"][raftkv_name],
+                      "etcd": results[etcd_phase]["etcd"][etcd_name]}, row, config)
+    ratio = _ratio(entry["raftkv"], entry["etcd"])
+    met = None if row.target is None else _reaches(ratio, row.target, row.lower_is_better)
+    return {"label": row.label, **entry, "ratio": ratio, "latency": row.lower_is_better, "target": row.target,
+            "met": met}
+
+
+def tls_rows(config: Config) -> list[Row]:
+    """The rows of the main table whose scenario --tls measures."""
+    return [row for row in rows(config)
+            if row.raftkv == row.etcd and row.raftkv[0] == "default" and row.raftkv[1] in TLS_SCENARIOS]
+
+
+def tls_cost(row: Row, results: dict, config: Config) -> dict:
+    """The row's value per system and phase, each system's TLS/plaintext ratio, and whether TLS costs
+    raftkv no more than it costs etcd: raftkv's ratio no higher for a latency, no lower for a rate."""
+    _, name = row.raftkv
+    entry = _columns({f"{system}_{phase}": results[phase][system][name]
+                      for system in ("raftkv", "etcd") for phase in TLS_PHASES}, row, config)
+    ratios = {system: _ratio(entry[f"{system}_tls"], entry[f"{system}_plaintext"]) for system in ("raftkv", "etcd")}
+    return {"label": row.label, **entry, "tls_ratio": ratios, "latency": row.lower_is_better,
+            "met": _reaches(ratios["raftkv"], ratios["etcd"], row.lower_is_better)}
+
+
+def _columns(figures: dict[str, Figures], row: Row, config: Config) -> dict:
+    """The row's value in each column, with the errors and the noise mark `_cell` shows beside it."""
+    return {**{column: metric(f, row.metric, config) for column, f in figures.items()},
+            "errors": {column: f.errors for column, f in figures.items()},
+            "noisy": {column: f.other_cpu > NOISY_CORES for column, f in figures.items()}}
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def _reaches(value: float, bound: float, lower_is_better: bool) -> bool:
+    return value <= bound if lower_is_better else value >= bound
 
 
 def verdict(met: bool) -> str:
@@ -211,17 +278,27 @@ def target_text(entry: dict) -> str:
 
 def comparison_table(title: str, caption: str) -> Table:
     """The shape every raftkv-vs-etcd table here has: scenario, both systems, their ratio, the target."""
+    return _table(title, caption, ("raftkv", "etcd", "raftkv/etcd"))
+
+
+def _table(title: str, caption: str, figures: tuple[str, ...]) -> Table:
+    """A table whose columns are the scenario, the `figures` (right-justified) and the target."""
     t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
-    for name, justify in (("scenario", "left"), ("raftkv", "right"), ("etcd", "right"),
-                          ("raftkv/etcd", "right"), ("target", "left")):
-        t.add_column(name, justify=justify)
+    t.add_column("scenario")
+    for name in figures:
+        t.add_column(name, justify="right")
+    t.add_column("target")
     return t
+
+
+def _load_shape(config: Config) -> str:
+    return (f"3 members each on loopback; concurrent = {config.processes} processes x {config.in_flight} in flight; "
+            f"{config.duration:g} s windows")
 
 
 def table(evaluated: list[dict], ceiling: dict, config: Config) -> Table:
     t = comparison_table(
-        title=f"raftkv vs etcd 3.4, 3 members each on loopback; concurrent = {config.processes} processes x "
-        f"{config.in_flight} in flight; {config.duration:g} s windows",
+        title=f"raftkv vs etcd 3.4, {_load_shape(config)}",
         caption=f"etcd client: {ETCD_CLIENT}. * = other processes on the machine (the idle cluster of the other "
         f"system included) used more than {NOISY_CORES} cores during that measurement.",
     )
@@ -241,11 +318,29 @@ def table(evaluated: list[dict], ceiling: dict, config: Config) -> Table:
     return t
 
 
-def _cell(entry: dict, system: str) -> str:
-    text = fmt(entry[system], entry["latency"])
-    if entry["errors"][system]:
-        text += f" [red]({entry['errors'][system]} errors)[/red]"
-    return text + (" *" if entry["noisy"][system] else "  ")
+def tls_table(evaluated: list[dict], config: Config) -> Table:
+    t = _table(
+        title=f"TLS vs plaintext: raftkv (mutual TLS, clients as user admin, permissions checked) and etcd 3.4 "
+        f"(client and peer TLS, client certificates required), {_load_shape(config)}",
+        caption=f"TLS/plain = the figure with TLS over the one without. Target: TLS costs raftkv no more than it "
+        f"costs etcd (raftkv's ratio no higher for a latency, no lower for a rate). etcd client: {ETCD_CLIENT}. "
+        f"* = other processes on the machine (the three idle clusters included) used more than {NOISY_CORES} cores "
+        "during that measurement.",
+        figures=("raftkv", "raftkv TLS", "TLS/plain", "etcd", "etcd TLS", "TLS/plain"),
+    )
+    for entry in evaluated:
+        cells = [cell for system in ("raftkv", "etcd") for cell in (
+            _cell(entry, f"{system}_plaintext"), _cell(entry, f"{system}_tls"), f"{entry['tls_ratio'][system]:.2f}×")]
+        sign = "≤" if entry["latency"] else "≥"
+        t.add_row(entry["label"], *cells, f"raftkv {sign} etcd {verdict(entry['met'])}")
+    return t
+
+
+def _cell(entry: dict, column: str) -> str:
+    text = fmt(entry[column], entry["latency"])
+    if entry["errors"][column]:
+        text += f" [red]({entry['errors'][column]} errors)[/red]"
+    return text + (" *" if entry["noisy"][column] else "  ")
 
 
 # -- main ---------------------------------------------------------------------------
@@ -259,6 +354,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for field in fields(Config):
         p.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=None,
                        help=f"default {field.default}, --quick {getattr(QUICK, field.name)}")
+    p.add_argument("--tls", action="store_true", help="TLS vs plaintext for raftkv and etcd (scenarios 1-3 only)")
     p.add_argument("--json-out", type=Path, help="also write every figure to this JSON file")
     p.add_argument("--data-dir", type=Path, help="where the clusters keep their data, kept at the end "
                    "(default: a new temp dir, deleted at the end)")
@@ -304,23 +400,37 @@ def main(argv: list[str] | None = None) -> int:
         ensure_etcd3aio()
         host, vers = machine(data_dir), versions(etcd_version(etcd_binary), ETCD_CLIENT)
         header(console, host, vers, config, data_dir)
-        results = measure_all(config, data_dir, etcd_binary, console)
-        ceiling = disk_ceiling(data_dir / "ceiling", config.ceiling_seconds)
+        run = tls_run if args.tls else default_run
+        result_table, figures = run(config, data_dir, etcd_binary, console)
     except KeyboardInterrupt:
         console.print("[red]interrupted; every started process has been stopped[/red]")
         return 130
     finally:
         drop_data_dir(args, data_dir)
-    evaluated = [evaluate(row, results, config) for row in rows(config)]
-    console.print(table(evaluated, ceiling, config))
+    console.print(result_table)
     elapsed = time.monotonic() - started
     console.print(f"Total time {elapsed:.0f} s.")
     if args.json_out:
-        report = {"machine": host, "versions": vers, "config": asdict(config), "elapsed_s": elapsed,
-                  "results": _as_dicts(results), "ceiling": ceiling, "rows": evaluated,
-                  "measured_elsewhere": {label: script for label, (script, _) in MEASURED_ELSEWHERE.items()}}
+        report = {"machine": host, "versions": vers, "config": asdict(config), "elapsed_s": elapsed, **figures}
         args.json_out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def default_run(config: Config, data_dir: Path, etcd_binary: str, console: Console) -> tuple[Table, dict]:
+    """raftkv vs etcd: the table, and the figures for --json-out."""
+    results = measure_all(config, data_dir, etcd_binary, console)
+    ceiling = disk_ceiling(data_dir / "ceiling", config.ceiling_seconds)
+    evaluated = [evaluate(row, results, config) for row in rows(config)]
+    return table(evaluated, ceiling, config), {
+        "results": _as_dicts(results), "ceiling": ceiling, "rows": evaluated,
+        "measured_elsewhere": {label: script for label, (script, _) in MEASURED_ELSEWHERE.items()}}
+
+
+def tls_run(config: Config, data_dir: Path, etcd_binary: str, console: Console) -> tuple[Table, dict]:
+    """What TLS costs raftkv and etcd: the table, and the figures for --json-out."""
+    results = measure_tls(config, data_dir, etcd_binary, console)
+    evaluated = [tls_cost(row, results, config) for row in tls_rows(config)]
+    return tls_table(evaluated, config), {"tls": True, "results": _as_dicts(results), "rows": evaluated}
 
 
 def _as_dicts(results: dict) -> dict:

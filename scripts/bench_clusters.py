@@ -1,7 +1,9 @@
 """The clusters under test: 3 raftkv nodes or 3 etcd members on loopback, stopped on exit.
 
-Both are context managers that yield a `Running` (client endpoints and server
-PIDs) and stop every process they started, whatever ends the block.
+Both are context managers that yield a `Running` (client endpoints, server PIDs,
+and the client's TLS files when the cluster runs TLS) and stop every process they
+started, whatever ends the block. With `tls=True`, each cluster gets its own CA and
+certificates, made with raftkv's `raftkv.security.certs`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import importlib.util
 import json
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -22,6 +25,8 @@ from typing import Iterator
 from raftkv.dev.local_cluster import LocalCluster
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.core.spec import Tuning, build_spec, ports_per_node, save_spec
+from raftkv.security.certs import init_certs, with_certificates
+from raftkv.security.tls import Tls
 
 MEMBERS = 3
 ETCD3AIO = "etcd3aio==0.3.0"  # checked against protobuf 7 / grpcio 1.85 (its generated code is 6.31 gencode)
@@ -31,6 +36,7 @@ ETCD3AIO = "etcd3aio==0.3.0"  # checked against protobuf 7 / grpcio 1.85 (its ge
 class Running:
     endpoints: tuple[str, ...]
     pids: tuple[int, ...]
+    tls: Tls | None = None  # what a client presents and trusts; None: plaintext
 
 
 # -- raftkv -------------------------------------------------------------------------
@@ -38,18 +44,22 @@ class Running:
 
 @contextmanager
 def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "default",
-                   tuning: Tuning | None = None, ready_timeout: float = 60) -> Iterator[Running]:
+                   tuning: Tuning | None = None, ready_timeout: float = 60, tls: bool = False) -> Iterator[Running]:
+    """`tls`: mutual TLS on every connection, and the clients are the `admin` user (role root): a cluster
+    with TLS enforces permissions."""
     spec = build_spec(
         nodes=MEMBERS, partitions=partitions, replication=MEMBERS, durability=durability,
         base_port=free_port_block(MEMBERS * ports_per_node(partitions)), data_dir=data_dir,
     )
     if tuning is not None:
         spec = replace(spec, tuning=tuning)
+    if tls:
+        spec = with_certificates(spec, data_dir)
     cluster = LocalCluster(spec, save_spec(spec, data_dir / "cluster.toml"))
     try:
         cluster.start_all()
         cluster.wait_ready(timeout=ready_timeout)
-        yield Running(tuple(cluster.endpoints), tuple(p.pid for p in cluster.procs.values()))
+        yield Running(tuple(cluster.endpoints), tuple(p.pid for p in cluster.procs.values()), cluster.tls)
     finally:
         cluster.stop_all()
 
@@ -87,14 +97,24 @@ def _member_command(binary: str, name: str, data_dir: Path, client_url: str, pee
     ]
 
 
+ETCD_HOST = "127.0.0.1"
+ETCD_CLIENT_USER = "bench"  # the CN of the etcd clients' certificate (etcd's own auth stays off)
+
+
 @contextmanager
-def etcd_cluster(binary: str, data_dir: Path) -> Iterator[Running]:
-    """Three etcd members on 127.0.0.1, each with its own data dir, client port and peer port."""
+def etcd_cluster(binary: str, data_dir: Path, tls: bool = False) -> Iterator[Running]:
+    """Three etcd members on 127.0.0.1, each with its own data dir, client port and peer port.
+
+    `tls`: https client and peer URLs, and a certificate the cluster's CA signed required of
+    clients and peers alike (`--client-cert-auth`, `--peer-client-cert-auth`).
+    """
     base = free_port_block(2 * MEMBERS)
+    scheme = "https" if tls else "http"
     names = [f"e{i + 1}" for i in range(MEMBERS)]
-    clients = [f"http://127.0.0.1:{base + 2 * i}" for i in range(MEMBERS)]
-    peers = [f"http://127.0.0.1:{base + 2 * i + 1}" for i in range(MEMBERS)]
+    clients = [f"{scheme}://{ETCD_HOST}:{base + 2 * i}" for i in range(MEMBERS)]
+    peers = [f"{scheme}://{ETCD_HOST}:{base + 2 * i + 1}" for i in range(MEMBERS)]
     initial = ",".join(f"{n}={p}" for n, p in zip(names, peers))
+    client_tls = _etcd_certs(data_dir / "certs", names) if tls else None
     procs: list[subprocess.Popen] = []
     try:
         for name, client_url, peer_url in zip(names, clients, peers):
@@ -102,17 +122,37 @@ def etcd_cluster(binary: str, data_dir: Path) -> Iterator[Running]:
             member_dir.mkdir(parents=True, exist_ok=True)
             with open(member_dir / "etcd.log", "ab") as log:
                 command = _member_command(binary, name, member_dir / "data", client_url, peer_url, initial)
+                if client_tls:
+                    command += _etcd_tls_flags(client_tls.ca.parent, name)
                 procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-        _wait_etcd_ready(clients, procs, data_dir)
-        yield Running(tuple(u.removeprefix("http://") for u in clients), tuple(p.pid for p in procs))
+        _wait_etcd_ready(clients, procs, data_dir, client_tls)
+        yield Running(tuple(u.removeprefix(f"{scheme}://") for u in clients), tuple(p.pid for p in procs), client_tls)
     finally:
         _stop(procs)
 
 
-def _wait_etcd_ready(clients: list[str], procs: list[subprocess.Popen], data_dir: Path, timeout: float = 60):
+def _etcd_certs(out: Path, names: list[str]) -> Tls:
+    """A CA, a certificate per member (server and peer alike, SAN 127.0.0.1) and the clients' one, in `out`;
+    returns the clients' TLS.
+
+    raftkv's issuer makes them (a learner certificate comes too, unused): an etcd member is a node to it.
+    """
+    init_certs(out, None, [ETCD_CLIENT_USER], days=30, nodes=[(name, ETCD_HOST) for name in names])
+    return Tls(out / "ca.pem", out / f"user-{ETCD_CLIENT_USER}.pem", out / f"user-{ETCD_CLIENT_USER}.key")
+
+
+def _etcd_tls_flags(certs: Path, name: str) -> list[str]:
+    ca, cert, key = str(certs / "ca.pem"), str(certs / f"node-{name}.pem"), str(certs / f"node-{name}.key")
+    return ["--client-cert-auth", "--trusted-ca-file", ca, "--cert-file", cert, "--key-file", key,
+            "--peer-client-cert-auth", "--peer-trusted-ca-file", ca, "--peer-cert-file", cert, "--peer-key-file", key]
+
+
+def _wait_etcd_ready(clients: list[str], procs: list[subprocess.Popen], data_dir: Path, tls: Tls | None,
+                     timeout: float = 60):
     """Until every member's /health says it has a leader and serves requests."""
+    context = tls.client_context() if tls else None
     deadline = time.monotonic() + timeout
-    while not all(_healthy(url) for url in clients):
+    while not all(_healthy(url, context) for url in clients):
         if any(p.poll() is not None for p in procs):
             raise RuntimeError(f"an etcd member exited during start-up; see {data_dir}/e*/etcd.log")
         if time.monotonic() > deadline:
@@ -120,9 +160,9 @@ def _wait_etcd_ready(clients: list[str], procs: list[subprocess.Popen], data_dir
         time.sleep(0.2)
 
 
-def _healthy(client_url: str) -> bool:
+def _healthy(client_url: str, context: ssl.SSLContext | None) -> bool:
     try:
-        with urllib.request.urlopen(client_url + "/health", timeout=2) as response:
+        with urllib.request.urlopen(client_url + "/health", timeout=2, context=context) as response:
             return json.load(response).get("health") == "true"
     except (OSError, ValueError):
         return False

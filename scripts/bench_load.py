@@ -8,7 +8,8 @@ the figures are the requests that complete inside the measured window of
 `load.duration` seconds after it.
 
 Keys are 16 bytes (`bench/` + 10 digits) drawn uniformly from a key space of
-`load.keys` keys; values are 100 bytes.
+`load.keys` keys; values are 100 bytes. With `load.tls` (the CA and the client
+certificate's files), both drivers connect with mutual TLS.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Load:
     warmup: float = 1.0
     batch: int = 10  # puts per batch (op == "batch")
     keys: int = 10_000
+    tls: raftkv.Tls | None = None  # the cluster's CA and this client's certificate; None: plaintext
 
 
 @dataclass
@@ -90,10 +92,11 @@ class RaftkvDriver:
     same node are coalesced by the client into one Execute call.
     """
 
-    def __init__(self, endpoints: Sequence[str], consistency: str, keys: int):
+    def __init__(self, endpoints: Sequence[str], consistency: str, keys: int, tls: raftkv.Tls | None):
         self._endpoints = list(endpoints)
         self._consistency = consistency
         self._keys = keys
+        self._tls = tls
         self._kv: raftkv.AsyncClient | None = None
         self._groups: list[list[bytes]] = []
 
@@ -102,7 +105,7 @@ class RaftkvDriver:
 
     async def _session(self, main):
         async with raftkv.AsyncClient(self._endpoints, consistency=self._consistency,
-                                      timeout=REQUEST_TIMEOUT) as kv:
+                                      timeout=REQUEST_TIMEOUT, tls=self._tls) as kv:
             self._kv = kv
             by_partition: dict[int, list[bytes]] = defaultdict(list)
             for i in range(self._keys):
@@ -134,12 +137,13 @@ class RaftkvDriver:
 class EtcdDriver:
     """etcd through etcd3aio (grpc.aio), round-robin over the members as etcd3aio does by default."""
 
-    def __init__(self, endpoints: Sequence[str], consistency: str, keys: int):
+    def __init__(self, endpoints: Sequence[str], consistency: str, keys: int, tls: raftkv.Tls | None):
         if consistency not in ("linearizable", "serializable"):
             raise ValueError(f"etcd reads are linearizable or serializable, not {consistency!r}")
         self._endpoints = list(endpoints)
         self._serializable = consistency == "serializable"
         self._keys = [key(i) for i in range(keys)]
+        self._tls = tls
         self._kv = None
 
     def run(self, main: Callable[[EtcdDriver], Awaitable]):
@@ -148,9 +152,18 @@ class EtcdDriver:
     async def _session(self, main):
         from etcd3aio import Etcd3Client
 
-        async with Etcd3Client(self._endpoints) as client:
+        async with Etcd3Client(self._endpoints, **self._tls_args()) as client:
             self._kv = client.kv
             return await main(self)
+
+    def _tls_args(self) -> dict:
+        """etcd3aio's TLS arguments. One channel balances over every member, so the name checked in their
+        certificates is given: the host they share (their SAN)."""
+        if self._tls is None:
+            return {}
+        host = self._endpoints[0].rsplit(":", 1)[0]
+        return {"ca_cert": self._tls.ca.read_bytes(), "cert_chain": self._tls.cert.read_bytes(),
+                "cert_key": self._tls.key.read_bytes(), "tls_server_name": host}
 
     def close(self) -> None:
         pass
@@ -184,19 +197,20 @@ def open_driver(load: Load, worker: int = 0) -> Iterator[RaftkvDriver | EtcdDriv
     """
     first = worker % len(load.endpoints)
     endpoints = load.endpoints[first:] + load.endpoints[:first]
-    driver = DRIVERS[load.system](endpoints, load.consistency, load.keys)
+    driver = DRIVERS[load.system](endpoints, load.consistency, load.keys, load.tls)
     try:
         yield driver
     finally:
         driver.close()
 
 
-def fill(system: str, endpoints: Sequence[str], keys: int) -> None:
+def fill(system: str, endpoints: Sequence[str], keys: int, tls: raftkv.Tls | None = None) -> None:
     """Write every key of the key space once, so that reads find values.
 
     In a child process, like the loads: this process never runs an asyncio gRPC client.
     """
-    proc = multiprocessing.get_context("spawn").Process(target=_fill, args=(system, tuple(endpoints), keys))
+    load = Load(system, tuple(endpoints), "put", keys=keys, tls=tls)
+    proc = multiprocessing.get_context("spawn").Process(target=_fill, args=(load,))
     try:
         proc.start()
         proc.join()
@@ -208,8 +222,8 @@ def fill(system: str, endpoints: Sequence[str], keys: int) -> None:
         raise RuntimeError(f"filling the {system} key space failed (exit code {proc.exitcode}; traceback above)")
 
 
-def _fill(system: str, endpoints: tuple[str, ...], keys: int) -> None:
-    with open_driver(Load(system, endpoints, "put", keys=keys)) as driver:
+def _fill(load: Load) -> None:
+    with open_driver(load) as driver:
         driver.run(lambda d: d.fill(random.Random(0).randbytes(VALUE_BYTES)))
 
 
