@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import sys
 import threading
 from pathlib import Path
@@ -11,6 +13,7 @@ import pytest
 from raftkv.client.sync_client import Client
 from raftkv.core.commands import Put
 from raftkv.core.partitioning import partition_for_key
+from raftkv.meta.access import GrantPermission, Permission, PutUser, UserRecord
 from tests.conftest import changelog_caught_up, wait_until
 from tests.spark_session import start_spark
 
@@ -294,3 +297,24 @@ def test_the_example_job_transforms_and_streams_over_tls(spark, make_cluster, ch
     wait_until(lambda: changelog_caught_up(cluster, learner), 60, "the learner to log every write")
     spark_example.stream_changes_to_parquet(spark, source, learner, str(tmp_path))
     assert spark.read.parquet(str(tmp_path / "data")).count() == 41
+
+
+def test_a_token_is_who_spark_reads_and_writes_as_and_it_is_never_shown(spark, make_cluster):
+    """The token option authenticates (a reader's token cannot write), and neither the plans the SQL tab
+    shows (a Python data source's options are not in them) nor an error quotes it."""
+    cluster = make_cluster(nodes=3, partitions=2, tls=True)
+    token = secrets.token_urlsafe(16)
+    with Client(cluster.endpoints, tls=cluster.tls) as admin:
+        admin.change_topology(GrantPermission("reader", Permission("read", "")), everywhere=True)
+        admin.change_topology(PutUser(UserRecord("rita", ("reader",), hashlib.sha256(token.encode()).hexdigest())),
+                              everywhere=True)
+        admin.put("k", "v")
+    options = {"config": str(cluster.spec_path), "token": token}
+    frame = spark.read.format("raftkv").options(**options).load()
+    assert [(row.key, row.value) for row in frame.collect()] == [(b"k", b"v")]
+    plans = frame._jdf.queryExecution().toString()
+    assert "BatchScan raftkv" in plans and token not in plans
+    with pytest.raises(Exception) as denied:
+        spark.createDataFrame([(b"k2", b"v2")], "key binary, value binary").write.format("raftkv") \
+            .options(**options).mode("append").save()
+    assert "user rita may not write key b'k2'" in str(denied.value) and token not in str(denied.value)
