@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import resource
 import ssl
 import struct
 import zlib
@@ -86,6 +87,17 @@ def test_a_zlib_frame_inflates_sixteenfold_at_most():
     bomb = zlib.compress(b"\x80\x05" + b"]" * (1 << 20) + b".", 9)
     with pytest.raises(BadFrame, match=r"inflates past 65536 bytes \(16 times its size\)"):
         hub_frames.decode(b"\x01" + bomb)
+
+
+def test_a_memo_index_in_a_frame_from_a_learner_allocates_nothing():
+    """Found by scripts/fuzz.py: C's unpickler grows its memo array to the largest index a PUT names,
+    so this 10-byte body made it allocate and zero 1 GiB (a 169-byte one took 21 s). A learner's and a
+    hello's frames are read by the pure-Python unpickler, whose memo is a dict."""
+    bomb = b"\x00\x80\x05N" + b"r" + struct.pack("<I", 1 << 26) + b"(t\x94."
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(BadFrame, match="a frame that is not a tuple|undecodable"):
+        hub_frames.decode(bomb)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 100 * 1024  # KiB
 
 
 def test_encode_sends_plain_a_body_that_would_inflate_past_the_limit():

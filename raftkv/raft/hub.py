@@ -120,7 +120,7 @@ class Connection:
                 header = await self._reader.readexactly(hub_frames.HEADER_BYTES)
                 frame = await self._reader.readexactly(hub_frames.frame_length(header))
                 self.last_received = time.monotonic()
-                self._hub._received(self, hub_frames.decode(frame))
+                self._hub._received(self, hub_frames.decode(frame, from_node=self.peer is not None))
         except BadFrame as exc:
             self._hub._refused(self._writer, f"{exc}")
         except (asyncio.IncompleteReadError, ConnectionError, OSError):

@@ -43,6 +43,14 @@ class _PlainData(pickle.Unpickler):
         raise BadFrame(f"a frame names {module}.{name}: only plain data is accepted")
 
 
+class _PlainDataSafely(pickle._Unpickler):
+    """The same in pure Python, whose memo is a dict: C's is an array grown to the largest index a
+    PUT names, so 10 bytes (`r` and a 4-byte index) made it allocate and zero gigabytes. About ten
+    times slower, so kept for the frames of peers that are not nodes (learners, hellos)."""
+
+    find_class = _PlainData.find_class
+
+
 def encode(body: tuple, level: int = 0) -> bytes:
     data = pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
     flag = _PLAIN
@@ -68,8 +76,10 @@ def frame_length(header: bytes) -> int:
     return length
 
 
-def decode(frame: bytes) -> tuple:
-    """(group, message) or (CONTROL, verb, arg), from a frame's bytes after its length."""
+def decode(frame: bytes, from_node: bool = False) -> tuple:
+    """(group, message) or (CONTROL, verb, arg), from a frame's bytes after its length. `from_node`:
+    the sender is a node (its certificate says so, or the cluster runs without TLS, where the hello is
+    trusted): a node holds the data and could forge any message anyway, so it gets the fast unpickler."""
     if not frame:
         raise BadFrame("an empty frame")
     flag, data = frame[0], frame[1:]
@@ -81,7 +91,7 @@ def decode(frame: bytes) -> tuple:
                 raise BadFrame(f"a frame that inflates past {limit} bytes ({INFLATION} times its size)")
         elif flag != _PLAIN:
             raise BadFrame(f"unknown frame flag {flag}")
-        body = _PlainData(io.BytesIO(data)).load()
+        body = (_PlainData if from_node else _PlainDataSafely)(io.BytesIO(data)).load()
     except BadFrame:
         raise
     except Exception as exc:  # truncated, corrupt or hostile: all the same to us
