@@ -317,6 +317,7 @@ async def _recorded_client_bytes(address: str, tls: Tls) -> bytes:
     async with open_channel(f"{host}:{relay_port}", tls) as channel:
         await channel.unary_unary("/raftkv.v1.KV/Status")(pb.StatusRequest().SerializeToString(), timeout=10)
     server.close()
+    await server.wait_closed()
     assert recorded, "the relay recorded nothing"
     return bytes(recorded)
 

@@ -7,8 +7,9 @@ import asyncio
 import logging
 from array import array
 from collections import defaultdict
+from contextlib import asynccontextmanager
 from itertools import accumulate, islice
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 import grpc
 
@@ -70,13 +71,14 @@ class KVService(kv_pb2_grpc.KVServicer):
         metrics.API_OPS.inc(len(request.ops))
         caller = await self._caller(context)
         client = client_of(caller, context.peer(), request.forwarded)
-        await self._open(client, context)
-        writes = self._load.take_writes(client, sum(op.WhichOneof("op") != "get" for op in request.ops))
-        try:
-            return await self._execute(request, caller, client, writes)
-        finally:
-            self._load.return_writes(client, writes)
-            self._load.close(client)
+        async with self._counted(client, context):
+            if client is None:  # not limited: no need to count its writes
+                return await self._execute(request, caller, client, len(request.ops))
+            writes = self._load.take_writes(client, sum(op.WhichOneof("op") != "get" for op in request.ops))
+            try:
+                return await self._execute(request, caller, client, writes)
+            finally:
+                self._load.return_writes(client, writes)
 
     async def _execute(self, request: pb.ExecuteRequest, caller: Identity, client: str | None,
                        writes: int) -> pb.ExecuteResponse:
@@ -119,13 +121,18 @@ class KVService(kv_pb2_grpc.KVServicer):
         except Unauthenticated as error:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
 
-    async def _open(self, client: str | None, context, scan: bool = False) -> None:
-        """One more call of `client` open on this node (`ClientLoad.close` it), or the call ends here."""
+    @asynccontextmanager
+    async def _counted(self, client: str | None, context, scan: bool = False) -> AsyncIterator[None]:
+        """One more call of `client` open on this node for the block, or the call ends here."""
         try:
             self._load.open(client, scan)
         except ResourceExhausted as error:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error),
                                 trailing_metadata=error_metadata(error))
+        try:
+            yield
+        finally:
+            self._load.close(client, scan)
 
     def _validated(self, op: pb.Op) -> Command | None:
         """The write command an op carries (None for a read), checked where the op arrives: a bad op is
@@ -197,19 +204,17 @@ class KVService(kv_pb2_grpc.KVServicer):
     # -- Scan -------------------------------------------------------------
 
     async def Scan(self, request: pb.ScanRequest, context):
-        client = await self._open_range_read(request.start, request.end if request.HasField("end") else None, context)
-        try:
+        async with self._range_read(request, context):
             async for chunk in self._scan(request, context):
                 yield chunk
-        finally:
-            self._load.close(client, scan=True)
 
-    async def _open_range_read(self, start: bytes, end: bytes | None, context) -> str | None:
-        """A scan's or split's caller, if it may read the range and open one more scan; its client."""
-        caller = await self._gate.admit(context, Request(Access.READ, start, end))
-        client = client_of(caller, context.peer(), forwarded=False)
-        await self._open(client, context, scan=True)
-        return client
+    @asynccontextmanager
+    async def _range_read(self, request: pb.ScanRequest | pb.SplitKeysRequest, context) -> AsyncIterator[None]:
+        """A scan or split whose caller may read its range, counted as one of the client's scans."""
+        end = request.end if request.HasField("end") else None
+        caller = await self._gate.admit(context, Request(Access.READ, request.start, end))
+        async with self._counted(client_of(caller, context.peer(), forwarded=False), context, scan=True):
+            yield
 
     async def _scan(self, request: pb.ScanRequest, context):
         frontend = self._frontends.get(request.partition)
@@ -237,11 +242,8 @@ class KVService(kv_pb2_grpc.KVServicer):
             yield pb.ScanChunk(applied_index=applied.index, applied_term=applied.term)
 
     async def SplitKeys(self, request: pb.SplitKeysRequest, context) -> pb.SplitKeysResponse:
-        client = await self._open_range_read(request.start, request.end if request.HasField("end") else None, context)
-        try:
+        async with self._range_read(request, context):
             return await self._split_keys(request, context)
-        finally:
-            self._load.close(client, scan=True)
 
     async def _split_keys(self, request: pb.SplitKeysRequest, context) -> pb.SplitKeysResponse:
         frontend = self._frontends.get(request.partition)
