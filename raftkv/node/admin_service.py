@@ -14,6 +14,7 @@ from raftkv.core.errors import ChangeRefused, Unauthenticated
 from raftkv.meta.records import META, ClusterMeta, MetaCommand, decode_command
 from raftkv.meta.wire import topology_reply
 from raftkv.node.gatekeeper import Gatekeeper
+from raftkv.node.lost_data import LostData
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT
@@ -21,7 +22,6 @@ from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
 from raftkv.node.replica_copy import ReplicaCopying, checkpoint_chunks
 from raftkv.raft.group import Outcome, Role
-from raftkv.raft.vote_guard import VoteGuard
 from raftkv.security.permissions import Request
 
 USERS = Request.admin("users")
@@ -39,7 +39,7 @@ class AdminHost(Protocol):
     topology: ClusterMeta
     spec_toml: str
     gate: Gatekeeper
-    guards: dict[int, VoteGuard]
+    lost_data: LostData
 
     def meta_leader_id(self) -> str | None: ...
 
@@ -91,7 +91,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         else:
             return pb.ReplicaState(mode="none")
         group = replica.group
-        guard = node.guards.get(g)
+        guard = node.lost_data.guards.get(g)
         return pb.ReplicaState(mode=mode, applied_index=group.last_applied, commit_index=group.commit_index,
                                term=group.term, guarded=guard is not None and guard.waiting,
                                snapshot_bytes_received=group.snapshot_bytes_received,

@@ -23,15 +23,15 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.api.malformed import RejectMalformed
 from raftkv.core import metrics
-from raftkv.core.durable import fsync_directory, fsync_path
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec, spec_to_toml
 from raftkv.meta.bootstrap import bootstrap_command, spec_meta
 from raftkv.meta.records import (META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command,
-                                 group_name, raft_directory)
+                                 raft_directory)
 from raftkv.meta.wire import topology_of
 from raftkv.node.admin_service import AdminService
 from raftkv.node.gatekeeper import Gatekeeper
+from raftkv.node.lost_data import LostData
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
@@ -43,13 +43,11 @@ from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replic
 from raftkv.node.service import KVService
 from raftkv.raft.group import Role
 from raftkv.raft.hub import Directory, RaftHub
-from raftkv.raft.vote_guard import VoteFloor, VoteGuard
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.security.tls import listen, node_tls
 
 log = logging.getLogger(__name__)
 
-IDENTITY_FILE = "cluster_id"  # written once the metadata exists: this data dir belongs to that cluster
 LEADERLESS_ASK_SECONDS = 5  # a metadata group with no leader for this long: ask the members (`_ask_members`)
 
 GRPC_OPTIONS = [
@@ -83,9 +81,7 @@ class Node:
         self.tls = node_tls(spec, node_id)
         self.peers = Peers(self.address_of, self.tls)
         self.hub: RaftHub | None = None  # every replica's Raft messages, made in `start`
-        self.guards: dict[int, VoteGuard] = {}  # voter replicas that opened without their data (vote_guard)
-        self._had_data = False  # this data dir belonged to a cluster before (decided in `start`)
-        self._remembered = False  # ... and records it now (`_remember_cluster`)
+        self.lost_data = LostData(self.me.data_dir, node_id, self.peers, lambda: self.topology, self._fail)
         self.gate = Gatekeeper(enforce=spec.tls is not None, meta=lambda: self.topology)
         self._directory = (None, Directory())  # (the nodes it was made from, the hub's directory of them)
         self.mover = ReplicaMover(lambda: self.meta, lambda: self.topology, self.peers, spec.tuning.move_timeout)
@@ -171,9 +167,7 @@ class Node:
             raise ConfigError(f"cannot listen on {self.me.host}:{self.me.raft_port_base} (Raft): {exc.strerror}",
                               source=f"node {self.me.id}") from None
         self.hub.start()
-        # A data dir that never held this cluster's data is fresh; one that did, or whose cluster exists
-        # already (its node was wiped), opens its empty voter replicas guarded (vote_guard).
-        self._had_data = (self.me.data_dir / IDENTITY_FILE).exists() or await self._cluster_exists()
+        await self.lost_data.look()
         self.meta = self._open_meta(voting=self.me_id in self.topology.group_voters(META))
         if not await self._metadata_caught_up(timeout=5.0):
             await self._ask_members()
@@ -193,7 +187,7 @@ class Node:
                               source=f"node {self.me.id} metrics_port") from None
         await self._server.start()
         self._tasks += [loop.create_task(self._housekeeping()), loop.create_task(self._metadata_loop())]
-        self._remember_cluster()
+        self.lost_data.remember()
         if self.backups is not None:
             self._tasks.append(loop.create_task(self.backups.watch(self.spec.tuning.backup_poll_seconds)))
         log.info("node %s serving %s; partitions %s", self.me.id, self.me.api_address, sorted(self.frontends))
@@ -248,7 +242,7 @@ class Node:
             tuning=self.spec.tuning,
             membership_changes=True,
             on_corrupt=self._corrupt,
-            guard=self._guard(META, self.me.data_dir / "meta") if voting else None,
+            guard=self.lost_data.guard(META, self.me.data_dir / "meta") if voting else None,
         )
         with self._opening():
             return MetaReplica(config.folder, lambda sm: SyncObjGroup(config, sm, loop),
@@ -293,7 +287,7 @@ class Node:
             on_role_changed=on_role_changed if voter else None,
             membership_changes=True,
             on_corrupt=self._corrupt,
-            guard=self._guard(p, self._folder(p)) if voter else None,
+            guard=self.lost_data.guard(p, self._folder(p)) if voter else None,
         )
         with self._opening():
             return PartitionReplica(
@@ -311,64 +305,10 @@ class Node:
             leader_id_of=lambda address: self.node_at(replica.partition, address),
         )
 
-    async def _cluster_exists(self) -> bool:
-        """Whether another node has this cluster's metadata: then this data dir, without an identity file,
-        was wiped (a new node joins with --join, and the nodes of a new cluster start with none)."""
-        others = [n.id for n in self.topology.nodes if n.id != self.me_id]
-        replies = await asyncio.gather(*(self.peers.admin(n).Topology(pb.TopologyRequest(), timeout=2.0)
-                                         for n in others), return_exceptions=True)
-        return any(isinstance(r, pb.TopologyResponse) and r.epoch for r in replies)
-
-    def _guard(self, group: int, folder: Path) -> VoteGuard:
-        """The vote guard of a voter replica: waiting when it opens without data in a cluster that had it."""
-        guard = self.guards[group] = VoteGuard(
-            folder, guarded=self._had_data and (not folder.exists() or not any(folder.iterdir())))
-        if guard.waiting:
-            self._tasks.append(self._loop.create_task(self._learn_vote_floor(group, guard)))
-            log.warning("%s: this replica's data is gone; it votes again once its peers say what was committed",
-                        group_name(group))
-        return guard
-
-    async def _learn_vote_floor(self, group: int, guard: VoteGuard) -> None:
-        """Ask the group's other voters, until one that did not lose its data answers (vote_guard)."""
-        while guard.waiting and self.guards.get(group) is guard:  # (a replica opened since has its own)
-            topology = self.topology
-            others = [n for n in topology.group_voters(group) if n != self.me_id]
-            replies = await asyncio.gather(*(self.peers.admin(n).ReplicaProgress(pb.ReplicaRequest(group=group),
-                                                                                 timeout=2.0) for n in others),
-                                           return_exceptions=True)
-            known = [r for r in replies if isinstance(r, pb.ReplicaState) and r.mode == "voter" and not r.guarded]
-            if known:
-                floor = VoteFloor(max(r.term for r in known), max(r.commit_index for r in known))
-                try:
-                    guard.settle(floor)
-                except CorruptData as error:  # the fsync failed: this disk cannot be trusted
-                    self._fail(error)
-                    return
-                except OSError as exc:  # a full disk: asked again next round
-                    log.warning("%s: cannot keep its vote floor (%s); trying again", group_name(group), exc.strerror)
-                    await asyncio.sleep(1.0)
-                    continue
-                log.info("%s: votes again, in terms after %d and for logs up to %d at least", group_name(group),
-                         floor.term, floor.index)
-                return
-            await asyncio.sleep(1.0)
-
-    def _remember_cluster(self) -> None:
-        """Once the metadata exists, the data dir records it: an empty replica later means lost data."""
-        if self._remembered or not self.topology.epoch:
-            return
-        identity = self.me.data_dir / IDENTITY_FILE
-        if not identity.exists():
-            identity.write_text(self.topology.cluster_id or "bootstrapped")
-            fsync_path(identity)
-            fsync_directory(identity.parent)
-        self._remembered = True
-
     def _on_meta_change(self) -> None:
         if self._server is None:  # still starting: `start` opens the replicas once its ports are checked
             return
-        self._remember_cluster()
+        self.lost_data.remember()
         try:
             self._reconcile()
         except RaftKVError as error:  # a port taken since: the next metadata change or second tries again
@@ -416,7 +356,7 @@ class Node:
             log.info("partition %d: catching up here as a learner", p)
         for p in sorted(self.frontends.keys() - voters):
             self.frontends.pop(p).close()
-            self.guards.pop(p, None)
+            self.lost_data.forget(p)
             self._delete(p)
         for p in sorted(self.learning.keys() - learners - voters):
             self.learning.pop(p).close()
@@ -538,6 +478,7 @@ class Node:
         it. Each part closes even if another could not (a failed disk fails them all)."""
         for task in self._tasks:
             task.cancel()
+        self.lost_data.stop()
         for copying in self.copying.values():
             copying.task.cancel()
         for p, frontend in self.frontends.items():

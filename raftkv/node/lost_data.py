@@ -1,0 +1,105 @@
+"""Whether a node's data dir held its cluster's data before, and the vote guards of the voter replicas
+that open without theirs (raftkv/raft/vote_guard.py).
+
+A data dir that never held the cluster's data is fresh. One that did (it has the identity file,
+written once the metadata exists), or whose cluster exists already (another node has metadata: the
+dir was wiped), opens each empty voter replica guarded: it votes again only once a voter that kept
+its data says how far the group got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Callable
+
+from raftkv.api import kv_pb2 as pb
+from raftkv.core.durable import fsync_directory, fsync_path
+from raftkv.core.errors import CorruptData
+from raftkv.meta.records import ClusterMeta, group_name
+from raftkv.node.peers import Peers
+from raftkv.raft.vote_guard import VoteFloor, VoteGuard
+
+log = logging.getLogger(__name__)
+
+IDENTITY_FILE = "cluster_id"  # written once the metadata exists: this data dir belongs to that cluster
+
+
+class LostData:
+    def __init__(self, data_dir: Path, node_id: str, peers: Peers, topology: Callable[[], ClusterMeta],
+                 fail: Callable[[Exception], None]):
+        """`fail(error)` stops the node (a vote floor its disk could not keep)."""
+        self.guards: dict[int, VoteGuard] = {}  # voter replicas that opened without their data
+        self._data_dir = data_dir
+        self._node_id = node_id
+        self._peers = peers
+        self._topology = topology
+        self._fail = fail
+        self._had_data = False  # decided by `look`, before any replica opens
+        self._remembered = False
+        self._tasks: list[asyncio.Task] = []
+
+    async def look(self) -> None:
+        self._had_data = (self._data_dir / IDENTITY_FILE).exists() or await self._cluster_exists()
+
+    def guard(self, group: int, folder: Path) -> VoteGuard:
+        """The vote guard of a voter replica: waiting when it opens without data in a cluster that had it."""
+        guard = self.guards[group] = VoteGuard(
+            folder, guarded=self._had_data and (not folder.exists() or not any(folder.iterdir())))
+        if guard.waiting:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._learn_vote_floor(group, guard)))
+            log.warning("%s: this replica's data is gone; it votes again once its peers say what was committed",
+                        group_name(group))
+        return guard
+
+    def forget(self, group: int) -> None:
+        """The replica of `group` was closed and deleted here."""
+        self.guards.pop(group, None)
+
+    def remember(self) -> None:
+        """Once the metadata exists, the data dir records it: an empty replica later means lost data."""
+        if self._remembered or not self._topology().epoch:
+            return
+        identity = self._data_dir / IDENTITY_FILE
+        if not identity.exists():
+            identity.write_text(self._topology().cluster_id or "bootstrapped")
+            fsync_path(identity)
+            fsync_directory(identity.parent)
+        self._remembered = True
+
+    def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+    async def _cluster_exists(self) -> bool:
+        """Whether another node has this cluster's metadata: then this data dir, without an identity file,
+        was wiped (a new node joins with --join, and the nodes of a new cluster start with none)."""
+        others = [n.id for n in self._topology().nodes if n.id != self._node_id]
+        replies = await asyncio.gather(*(self._peers.admin(n).Topology(pb.TopologyRequest(), timeout=2.0)
+                                         for n in others), return_exceptions=True)
+        return any(isinstance(r, pb.TopologyResponse) and r.epoch for r in replies)
+
+    async def _learn_vote_floor(self, group: int, guard: VoteGuard) -> None:
+        """Ask the group's other voters, until one that did not lose its data answers (vote_guard)."""
+        while guard.waiting and self.guards.get(group) is guard:  # (a replica opened since has its own)
+            others = [n for n in self._topology().group_voters(group) if n != self._node_id]
+            replies = await asyncio.gather(*(self._peers.admin(n).ReplicaProgress(pb.ReplicaRequest(group=group),
+                                                                                  timeout=2.0) for n in others),
+                                           return_exceptions=True)
+            known = [r for r in replies if isinstance(r, pb.ReplicaState) and r.mode == "voter" and not r.guarded]
+            if known:
+                floor = VoteFloor(max(r.term for r in known), max(r.commit_index for r in known))
+                try:
+                    guard.settle(floor)
+                except CorruptData as error:  # the fsync failed: this disk cannot be trusted
+                    self._fail(error)
+                    return
+                except OSError as exc:  # a full disk: asked again next round
+                    log.warning("%s: cannot keep its vote floor (%s); trying again", group_name(group), exc.strerror)
+                    await asyncio.sleep(1.0)
+                    continue
+                log.info("%s: votes again, in terms after %d and for logs up to %d at least", group_name(group),
+                         floor.term, floor.index)
+                return
+            await asyncio.sleep(1.0)
