@@ -31,6 +31,8 @@ RAFT_BYTES_SENT = Counter("raftkv_raft_bytes_sent_total",
 CHECKPOINT_BYTES_SENT = Counter("raftkv_checkpoint_bytes_sent_total",
                                 "Bytes of checkpoint files this node's voter sent to a new replica (Admin.Checkpoint)",
                                 ["partition"])
+GROUP_RESTING = Gauge("raftkv_group_resting",
+                      "1 while this replica's Raft group rests: idle, it neither ticks nor heartbeats", ["partition"])
 API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")
 API_OPS = Counter("raftkv_api_ops_total", "Operations received in Execute requests (several per request)")
 

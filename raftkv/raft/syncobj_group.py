@@ -43,6 +43,7 @@ from raftkv.raft.journal import RaftJournal
 from raftkv.raft.syncobj_journal import JournalConfig, membership_change
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
+from raftkv.raft.syncobj_quiet import Quiet
 from raftkv.raft.syncobj_snapshots import SnapshotFiles
 from raftkv.raft.hub import RaftHub
 from raftkv.raft.syncobj_transport import GroupTransport
@@ -117,11 +118,15 @@ class _Member(PatchedSyncObj):
             self._SyncObj__raftElectionDeadline = time.monotonic() + self._SyncObj__generateRaftTimeout()
 
     def _onTick(self, timeToWait=0.0):
-        """A guarded voter (vote_guard) does not campaign: its election timer never runs out."""
+        """A guarded voter (vote_guard) does not campaign: its election timer never runs out. A resting
+        group's clocks stand still (`syncobj_quiet`), and a settled leader may make its group rest."""
         guard = self._group.config.guard
         if guard is not None and not guard.may_campaign(self._group.last_log_index):
             self._SyncObj__raftElectionDeadline = time.monotonic() + self._group.config.tuning.election_timeout_max
-        return PatchedSyncObj._onTick(self, timeToWait)
+        quiet = self._group.quiet
+        quiet.before_tick()
+        PatchedSyncObj._onTick(self, timeToWait)
+        quiet.after_tick()
 
     def _SyncObj__doApplyCommand(self, command: bytes):
         self._group._check_committed()
@@ -212,6 +217,7 @@ class SyncObjGroup:
         self.snapshots.journal = self._journal
         self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2),
                              on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election)
+        self.quiet = Quiet(self._member, self._ticker, tuning, config.partition, busy=lambda: self._change_pending)
         self._ticker.start()
 
     # -- state ------------------------------------------------------------
@@ -307,6 +313,7 @@ class SyncObjGroup:
     def propose(self, payload: bytes, callback: ProposalCallback) -> None:
         """Append an encoded proposal; `callback(result, outcome)` runs once it is applied or failed."""
         self._member._apply(payload, callback=lambda result, reason: callback(result, _outcome(reason)))
+        self.quiet.wake(tell_leader=True)
         self._ticker.soon()
 
     def compact(self, keep_from: int = 0) -> None:
@@ -323,6 +330,7 @@ class SyncObjGroup:
     def transfer_leadership(self, to: str | None = None) -> None:
         """Best effort: pysyncobj refuses when no connected follower holds every entry."""
         self._member.transferLeadership(to)
+        self.quiet.wake(tell_leader=True)
         self._ticker.soon()
 
     def add_member(self, address: str, callback: ProposalCallback) -> None:
@@ -346,6 +354,7 @@ class SyncObjGroup:
             callback(result, _outcome(reason))
 
         change(address, callback=done)
+        self.quiet.wake(tell_leader=True)
         self._ticker.soon()
 
     def _uncommitted_membership(self) -> bool:
@@ -354,6 +363,7 @@ class SyncObjGroup:
         return any(membership_change(command) is not None for command, _, _ in journal[max(after, 0):])
 
     def close(self) -> None:
+        self.quiet.close()
         self._ticker.stop()
         self._member.destroy()  # with autoTick off this closes sockets and the journal at once
 

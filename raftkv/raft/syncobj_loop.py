@@ -11,7 +11,8 @@ runs on the node's event loop:
   our `createPoller` hook returns as-is;
 - `Ticker` calls a replica's `_onTick(0)` soon after any of its sockets had
   an event or a command was queued, and every `period` seconds for Raft's
-  timers (elections, heartbeats). Ticks are coalesced: at most one pending.
+  timers (elections, heartbeats), except while the group rests (`quiescence`).
+  Ticks are coalesced: at most one pending.
 
 All pysyncobj code then runs on the loop thread, and so do the proposal
 callbacks: no locks, no thread hops.
@@ -146,12 +147,34 @@ class Ticker:
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._stopped = False
+        self._resting = False
         poller.on_event = self.soon
         poller.on_corrupt = self._corrupt
 
     def start(self) -> None:
         self._due = self._loop.time() + self._period
         self._timer = self._loop.call_later(self._period, self._periodic)
+
+    @property
+    def resting(self) -> bool:
+        return self._resting
+
+    def rest(self) -> None:
+        """No periodic ticks until `wake`; events still tick."""
+        if self._resting or self._stopped:
+            return
+        self._resting = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def wake(self) -> None:
+        """Periodic ticks again, the first one soon."""
+        if not self._resting or self._stopped:
+            return
+        self._resting = False
+        self.start()
+        self.soon()
 
     def soon(self) -> None:
         """Tick once more as soon as the loop is free (coalesced)."""
@@ -190,7 +213,7 @@ class Ticker:
         if self._loop.time() - self._due > STALL_SECONDS:
             self._on_stall()
         self._tick()
-        if not self._stopped:
+        if not self._stopped and not self._resting:
             self._due = self._loop.time() + self._period
             self._timer = self._loop.call_later(self._period, self._periodic)
 

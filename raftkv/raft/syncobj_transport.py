@@ -9,7 +9,9 @@ node and group an address is. What pysyncobj sees:
   send is its answer to an append (`next_node_idx`): a vote request or an append from it would
   otherwise be obeyed as if a member had sent it;
 - this group, when read-only itself, joins its voters' groups through the hub;
-- pysyncobj's admin commands never arrive: the hub does not carry them.
+- pysyncobj's admin commands never arrive: the hub does not carry them;
+- quiescence's own messages (`quiescence`) go to the group's `Quiet`, never to pysyncobj, and
+  every other message and link change is shown to it first: they may wake a resting group.
 
 And, as before the hub:
 - every append-entries message sent is counted (entry and snapshot bytes);
@@ -79,12 +81,7 @@ class GroupTransport(Transport):
 
     def send(self, node, message):
         self._syncObj.sync_journal()
-        connection = self._joined_over.get(node)
-        if connection is not None:
-            sent = self._hub.reply(connection, self._group, message)
-        else:
-            where = self._hub.directory().locate(node.address)
-            sent = where is not None and self._hub.send(where[0], self._group, message)
+        sent = self.notify(node, message)
         if sent and isinstance(message, dict) and message.get("type") == "append_entries":
             self._syncObj.on_sent(message)
         return sent
@@ -93,6 +90,21 @@ class GroupTransport(Transport):
         self._destroyed = True
         self._hub.detach(self._group)
         self._syncObj.removeOnTickCallback(self._follow_links)
+
+    # -- what quiescence calls ------------------------------------------------
+
+    def notify(self, node, message) -> bool:
+        """Send `message`, which acknowledges nothing, so no journal needs to be synced first."""
+        connection = self._joined_over.get(node)
+        if connection is not None:
+            return self._hub.reply(connection, self._group, message)
+        where = self._hub.directory().locate(node.address)
+        return where is not None and self._hub.send(where[0], self._group, message)
+
+    def reaches(self, address: str) -> bool:
+        """Whether the hub's connection to the node of member `address` is up (it dials it if not)."""
+        where = self._hub.directory().locate(address)
+        return where is not None and self._hub.is_up(where[0])
 
     # -- what the hub calls ---------------------------------------------------
 
@@ -108,10 +120,14 @@ class GroupTransport(Transport):
                 return
             self._follow_links()
             node = self._subscribers.get(connection)
-        if node is not None and self._syncObj._group.admits(message):
+        if node is None or self._syncObj._group.quiet.heard(node, message):
+            return
+        if self._syncObj._group.admits(message):
             self._poller.run(self._onMessageReceived, node, message)
 
     def links_changed(self) -> None:
+        if self._ticked:  # nothing rests before
+            self._syncObj._group.quiet.links_changed()
         self._poller.on_event()  # a tick soon, which follows them (`_follow_links`)
 
     # -- keeping pysyncobj's view in step with the hub's ----------------------
@@ -121,10 +137,8 @@ class GroupTransport(Transport):
         if self._destroyed or not self._ticked and not self._first_tick_done():
             return
         self._joined_changed()  # a member on a node the directory did not know yet
-        directory = self._hub.directory()
         for node in list(self._nodes.values()):
-            where = directory.locate(node.address)
-            up = where is not None and self._hub.is_up(where[0])
+            up = self.reaches(node.address)
             if up and node not in self._connected:
                 self._connected.add(node)
                 self._onNodeConnected(node)
