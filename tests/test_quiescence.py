@@ -99,10 +99,14 @@ def test_an_idle_group_rests_and_a_proposal_wakes_it_and_commits(tmp_path):
             assert members.ticks == before, "a resting group ticked"
             assert members.all_resting() and members.leader() is leader and leader.term == term
 
-            assert await members.outcome(leader, b"k=v") == Outcome.APPLIED
-            await until(lambda: all(m.data.get("k") == "v" for m in members.machines.values()))
-            await until(members.all_resting, timeout=10)
-            assert leader.role == Role.LEADER and leader.term == term
+            for i in range(5):
+                assert await members.outcome(leader, b"k=%d" % i) == Outcome.APPLIED
+                await until(lambda: all(m.data.get("k") == str(i) for m in members.machines.values()))
+                await until(members.all_resting, timeout=10)
+                assert leader.role == Role.LEADER and leader.term == term
+                # The journal's once-a-second sync (default mode) does not come while resting: it came before.
+                # Without it each round leaves some member's entry unsynced about two times in three.
+                assert not any(g._journal._dirty for g in members.groups.values())
 
     asyncio.run(scenario())
 

@@ -120,10 +120,13 @@ class GroupTransport(Transport):
                 return
             self._follow_links()
             node = self._subscribers.get(connection)
-        if node is None or self._syncObj._group.quiet.heard(node, message):
-            return
-        if self._syncObj._group.admits(message):
-            self._poller.run(self._onMessageReceived, node, message)
+        if node is not None:
+            self._poller.run(self._received, node, message)
+
+    def _received(self, node: Node, message: object) -> None:
+        group = self._syncObj._group
+        if not group.quiet.heard(node, message) and group.admits(message):
+            self._onMessageReceived(node, message)
 
     def links_changed(self) -> None:
         if self._ticked:  # nothing rests before
