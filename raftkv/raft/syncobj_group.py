@@ -112,6 +112,17 @@ class _Member(PatchedSyncObj):
         need_send = PatchedSyncObj._SyncObj__applyLogEntries(self)
         return need_send and not self._SyncObj__commandsQueue._FastQueue__queue
 
+    def next_timer(self) -> float:
+        """When (`time.monotonic()`) a tick next has something to do by itself: a leader's heartbeat, a
+        follower's election; at once while commands wait (a tick takes them for at most a heartbeat period)."""
+        if self._SyncObj__commandsQueue._FastQueue__queue:
+            return 0.0
+        if self._SyncObj__raftState == _LEADER:
+            return self._SyncObj__newAppendEntriesTime
+        if self._SyncObj__selfNode is None:  # a learner never campaigns
+            return NEVER
+        return self._SyncObj__raftElectionDeadline
+
     def postpone_election(self) -> None:
         """A fresh election timeout from now: the loop was blocked, so silence from the leader meant nothing."""
         if self._SyncObj__raftState != _LEADER:
@@ -216,7 +227,8 @@ class SyncObjGroup:
         self._journal: RaftJournal = self._member._SyncObj__raftLog
         self.snapshots.journal = self._journal
         self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2),
-                             on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election)
+                             on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election,
+                             next_timer=self._member.next_timer)
         self.quiet = Quiet(self._member, self._ticker, tuning, config.partition, busy=lambda: self._change_pending)
         self._ticker.start()
 

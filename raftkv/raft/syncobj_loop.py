@@ -10,9 +10,12 @@ runs on the node's event loop:
   add_reader/add_writer. It is handed to pysyncobj as `conf.pollerType`, which
   our `createPoller` hook returns as-is;
 - `Ticker` calls a replica's `_onTick(0)` soon after any of its sockets had
-  an event or a command was queued, and every `period` seconds for Raft's
-  timers (elections, heartbeats), except while the group rests (`quiescence`).
-  Ticks are coalesced: at most one pending.
+  an event or a command was queued, and when its next Raft timer runs out (an
+  election deadline, a heartbeat due), at least every second for pysyncobj's
+  once-a-second work, except while the group rests (`quiescence`). Ticks are
+  coalesced: at most one pending. pysyncobj's own tick loop polls every few
+  milliseconds instead; ticking every 50 ms, as here before, cost an awake
+  group 20 ticks a second whether or not a timer was due.
 
 All pysyncobj code then runs on the loop thread, and so do the proposal
 callbacks: no locks, no thread hops.
@@ -108,6 +111,7 @@ class LoopPoller(Poller):
 
 DISK_FULL_LOG_SECONDS = 10.0
 STALL_SECONDS = 0.2  # a periodic tick this late means the loop was blocked
+MAX_TIMER_SECONDS = 1.0  # pysyncobj's once-a-second work (the journal's sync in default mode) runs about on time
 _disk_full_logged = [0.0]  # when a full disk was last logged: it fails every tick and every message
 
 
@@ -132,13 +136,16 @@ logging.getLogger("pysyncobj.serializer").addFilter(_snapshot_chunk_disk_full)
 
 
 class Ticker:
-    """Ticks one SyncObj (autoTick=False) on the loop: on events and every `period` seconds."""
+    """Ticks one SyncObj (autoTick=False) on the loop: on events, and when its next timer runs out."""
 
     def __init__(self, syncobj, poller: LoopPoller, loop: asyncio.AbstractEventLoop, period: float,
                  on_corrupt: Callable[[CorruptData], None] | None = None,
-                 on_stall: Callable[[], None] = lambda: None):
-        """`on_stall()` runs before the first periodic tick after the loop was blocked for a while."""
+                 on_stall: Callable[[], None] = lambda: None, next_timer: Callable[[], float] | None = None):
+        """`next_timer()`: when (`time.monotonic()`) the replica's next Raft timer runs out; periodic ticks
+        come then, but no more often than every `period` seconds (every `period` without it).
+        `on_stall()` runs before the first periodic tick after the loop was blocked for a while."""
         self._syncobj = syncobj
+        self._next_timer = next_timer
         self._on_stall = on_stall
         self._due = 0.0
         self._on_corrupt = on_corrupt
@@ -152,8 +159,13 @@ class Ticker:
         poller.on_corrupt = self._corrupt
 
     def start(self) -> None:
-        self._due = self._loop.time() + self._period
-        self._timer = self._loop.call_later(self._period, self._periodic)
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = self._period
+        if self._next_timer is not None:
+            delay = min(max(self._next_timer() - time.monotonic(), self._period), MAX_TIMER_SECONDS)
+        self._due = self._loop.time() + delay
+        self._timer = self._loop.call_later(delay, self._periodic)
 
     @property
     def resting(self) -> bool:
@@ -196,6 +208,10 @@ class Ticker:
             # pysyncobj's own tick thread logs and carries on the same way (e.g. a full disk
             # during apply is retried on the next tick).
             log.exception("replica tick failed")
+        # A tick may bring the next timer closer (a follower became leader and heartbeats from now on).
+        if (self._timer is not None and self._next_timer is not None and not self._stopped
+                and self._next_timer() - time.monotonic() < self._due - self._loop.time() - self._period):
+            self.start()
 
     def _corrupt(self, exc: CorruptData) -> None:
         """Ticking on would act on state it cannot trust."""
@@ -212,10 +228,10 @@ class Ticker:
         # has not heard only because it was not listening.
         if self._loop.time() - self._due > STALL_SECONDS:
             self._on_stall()
+        self._timer = None
         self._tick()
         if not self._stopped and not self._resting:
-            self._due = self._loop.time() + self._period
-            self._timer = self._loop.call_later(self._period, self._periodic)
+            self.start()
 
     def stop(self) -> None:
         self._stopped = True
