@@ -15,7 +15,8 @@ import pytest
 
 from raftkv import failpoints
 from raftkv.core.errors import DiskFailed
-from raftkv.raft.journal import LOG_NAME, RaftJournal
+from raftkv.raft.journal import LOG_NAME, RaftJournal, _read_meta
+from raftkv.raft.journal_syncer import JournalSyncer
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_HEADER = b"RKVLOG\0\0" + struct.pack("<I", 1)
@@ -179,6 +180,54 @@ def test_after_a_failed_fsync_every_later_sync_fails_too(tmp_path: Path) -> None
         with pytest.raises(DiskFailed):
             journal.sync()
     assert journal.dirty
+
+
+def test_a_journal_synced_elsewhere_is_synced_by_the_syncer_and_its_tick_only_reports_failures(tmp_path: Path) -> None:
+    """Default mode at scale: the once-a-second sync runs on the process's syncer thread (journal_syncer),
+    never on the event loop, and a failure there reaches the replica's tick as it would have there."""
+    journal = RaftJournal(tmp_path, fsync=False)
+    journal.sync_elsewhere()
+    journal.add(b"a", 1, 1)
+    journal.setRaftCommitIndex(1)
+    journal.onOneSecondTimer()
+    assert journal._dirty and not journal._meta_saved, "the tick synced a journal synced elsewhere"
+    assert journal.sync_in_background()
+    assert not journal._dirty and journal._meta_saved
+    assert _read_meta(tmp_path / "meta")[1:3] == (1, journal.size_bytes)  # commit index, synced bytes
+
+    journal.add(b"b", 2, 1)
+    failpoints.arm("journal-fsync-before", "1*error")
+    try:
+        assert journal.sync_in_background()  # the syncer's thread carries on
+    finally:
+        failpoints.disarm_all()
+    with pytest.raises(DiskFailed, match=r"fsync of .*raft.log failed"):
+        journal.onOneSecondTimer()
+    journal._destroy()
+    assert not journal.sync_in_background(), "a closed journal stays with the syncer"
+
+
+def test_the_syncer_thread_keeps_up_with_a_journal_written_compacted_and_truncated_meanwhile(tmp_path: Path) -> None:
+    journal = RaftJournal(tmp_path, fsync=False)
+    syncer = JournalSyncer(period=0.001)
+    syncer.add(journal)
+    expected: list[tuple[bytes, int, int]] = []
+    for idx in range(1, 8001):
+        journal.add(b"entry %d" % idx, idx, 1)
+        expected.append((b"entry %d" % idx, idx, 1))
+        if idx % 500 == 0:
+            journal.deleteEntriesTo(len(journal) - 10)  # a compaction: a new file under the syncer
+            expected = expected[-10:]
+        elif idx % 97 == 0:
+            journal.deleteEntriesFrom(len(journal) - 3)  # a truncation
+            del expected[-3:]
+            idx_next = expected[-1][1] + 1
+            for i in range(idx_next, idx + 1):
+                journal.add(b"entry %d" % i, i, 2)
+                expected.append((b"entry %d" % i, i, 2))
+    wait_until(lambda: not journal._dirty and journal._meta_saved)
+    assert _read_meta(tmp_path / "meta")[2] == journal.size_bytes
+    assert list(reopen(journal, tmp_path)) == expected
 
 
 # Term, vote and commit index

@@ -10,11 +10,14 @@ file is replaced without fsync. RaftJournal fixes each of these:
   refuses (CorruptData) anything else that fails a check;
 - `add` is one `os.write` (it survives `kill -9`); with `fsync=True` the caller makes
   it survive power loss with `sync()`, one `fdatasync` per group commit; without, it is
-  synced once a second (pysyncobj's `onOneSecondTimer`);
+  synced once a second (pysyncobj's `onOneSecondTimer`, or, once `sync_elsewhere()` was
+  called, `sync_in_background()` from another thread: `journal_syncer`);
 - compaction and `clear` write a new file and `os.replace` it, fsyncing both;
 - term and vote are written atomically (temp file, replace) and synced, in both modes,
   before `setCurrentTerm` returns; its directory is made durable when created;
-- after a failed fsync every later `sync()` fails too (fsyncgate, docs/durability.md).
+- after a failed fsync every later `sync()` fails too (fsyncgate, docs/durability.md);
+- every method that writes holds the journal's lock, so the background sync never sees
+  it half-changed (the event loop waits for it only while it syncs this very journal).
 
 The directory holds `raft.log` and `meta` (and their `.tmp` twins while they are
 rewritten); integers are little-endian:
@@ -42,7 +45,9 @@ import logging
 import os
 import shutil
 import struct
+import threading
 import zlib
+from functools import wraps
 from itertools import accumulate
 from pathlib import Path
 
@@ -76,6 +81,14 @@ _LOG_HEADER = _FILE_HEADER.pack(_LOG_MAGIC, FORMAT_VERSION)
 _logger = logging.getLogger(__name__)
 
 
+def _locked(method):
+    @wraps(method)
+    def locked(self, *args):
+        with self._lock:
+            return method(self, *args)
+    return locked
+
+
 class RaftJournal(Journal):
     """The Raft log, term, vote and commit index of one replica, kept in `directory`.
 
@@ -88,6 +101,10 @@ class RaftJournal(Journal):
         self._path = self._dir / LOG_NAME
         self._meta_path = self._dir / META_NAME
         self._fsync = fsync
+        self._lock = threading.RLock()
+        self._synced_elsewhere = False
+        self._background_error: Exception | None = None  # what the background sync ran into, for the loop
+        self._closed = False
         self._dirty = False
         self._full = False  # the last add failed for want of space
         self._failed: DiskFailed | None = None  # an fsync failed: no later one may be believed
@@ -103,6 +120,7 @@ class RaftJournal(Journal):
 
     # Log entries
 
+    @_locked
     def add(self, command: bytes, idx: int, term: int) -> None:
         if self._entries and idx != self._entries[-1][1] + 1:
             raise ValueError(f"journal {self._path}: entry {idx} does not follow {self._entries[-1][1]}")
@@ -127,6 +145,7 @@ class RaftJournal(Journal):
     def __len__(self) -> int:
         return len(self._entries)
 
+    @_locked
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         start = _position(entryFrom, len(self._entries))
         if start == len(self._entries):
@@ -139,11 +158,13 @@ class RaftJournal(Journal):
         if self._synced > self._end:  # new entries will take those bytes: at once, not at the next save
             self._save_meta(fsync=True)
 
+    @_locked
     def deleteEntriesTo(self, entryTo: int) -> None:
         start = _position(entryTo, len(self._entries))
         if start:
             self._install(self._entries[start:])
 
+    @_locked
     def clear(self) -> None:
         self._install([])
 
@@ -171,6 +192,7 @@ class RaftJournal(Journal):
         before this replica says anything of them (always False without fsync)."""
         return self._fsync and self._dirty
 
+    @_locked
     def sync(self) -> None:
         """Make every added entry and truncation durable; a no-op unless dirty.
 
@@ -190,24 +212,55 @@ class RaftJournal(Journal):
             self._meta_saved = False
             failpoints.hit("journal-fsync-after")
 
+    @_locked
     def flush(self) -> None:
-        self.sync()
-        self.onOneSecondTimer()
+        self._sync_and_save()
 
     def onOneSecondTimer(self) -> None:
-        self.sync()  # the default mode's bound on what a power cut takes: the last second or so
+        """On the replica's tick, about once a second: the default mode's sync, which bounds what a
+        power cut takes to the last second or so; or, synced elsewhere, what that sync ran into."""
+        if self._synced_elsewhere:
+            error, self._background_error = self._background_error, None
+            if error is not None:
+                raise error
+            return
+        self._sync_and_save()
+
+    def sync_elsewhere(self) -> None:
+        """From now on another thread calls `sync_in_background` about once a second, whether or not the
+        replica ticks (a resting group does not), and the event loop never waits for that fsync."""
+        self._synced_elsewhere = True
+
+    def sync_in_background(self) -> bool:
+        """The once-a-second sync, from the syncer's thread. A failure is raised on the replica's next
+        `onOneSecondTimer`, as if it had synced there. False once the journal is closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            try:
+                self._sync_and_save()
+            except (CorruptData, StorageFull, OSError) as error:
+                self._background_error = error
+            return True
+
+    @_locked
+    def _sync_and_save(self) -> None:
+        self.sync()
         if not self._meta_saved:
             self._save_meta()
 
+    @_locked
     def _destroy(self) -> None:
         try:
             if self._failed is None:  # nothing more is written to a disk that failed
                 self.flush()
         finally:
+            self._closed = True
             os.close(self._fd)
 
     # Term, vote and commit index
 
+    @_locked
     def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:
         self._term, self._voted = term, votedForNodeId
         # Synced in both modes (elections are rare): a vote forgotten in a power cut could be cast
@@ -220,6 +273,7 @@ class RaftJournal(Journal):
     def getVotedForNodeId(self) -> str | None:
         return self._voted
 
+    @_locked
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
         self._commit = raftCommitIndex
         self._meta_saved = False

@@ -1,5 +1,6 @@
-"""Our `RaftJournal` wired into pysyncobj: built by its `createJournal` (synced before any send by
-`syncobj_transport.GroupTransport`); and what pysyncobj's own entries in it say."""
+"""Our `RaftJournal` wired into pysyncobj: built by its `createJournal` (in fsync mode synced before
+any send by `syncobj_transport.GroupTransport`, in the default mode once a second by the process's
+`journal_syncer`); and what pysyncobj's own entries in it say."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pysyncobj.pickle
 import pysyncobj.syncobj
 
 from raftkv.raft.journal import RaftJournal
+from raftkv.raft.journal_syncer import SYNCER
 
 
 MEMBERSHIP = bytes([2])  # pysyncobj's _COMMAND_TYPE.MEMBERSHIP: the first byte of an add or remove entry
@@ -36,7 +38,10 @@ _upstream_create_journal = pysyncobj.syncobj.createJournal
 
 def _create_journal(journal_file):
     if isinstance(journal_file, JournalConfig):
-        return RaftJournal(journal_file.directory, fsync=journal_file.fsync)
+        journal = RaftJournal(journal_file.directory, fsync=journal_file.fsync)
+        if not journal_file.fsync:
+            SYNCER.add(journal)
+        return journal
     return _upstream_create_journal(journal_file)
 
 

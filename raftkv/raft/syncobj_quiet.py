@@ -157,6 +157,6 @@ class Quiet:
             self._transport.notify(node, quiescence.wake_message(member.raftCurrentTerm))
 
     def _rest(self) -> None:
-        self._member._SyncObj__raftLog.onOneSecondTimer()  # its sync (default mode) would not come while resting
+        self._member._SyncObj__raftLog.onOneSecondTimer()  # a sync it would run (or ran into) comes before rest
         self._ticker.rest()
         self._resting_gauge.set(1)
