@@ -2,12 +2,13 @@
 
     .venv/bin/python scripts/profile_put.py                          # 8 partitions, 15 s
     .venv/bin/python scripts/profile_put.py --partitions 256 --gil --stacks /tmp/put.folded
+    .venv/bin/python scripts/profile_put.py --partitions 1024 --idle   # what an idle node still does
 
 It starts a cluster (bench_clusters.raftkv_cluster), writes every key once, and runs the concurrent
 put load of scripts/bench.py (bench_load: processes x requests in flight). Meanwhile py-spy samples
 the first node for `--duration` seconds. With `--gil` it keeps only samples that hold the GIL, which
 is Python's own work. Without it, it also counts time in C with the GIL released: RocksDB, fsync and
-socket writes.
+socket writes. With `--idle` no load runs: what the node does with nothing to do.
 
 It prints the functions with the most samples, by self time and by total time, and the load's put
 rate. `--stacks` writes the collapsed stacks, which flamegraph.pl and speedscope read. py-spy is a
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--gil", action="store_true", help="only samples holding the GIL")
+    parser.add_argument("--idle", action="store_true", help="sample the node with no load")
     parser.add_argument("--rate", type=int, default=200, help="samples a second")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--stacks", type=Path, help="write the collapsed stacks here")
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         with raftkv_cluster(Path(tmp) / "c", args.partitions, ready_timeout=60 + args.partitions * 0.3) as cluster:
             keys = max(args.keys, args.partitions * 4)
             fill("raftkv", cluster.endpoints, keys)
+            if args.idle:
+                time.sleep(10)  # every group rests by then
             load = Load("raftkv", cluster.endpoints, "put", processes=args.processes, in_flight=args.in_flight,
                         duration=args.duration + 2, keys=keys)
             folded = Path(tmp) / "stacks.folded"
@@ -84,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                 command.append("--gil")
             time.sleep(0.5)
             spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            figures = run_load(load, cluster.pids)
-            _, spy_errors = spy.communicate(timeout=60)
+            rate = "idle" if args.idle else f"{run_load(load, cluster.pids).ops_per_s:,.0f} puts/s"
+            _, spy_errors = spy.communicate(timeout=args.duration + 60)
             if spy.returncode != 0 or not folded.exists():
                 console.print(f"py-spy failed: {spy_errors.strip()}")
                 return 1
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         args.stacks.write_text(text)
     own, total, samples = tally(text)
     console.print(f"{args.partitions} partitions, {args.processes} x {args.in_flight} in flight: "
-                  f"{figures.ops_per_s:,.0f} puts/s; {samples:,} samples of node 1"
+                  f"{rate}; {samples:,} samples of node 1"
                   f"{' holding the GIL' if args.gil else ''}")
     for title, counts in (("self", own), ("total", total)):
         table = Table(title=f"by {title} time")

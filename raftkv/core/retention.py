@@ -29,6 +29,12 @@ from typing import Iterable
 from raftkv.core.spec import Tuning
 
 
+def compaction_wanted(*, entries: int, seconds_since_last: float, tuning: Tuning) -> bool:
+    """Whether the log is long or old enough to compact, learners aside: the check a replica makes
+    first, once a second, before it reads its learners' progress."""
+    return entries > tuning.compaction_min_entries or (seconds_since_last > tuning.compaction_min_seconds and entries > 2)
+
+
 def compaction_due(
     *,
     entries: int,
@@ -39,10 +45,7 @@ def compaction_due(
     learners_streaming: int,
     tuning: Tuning,
 ) -> bool:
-    wanted = entries > tuning.compaction_min_entries or (
-        seconds_since_last > tuning.compaction_min_seconds and entries > 2
-    )
-    if not wanted:
+    if not compaction_wanted(entries=entries, seconds_since_last=seconds_since_last, tuning=tuning):
         return False
     behind = sum(1 for p in learner_progress if p < applied - 1)
     if behind <= learners_streaming:
