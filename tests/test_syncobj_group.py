@@ -246,3 +246,24 @@ def test_a_snapshot_lists_the_members_as_of_its_last_entry_not_a_change_still_un
             await hubs.close()
 
     asyncio.run(scenario())
+
+
+def test_a_replica_ticks_as_soon_as_it_opens_not_at_its_first_raft_timer(tmp_path):
+    """Until its first tick a replica drops what arrives (its snapshot is not loaded yet). When ticks came
+    only at Raft timers, that first tick waited up to an election timeout: a follower missed every append
+    of its first second, and a moved-in replica promoted and stopped within it never loaded its checkpoint."""
+    async def scenario():
+        port = free_port_block(3)
+        addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
+        hubs = LoopbackHubs()
+        hubs.know(*addresses)  # its peers never start: no message, no link change ticks it
+        group = SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(addresses[0]), self_address=addresses[0],
+                                         peers=tuple(addresses[1:]), folder=tmp_path / "n0", fsync=False,
+                                         tuning=Tuning()), DictStateMachine(), asyncio.get_running_loop())
+        try:
+            await until(lambda: group._member._SyncObj__transport._ticked, timeout=Tuning().election_timeout_min / 2)
+        finally:
+            group.close()
+            await hubs.close()
+
+    asyncio.run(scenario())

@@ -231,6 +231,7 @@ class SyncObjGroup:
                              next_timer=self._member.next_timer)
         self.quiet = Quiet(self._member, self._ticker, tuning, config.partition, busy=lambda: self._change_pending)
         self._ticker.start()
+        self._ticker.soon()  # the first tick loads the snapshot; until then the transport drops what arrives
 
     # -- state ------------------------------------------------------------
 

@@ -110,6 +110,7 @@ class GroupTransport(Transport):
 
     def deliver(self, sender: str | None, connection: Connection, message: object) -> None:
         if not self._ticked:  # an append judged against the log before its snapshot is loaded gets one sent
+            self._poller.on_event()  # the leader sends it again; that first tick must not wait for a timer
             return
         address = self._hub.directory().address(sender, self._group) if sender is not None else None
         node = self._nodes.get(address) if address is not None else None
