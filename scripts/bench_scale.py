@@ -5,15 +5,15 @@
 
 For each count, a fresh cluster on loopback (default durability), measured in this order:
 
-1. idle: the cores the three node processes use over `--idle` seconds with no client (every partition's
-   Raft group ticks and heartbeats on its own today), and each node's RSS;
+1. idle: the cores the three node processes use over `--idle` seconds with no client (an idle group
+   rests: it neither ticks nor heartbeats, docs/raft-transport.md), and each node's RSS;
 2. put throughput: `--processes` x `--in-flight` puts of 100-byte values for `--duration` seconds
    (bench_load.py, as scripts/bench.py drives it), after each partition was written once.
 
 Reported per count: idle cores (the cluster, and per 1,000 replicas), RSS per node, memory per replica
 (the RSS above the smallest count's, over the replicas added), put ops/s and p99. Issue 16 wants the
-idle cost near zero; this is the curve to measure any change against. Benchmarks report; they never
-assert timings.
+idle cost near zero and puts at 1,024 partitions near those at 8; docs/benchmarks.md has the curve
+before and after each change. Benchmarks report; they never assert timings.
 """
 
 from __future__ import annotations
