@@ -22,11 +22,11 @@ from typing import Callable
 from raftkv.core import metrics
 from raftkv.core.spec import Tuning
 from raftkv.raft import quiescence
+from raftkv.raft.group import Role
 from raftkv.raft.quiescence import LeaderState, Settling
 from raftkv.raft.syncobj_loop import Ticker
 
-_LEADER = 2  # pysyncobj's _RAFT_STATE.LEADER
-_FOLLOWER = 0
+_LEADER, _FOLLOWER = Role.LEADER.value, Role.FOLLOWER.value  # pysyncobj's _RAFT_STATE values, as Role mirrors them
 
 
 class Quiet:
