@@ -261,3 +261,43 @@ def test_over_tls_a_stranger_does_not_get_past_the_handshake(certs, tmp_path):
             await hub.close()
 
     asyncio.run(scenario())
+
+
+# -- what the hub tells its groups -------------------------------------------------------------
+
+
+class _Watcher:
+    def __init__(self):
+        self.changes = 0
+
+    def deliver(self, sender, connection, message) -> None:
+        pass
+
+    def links_changed(self) -> None:
+        pass
+
+    def directory_changed(self) -> None:
+        self.changes += 1
+
+
+def test_a_new_directory_tells_every_group_to_look_at_its_links_again():
+    """Groups look at their members' links only when told (`GroupTransport._follow_links`): a node that
+    joins the cluster is in a new directory, and a group must look again to reach it. The same directory
+    tells nothing: it would wake every resting group."""
+
+    async def scenario():
+        directories = [Directory()]
+        hub = RaftHub(asyncio.get_running_loop(), "n1", lambda: directories[-1], None, retry_seconds=0.5,
+                      dead_after=0.3)
+        watcher = _Watcher()
+        hub.attach(0, watcher)
+        hub.start()
+        try:
+            await asyncio.sleep(0.5)  # five pings over the same directory
+            assert watcher.changes == 0
+            directories.append(Directory({"n2": ("127.0.0.1", free_port_block(1))}, {"n2:0": ("n2", 0)}))
+            await until(lambda: watcher.changes == 1)
+        finally:
+            await hub.close()
+
+    asyncio.run(scenario())

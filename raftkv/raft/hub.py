@@ -76,6 +76,9 @@ class GroupEndpoint(Protocol):
     def links_changed(self) -> None:
         """A connection came up or went down, or a subscriber joined or left: look again."""
 
+    def directory_changed(self) -> None:
+        """A node came, went or moved: look again when next awake."""
+
 
 class Connection:
     """One TCP (or TLS) stream to or from a peer, and the frames waiting to leave on it."""
@@ -158,6 +161,7 @@ class RaftHub:
         self._joins: dict[int, frozenset[str]] = {}  # this process's read-only groups -> the nodes to join at
         self._serving: asyncio.Task | None = None  # becomes the server
         self._pinger: asyncio.TimerHandle | None = None
+        self._directory_seen: Directory | None = None
         self._last_refusal_log = 0.0
         self._closing = False
 
@@ -171,6 +175,7 @@ class RaftHub:
             self._accept, sock=sock, ssl=ssl, ssl_handshake_timeout=HELLO_TIMEOUT if ssl else None))
 
     def start(self) -> None:
+        self._directory_seen = self.directory()
         self._pinger = self.loop.call_later(self._ping_every, self._ping)
 
     @property
@@ -367,6 +372,11 @@ class RaftHub:
             endpoint.links_changed()
 
     def _ping(self) -> None:
+        directory = self.directory()
+        if directory is not self._directory_seen:
+            self._directory_seen = directory
+            for endpoint in list(self._groups.values()):
+                endpoint.directory_changed()
         now = time.monotonic()
         for connection in [c for c in self._links.values() if c] + list(self._accepted):
             if now - connection.last_received > self._dead_after:

@@ -68,18 +68,21 @@ class Quiet:
         if self._ticker.resting or member._SyncObj__raftState != _LEADER:
             self._settling.reset()
             return
+        last = member._SyncObj__getCurrentLogIndex()
+        if not member.raftCommitIndex == member.raftLastApplied == last:  # not `settled`, found cheaply under load
+            self._settling.reset()
+            return
         members = member._SyncObj__otherNodes | member._SyncObj__readonlyNodes
         answered = member._SyncObj__lastResponseTime
         oldest_answer = min((answered.get(node, 0.0) for node in members), default=time.monotonic())
-        if self._settling.may_rest(self._leader_state(members), oldest_answer, time.monotonic()):
-            message = quiescence.quiesce_message(member.raftCurrentTerm, member._SyncObj__getCurrentLogIndex())
+        if self._settling.may_rest(self._leader_state(members, last), oldest_answer, time.monotonic()):
+            message = quiescence.quiesce_message(member.raftCurrentTerm, last)
             for node in members:
                 self._transport.notify(node, message)
             self._rest()
 
-    def _leader_state(self, members) -> LeaderState:
+    def _leader_state(self, members, last: int) -> LeaderState:
         member = self._member
-        last = member._SyncObj__getCurrentLogIndex()
         match, connected = member._SyncObj__raftMatchIndex, member._SyncObj__connectedNodes
         return LeaderState(
             last_index=last,

@@ -3,8 +3,8 @@
 A group's members are pysyncobj nodes named by Raft address; the hub's `Directory` says which
 node and group an address is. What pysyncobj sees:
 
-- a member is connected while the hub's connection to its node is up (looked at on every tick:
-  the hub only says that something changed);
+- a member is connected while the hub's connection to its node is up (looked at in the next tick
+  after the hub says that something changed, or the members did);
 - a read-only member (a learner) is one per hub connection that joined this group, and all it may
   send is its answer to an append (`next_node_idx`): a vote request or an append from it would
   otherwise be obeyed as if a member had sent it;
@@ -51,6 +51,7 @@ class GroupTransport(Transport):
         self._subscriber_count = 0
         self._destroyed = False
         self._ticked = False  # pysyncobj loads its snapshot in its first tick: nothing is heard or joined before
+        self._links_moved = True  # the hub's links, its directory or the members changed since the last look
         for node in otherNodes:
             self.addNode(node)
         syncObj.addOnTickCallback(self._follow_links)
@@ -69,6 +70,7 @@ class GroupTransport(Transport):
 
     def addNode(self, node):
         self._nodes[node.address] = node
+        self._links_moved = True
         self._joined_changed()
 
     def dropNode(self, node):
@@ -77,6 +79,7 @@ class GroupTransport(Transport):
         if self._nodes.pop(node.address, None) is not None and node in self._connected:
             self._connected.discard(node)
             self._onNodeDisconnected(node)
+        self._links_moved = True
         self._joined_changed()
 
     def send(self, node, message):
@@ -129,7 +132,12 @@ class GroupTransport(Transport):
         if not group.quiet.heard(node, message) and group.admits(message):
             self._onMessageReceived(node, message)
 
+    def directory_changed(self) -> None:
+        self._links_moved = True
+        self._joined_changed()
+
     def links_changed(self) -> None:
+        self._links_moved = True
         if self._ticked:  # nothing rests before
             self._syncObj._group.quiet.links_changed()
         self._poller.on_event()  # a tick soon, which follows them (`_follow_links`)
@@ -137,9 +145,11 @@ class GroupTransport(Transport):
     # -- keeping pysyncobj's view in step with the hub's ----------------------
 
     def _follow_links(self) -> None:
-        """On every tick (after it: the first one loads the snapshot) and when the hub says so."""
-        if self._destroyed or not self._ticked and not self._first_tick_done():
+        """After every tick (the first one loads the snapshot) that follows a change, and when a
+        read-only member answers over a connection not seen yet."""
+        if self._destroyed or not self._ticked and not self._first_tick_done() or not self._links_moved:
             return
+        self._links_moved = False
         self._joined_changed()  # a member on a node the directory did not know yet
         for node in list(self._nodes.values()):
             up = self.reaches(node.address)
