@@ -11,7 +11,8 @@ is Python's own work. Without it, it also counts time in C with the GIL released
 socket writes. With `--idle` no load runs: what the node does with nothing to do.
 
 It prints the functions with the most samples, by self time and by total time, and the load's put
-rate. `--stacks` writes the collapsed stacks, which flamegraph.pl and speedscope read. py-spy is a
+rate. `--native` adds the C and Rust frames under the Python ones (gRPC's core, protobuf, RocksDB);
+it has to pause the node for each sample, so the put rate it prints is lower. `--stacks` writes the collapsed stacks, which flamegraph.pl and speedscope read. py-spy is a
 profiler, not a dependency (`pip install py-spy`); figures go in docs/benchmarks.md.
 """
 
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--gil", action="store_true", help="only samples holding the GIL")
     parser.add_argument("--idle", action="store_true", help="sample the node with no load")
+    parser.add_argument("--native", action="store_true",
+                        help="C and Rust frames too (gRPC's core, protobuf, RocksDB); pauses the node per sample")
     parser.add_argument("--rate", type=int, default=200, help="samples a second")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--stacks", type=Path, help="write the collapsed stacks here")
@@ -83,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                         duration=args.duration + 2, keys=keys)
             folded = Path(tmp) / "stacks.folded"
             command = [py_spy, "record", "--pid", str(cluster.pids[0]), "--duration", str(int(args.duration)),
-                       "--rate", str(args.rate), "--format", "raw", "--output", str(folded), "--nonblocking"]
+                       "--rate", str(args.rate), "--format", "raw", "--output", str(folded)]
+            command += ["--native"] if args.native else ["--nonblocking"]
             if args.gil:
                 command.append("--gil")
             time.sleep(0.5)
