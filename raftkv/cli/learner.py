@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from pathlib import Path
 
 import click
+import uvloop
 from rich.table import Table
 
 from learners import learner_process
@@ -109,5 +109,5 @@ def start(name, config, sink_options, data_dir, metrics_port, api_port) -> None:
     options = {**registered.options, **parse_key_values(sink_options, "--sink-option")}
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failpoints.arm_from_environment()
-    asyncio.run(learner_process.serve(spec, name, registered.sink, options, sorted(registered.progress), folder,
+    uvloop.run(learner_process.serve(spec, name, registered.sink, options, sorted(registered.progress), folder,
                                       metrics_port, api_port))

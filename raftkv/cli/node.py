@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from pathlib import Path
 
 import click
+import uvloop
 from rich.table import Table
 
 from raftkv import failpoints
@@ -59,7 +59,7 @@ def start(config: str | None, node_id: str, seed: str | None, host: str, base_po
     spec.node(node_id)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failpoints.arm_from_environment()
-    asyncio.run(node_process.serve(spec, node_id, initial))
+    uvloop.run(node_process.serve(spec, node_id, initial))
 
 
 @node.command()

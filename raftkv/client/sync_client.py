@@ -24,6 +24,8 @@ import heapq
 import threading
 from typing import Iterable, Iterator, Sequence, Unpack
 
+import uvloop
+
 from raftkv.api import kv_pb2 as pb
 from raftkv.client.async_client import AsyncClient, Bytes, ClientOptions, LearnerView, Read, scan_bounds
 from raftkv.client.core import NodeStatus
@@ -37,7 +39,7 @@ class Client:
     def __init__(self, endpoints: str | Sequence[str], **options: Unpack[ClientOptions]):
         """The same options as `AsyncClient`."""
         self._async = AsyncClient(endpoints, **options)
-        self._loop = asyncio.new_event_loop()
+        self._loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="raftkv-client", daemon=True)
         self._thread.start()
         self._closed = False
