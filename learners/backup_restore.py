@@ -1,7 +1,7 @@
 """Restoring a backup onto a stopped cluster, and backing up a running cluster without a learner.
 
 Both go through `BackupStore` (raftkv/backup/store.py): the layout under the URL, the
-manifest and the checksums are its.
+manifest (raftkv/backup/manifest.py) and the checks are its.
 """
 
 from __future__ import annotations
@@ -10,20 +10,16 @@ import shutil
 import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Mapping
-
+from typing import Callable, Iterable, Mapping
 
 from raftkv.client.sync_client import Client
-from raftkv.core.commands import Put
-from raftkv.storage.engine import ZERO, Position
+from raftkv.storage.engine import ZERO
 from raftkv.core.errors import ConfigError
 from raftkv.core.partitioning import partitions_hosted_by
 from raftkv.storage.rocks_engine import RocksEngine
 from raftkv.core.spec import ClusterSpec
-from raftkv.backup.store import BackupInfo, BackupStore, partition_dir
-
-_SCAN_WRITE_KEYS = 1000
-
+from raftkv.backup.manifest import BackupInfo, partition_dir
+from raftkv.backup.store import BackupStore
 
 # -- restore -------------------------------------------------------------------
 
@@ -31,8 +27,9 @@ _SCAN_WRITE_KEYS = 1000
 def restore(url: str, backup_id: str, spec: ClusterSpec, storage_options: Mapping | None = None) -> BackupInfo:
     """Write a backup into the data dirs of a fresh cluster `spec`, with every Raft position reset to zero.
 
-    Everything is downloaded and verified before the first target is
-    written, so a damaged backup leaves the target untouched.
+    Everything is downloaded and verified (`BackupStore.download`: every file's size and hash, each
+    checkpoint opened read-only) before the first target is written, so a damaged backup leaves the
+    targets untouched.
     """
     store = BackupStore(url, storage_options, source="--from")
     info = store.get(backup_id)
@@ -83,10 +80,11 @@ def _check_empty(targets: dict[int, list[Path]]) -> None:
 
 
 def _reset_position(folder: Path) -> None:
-    """Record position zero: the restored data is the new cluster's base state, not a log position."""
+    """Record position zero and no learners: the restored data is the new cluster's base state, not a log
+    position, and the learners a voter's checkpoint names (with their progress) are the old cluster's."""
     engine = RocksEngine(folder)
     try:
-        engine.write([], ZERO)
+        engine.write([], ZERO, meta={key: None for key, _ in engine.meta_items()})
         engine.flush()
     finally:
         engine.close()
@@ -102,32 +100,19 @@ def _ranges(partitions: Iterable[int]) -> str:
 # -- a backup of a running cluster, without a learner ---------------------------
 
 
-def backup_cluster(client: Client, cluster: str, store: BackupStore, work: Path, created: datetime) -> BackupInfo:
-    """Scan every partition (linearizable) into a local RocksDB, checkpoint it, export.
+def backup_cluster(client: Client, cluster: str, store: BackupStore, work: Path, created: datetime,
+                   sent: Callable[[int], None] = lambda n: None) -> BackupInfo:
+    """Copy each partition's checkpoint from its leader into `work`, then export them (`sent(n)`: n bytes
+    uploaded).
 
-    Each partition is consistent on its own, at the applied index its scan was
-    served at; partitions are scanned one after another, at different moments.
+    Each partition is exactly the state after its recorded entry; partitions are copied one after
+    another, at different moments. The files are the leader's own table files, which RocksDB never
+    changes, so from one backup to the next only what was written (or compacted) since is new, and
+    only that is uploaded.
     """
     cluster_id = client.topology().meta.cluster_id
-    checkpoints = {p: _scan_into(client, p, work) for p in range(client.partitions)}
-    return store.export(cluster, checkpoints, created, cluster_id)
-
-
-def _scan_into(client: Client, partition: int, work: Path) -> tuple[Path, Position]:
-    """Copy one partition, from one linearizable view, into a RocksDB under `work`; its checkpoint and position
-    (the applied entry and its term, which a node seeding a new replica from the backup checks)."""
-    engine = RocksEngine(work / "copy" / partition_dir(partition))
-    try:
-        position = ZERO
-        for chunk in client.scan_chunks(partition, consistency="linearizable"):
-            if position == ZERO:  # every chunk comes from the first one's view
-                position = Position(chunk.applied_index, chunk.applied_term)
-            puts = [Put(kv.key, kv.value) for kv in chunk.items]
-            for start in range(0, len(puts), _SCAN_WRITE_KEYS):
-                engine.write(puts[start:start + _SCAN_WRITE_KEYS], position)
-        engine.write([], position)
-        checkpoint = work / "export" / partition_dir(partition)
-        checkpoint.parent.mkdir(exist_ok=True)
-        return checkpoint, engine.checkpoint(checkpoint)
-    finally:
-        engine.close()
+    checkpoints = {}
+    for p in range(client.partitions):
+        folder = work / partition_dir(p)
+        checkpoints[p] = (folder, client.checkpoint(p, folder))
+    return store.export(cluster, checkpoints, created, cluster_id, sent)

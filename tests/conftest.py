@@ -132,6 +132,31 @@ def make_cluster(tmp_path: Path):
             cluster.kill(node_id)
 
 
+BUCKET = "raftkv-backups"  # the bucket the `s3` fixture makes
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 endpoint with BUCKET, and fake credentials in this process (and its children) only."""
+    from tests.s3_server import s3_server  # it imports wait_until from here
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", "testing")
+        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        with s3_server(BUCKET, tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
+            yield endpoint
+
+
+@pytest.fixture(params=["file", "s3"])
+def target(request, tmp_path) -> tuple[str, dict[str, str]]:
+    """(url, backup sink options) of an empty backup location: a folder, or a prefix in the `s3` bucket."""
+    if request.param == "file":
+        return (tmp_path / "backups").as_uri(), {}
+    endpoint = request.getfixturevalue("s3")
+    return f"s3://{BUCKET}/{tmp_path.name}", {"storage.endpoint_url": endpoint}
+
+
 @pytest.fixture
 def changelog_learner(tmp_path):
     """start(cluster) -> the API address of a learner running the changelog sink."""

@@ -1,6 +1,6 @@
 """The backup engine: the sink, the store, restore, and `raftkv backup` against real RocksDB, S3 and nodes.
 
-S3 is moto's standalone server (tests/s3_server.py); clusters are real node
+S3 is moto's standalone server (tests/s3_server.py, the `s3` fixture); clusters are real node
 processes (the make_cluster fixture).
 """
 
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from learners.backup_restore import restore, restore_targets
-from raftkv.backup.store import LATEST, list_backups, parse_storage_options, partition_dir
+from raftkv.backup.manifest import partition_dir
+from raftkv.backup.store import LATEST, BackupStore, list_backups, parse_storage_options
 from learners.change_event import ChangeEvent
 from learners.sinks.backup_sink import BackupSink
 from learners.sinks.base import DeliveryBatch, load_sink
@@ -22,23 +24,11 @@ from raftkv.storage.engine import ZERO, KeyRange, Position
 from raftkv.storage.rocks_engine import RocksEngine
 from raftkv.core.spec import build_spec
 from raftkv.dev.local_cluster import free_port_block
-from tests.conftest import wait_until
+from tests.conftest import BUCKET, wait_until
 from tests.s3_server import s3_server
 from tests.test_cli import assert_one_line_error, run
 
-BUCKET = "raftkv-backups"
 FAST_FAIL = {"storage.config_kwargs.retries.max_attempts": "1", "storage.config_kwargs.connect_timeout": "1"}
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """A moto S3 endpoint with BUCKET, and fake credentials in this process (and its children) only."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("AWS_ACCESS_KEY_ID", "testing")
-        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        with s3_server(BUCKET, tmp_path_factory.mktemp("moto") / "moto.log") as endpoint:
-            yield endpoint
 
 
 def event(op: str, key: bytes, after: bytes | None, partition: int, index: int, seq: int = 0,
@@ -83,15 +73,6 @@ def contents(folder: Path) -> tuple[Position, dict[bytes, bytes]]:
         return position, dict(items)
     finally:
         engine.close()
-
-
-@pytest.fixture(params=["file", "s3"])
-def target(request, tmp_path) -> tuple[str, dict[str, str]]:
-    """(url, sink options) of an empty backup location."""
-    if request.param == "file":
-        return (tmp_path / "backups").as_uri(), {}
-    endpoint = request.getfixturevalue("s3")
-    return f"s3://{BUCKET}/{tmp_path.name}", {"storage.endpoint_url": endpoint}
 
 
 def test_sink_exports_lists_keeps_and_restores(tmp_path, target):
@@ -209,10 +190,11 @@ def test_restore_refuses_damage_a_wrong_spec_and_a_used_target(tmp_path):
     with pytest.raises(ConfigError, match="no backup 'nope'"):
         restore(url, "nope", spec)
 
-    sst = next((tmp_path / "backups" / info.id / partition_dir(1)).glob("*.sst"))
+    entry = next(f for f in info.copy_of(1).files if f.path.endswith(".sst"))
+    sst = tmp_path / "backups" / info.location(entry)
     original = sst.read_bytes()
     sst.write_bytes(b"X" + original[1:])
-    with pytest.raises(CorruptData, match=f"{info.id}/{partition_dir(1)}/{sst.name}"):
+    with pytest.raises(CorruptData, match=f"backup {info.id}: {entry.path} "):
         restore(url, info.id, spec)
     assert not any(folder.exists() for folders in restore_targets(spec).values() for folder in folders)
 
@@ -220,6 +202,26 @@ def test_restore_refuses_damage_a_wrong_spec_and_a_used_target(tmp_path):
     restore(url, info.id, spec)
     with pytest.raises(ConfigError, match="already holds data"):
         restore(url, info.id, spec)
+
+
+def test_restore_drops_the_learners_a_leaders_checkpoint_names(tmp_path):
+    """`backup create` copies voters' databases, which hold the learner registry and progress in the old
+    cluster's log indices: the new cluster starts with no learners, as with no position."""
+    url = (tmp_path / "backups").as_uri()
+    checkpoints = {}
+    (tmp_path / "cp").mkdir()
+    for p in (0, 1):
+        engine = RocksEngine(tmp_path / "voter" / partition_dir(p))
+        engine.write([], Position(40, 2), meta={b"learner/nightly": b'{"sink": "backup"}', b"progress/nightly": b"x"})
+        checkpoints[p] = (tmp_path / "cp" / partition_dir(p), engine.checkpoint(tmp_path / "cp" / partition_dir(p)))
+        engine.close()
+    info = BackupStore(url).export("demo", checkpoints, datetime.now(timezone.utc))
+    spec = build_spec(nodes=1, partitions=2, replication=1, base_port=40000, data_dir=tmp_path / "new")
+    restore(url, info.id, spec)
+    for folders in restore_targets(spec).values():
+        engine = RocksEngine(folders[0])
+        assert (engine.position, engine.meta_items()) == (ZERO, [])
+        engine.close()
 
 
 def test_cli_backup_of_a_running_cluster_restores_into_a_fresh_one(make_cluster, tmp_path, s3):

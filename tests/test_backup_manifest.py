@@ -8,7 +8,8 @@ import json
 import pytest
 
 from learners.backup_restore import restore
-from raftkv.backup.store import MANIFEST, BackupInfo, BackupStore
+from raftkv.backup.manifest import MANIFEST, BackupInfo, pending_objects
+from raftkv.backup.store import BackupStore
 from raftkv.core.errors import CorruptData
 from raftkv.core.spec import build_spec
 from tests.test_backup import fill, open_sink
@@ -87,3 +88,30 @@ def test_a_restore_writes_files_inside_the_new_data_dirs_only(tmp_path):
     manifest.write_bytes(original)
     restore(url, info.id, spec)
     assert all(path.is_relative_to(tmp_path / "new") for path in set(tmp_path.rglob("*")) - before)
+
+
+def test_a_version_1_manifest_is_read_with_its_files_in_the_backups_own_folder():
+    doc = manifest_doc()
+    doc["version"] = 1
+    info = parsed(doc)
+    entry = info.copies[0].files[0]
+    assert info.version == 1 and info.objects == {}
+    assert info.location(entry) == f"{BACKUP_ID}/p0000/000009.sst"
+    assert parsed(manifest_doc()).location(entry) == f"files/ab/{'ab' * 32}"  # version 2: by content
+    assert info.to_manifest() == json.dumps(doc, indent=2).encode()
+
+
+@pytest.mark.parametrize("sha256", ["../../../etc/passwd", "AB" * 32, "ab" * 31, "ab" * 33, "g" * 64, 7, None])
+def test_a_sha256_that_is_not_64_lowercase_hex_digits_is_corrupt_data(sha256):
+    """A version-2 file is fetched from the path its hash names: nothing else may pass for one."""
+    doc = manifest_doc()
+    doc["partitions"][0]["files"][0]["sha256"] = sha256
+    assert refused(json.dumps(doc).encode()).endswith(f"(sha256: expected 64 lowercase hex digits, got {sha256!r})")
+
+
+def test_a_pending_marker_names_the_objects_its_backup_will_reference():
+    info = parsed(manifest_doc())
+    assert pending_objects(info.pending_marker(), "p.json") == frozenset(info.objects)
+    for damaged in (b"{", b"[]", b'{"format": "raftkv-backup-pending", "objects": ["../x"]}'):
+        with pytest.raises(CorruptData, match="^p.json: unreadable pending marker"):
+            pending_objects(damaged, "p.json")

@@ -54,7 +54,7 @@ import tomli_w
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raftkv.backup.store import BackupInfo, FileEntry, PartitionCopy, partition_dir
+from raftkv.backup.manifest import BackupInfo, FileEntry, PartitionCopy, partition_dir
 from raftkv.cli import cli, main, output
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError, CorruptData

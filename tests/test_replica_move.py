@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from raftkv import Client, CorruptData
-from raftkv.backup.store import backup_id_for, list_backups
+from raftkv.backup.manifest import backup_id_for
+from raftkv.backup.store import list_backups
 from raftkv.core.partitioning import partition_for_key
 from raftkv.core.spec import BackupConfig
 from raftkv.raft.snapshot_file import read_meta
@@ -197,6 +198,8 @@ def test_a_moved_replica_is_seeded_from_the_newest_backup_and_catches_up_from_th
         values = [rng.randbytes(1000) for _ in keys]  # incompressible: the backup holds all 2 MB
         for i in range(0, len(keys), 200):
             kv.put_many(keys[i:i + 200], values[i:i + 200])
+        # A backup copies the leaders' checkpoints: a partition's copy is at the last entry that wrote to it.
+        kv.put(next(k for k in (b"p1-%d" % i for i in range(100)) if partition_for_key(k, 2) == 1), b"x")
         data_bytes = len(keys) * 1000
         result = run("backup", "create", "--config", str(cluster.spec_path), "--to", url, timeout=120)
         assert result.returncode == 0, result.stderr

@@ -6,7 +6,10 @@ Raft position they reach, so the copy's position IS the sink's durable
 position (`recover`). Every `interval_seconds`, and on `export_now()`, each
 partition is checkpointed (exactly the state at its recorded position) and
 the checkpoints are exported to `url` with `raftkv.backup.store`, which
-writes the manifest last and applies retention (`keep`).
+uploads only the files no stored backup holds yet, writes the manifest last
+and applies retention (`keep`). An export's checkpoints sit in
+`<work_dir>/export-<backup id>`: one left by a crash names the backup that
+will never finish, which the next export abandons (docs/backup.md).
 
 Options (all text, as a learner passes them):
 
@@ -22,14 +25,14 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping
 
-from raftkv.backup.store import BackupInfo, BackupStore, parse_storage_options, partition_dir
+from raftkv.backup.manifest import BackupInfo, backup_id_for, partition_dir, time_of
+from raftkv.backup.store import BackupStore, parse_storage_options
 from learners.change_event import ChangeEvent
 from learners.sinks.base import DeliveryBatch
 from learners.sinks.options import OptionReader
@@ -87,6 +90,7 @@ class BackupSink:
         self._last_exported: dict[int, Position] = {}
         self._stopping = threading.Event()
         self._exporter: threading.Thread | None = None
+        self._abandoned: list[str] = []  # backups whose export a crash interrupted; the next export abandons them
 
     # -- Sink protocol ------------------------------------------------------
 
@@ -96,6 +100,8 @@ class BackupSink:
         self._work = self.options.work_dir
         self._work.mkdir(parents=True, exist_ok=True)
         for leftover in self._work.glob(_EXPORT_PREFIX + "*"):  # checkpoints of an export a crash interrupted
+            if time_of(backup_id := leftover.name.removeprefix(_EXPORT_PREFIX)) is not None:
+                self._abandoned.append(backup_id)
             shutil.rmtree(leftover)
         cluster_file = self._work / _CLUSTER_FILE
         self._cluster = cluster_file.read_text() if cluster_file.exists() else ""
@@ -147,19 +153,33 @@ class BackupSink:
     def export_now(self) -> BackupInfo:
         """Checkpoint every partition, upload, apply retention; Unavailable if the storage fails.
 
-        The copy is never touched: a failed export leaves nothing to undo here.
+        The copy is never touched: a failed export leaves nothing to undo here, and what it left in
+        the storage the next export abandons.
         """
         with self._export_lock:
             if not self._engines:
                 raise InvalidRequest("nothing to back up yet: no partition has been delivered")
-            work = Path(tempfile.mkdtemp(prefix=_EXPORT_PREFIX, dir=self._work))
+            while self._abandoned:  # its marker gone, this export's prune collects what only it uploaded
+                self._store.abandon(self._abandoned[0])
+                self._abandoned.pop(0)
+            created = datetime.now(timezone.utc)
+            backup_id = backup_id_for(created)
+            work = self._work / f"{_EXPORT_PREFIX}{backup_id}"  # names the backup, should this process die
+            work.mkdir()
             try:
                 checkpoints = self._checkpoint_all(work)
-                now = datetime.now(timezone.utc)
-                info = self._store.export(self._cluster, checkpoints, now, self.options.cluster_id)
-                self._store.prune(self.options.keep, now)
+                uploaded: list[int] = []
+                try:
+                    info = self._store.export(self._cluster, checkpoints, created, self.options.cluster_id,
+                                              sent=uploaded.append)
+                except RaftKVError:
+                    self._abandoned.append(backup_id)
+                    raise
+                self._store.prune(self.options.keep)
             finally:
                 shutil.rmtree(work)
+            log.info("exported backup %s (%d bytes, %d of them uploaded) to %s", info.id, info.total_bytes,
+                     sum(uploaded), self.options.url)
             self._last_exported = info.positions
             return info
 
@@ -170,11 +190,9 @@ class BackupSink:
             if not positions or positions == self._last_exported:
                 continue
             try:
-                info = self.export_now()
+                self.export_now()
             except RaftKVError as exc:
                 log.warning("backup export failed, retrying in %ss: %s", self.options.interval_seconds, exc)
-                continue
-            log.info("exported backup %s (%d bytes) to %s", info.id, info.total_bytes, self.options.url)
 
     def _checkpoint_all(self, work: Path) -> dict[int, tuple[Path, Position]]:
         """A checkpoint per partition, each exactly the state at its position (hard links: milliseconds)."""

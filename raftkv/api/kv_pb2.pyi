@@ -482,12 +482,14 @@ class ChangeTopologyRequest(_message.Message):
     def __init__(self, command: _Optional[bytes] = ...) -> None: ...
 
 class ReplicaRequest(_message.Message):
-    __slots__ = ("group", "log_index")
+    __slots__ = ("group", "log_index", "linearizable")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LINEARIZABLE_FIELD_NUMBER: _ClassVar[int]
     group: int
     log_index: int
-    def __init__(self, group: _Optional[int] = ..., log_index: _Optional[int] = ...) -> None: ...
+    linearizable: bool
+    def __init__(self, group: _Optional[int] = ..., log_index: _Optional[int] = ..., linearizable: _Optional[bool] = ...) -> None: ...
 
 class ReplicaState(_message.Message):
     __slots__ = ("mode", "applied_index", "commit_index", "leader", "snapshot_bytes_received", "log_index_term", "base", "term", "guarded")

@@ -1,13 +1,9 @@
-"""Backups on any fsspec URL: layout, manifest, export, listing, retention, restore.
+"""Backups on any fsspec URL: export, listing, retention, download and verification.
 
-    <url>/<backup id>/manifest.json      written last: a backup without it is partial, never listed
-    <url>/<backup id>/p0000/<file>        a RocksDB checkpoint of partition 0, one file per object
-    <url>/<backup id>/p0001/<file>        ...
-
-A backup id is its creation time in UTC (`20260102T030405.123456Z`), so ids
-sort in time order and retention needs no other state. Every storage call
-goes through fsspec; a storage failure becomes `Unavailable` with one line,
-a file that does not match its manifest becomes `CorruptData`.
+The names under the URL and the manifest are `manifest.py`'s; what an export
+uploads and what a prune deletes, `plan.py`'s. Every storage call goes through
+fsspec; a storage failure becomes `Unavailable` with one line, a file that is
+missing or does not match its manifest `CorruptData`.
 
 Restore builds a fresh cluster's data: each partition's checkpoint is copied
 to `<node data_dir>/p<NNNN>/db` of every node hosting it, with its Raft
@@ -19,132 +15,49 @@ log position.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import json
-from contextlib import contextmanager
+import logging
+import shutil
+import time
+import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator, Mapping
 
 import fsspec
 
-from raftkv.storage.engine import Position
+from raftkv import failpoints
+from raftkv.backup.digests import FileDigests
+from raftkv.backup.manifest import (FILES, LOCKS, MANIFEST, PENDING, BackupInfo, FileEntry, PartitionCopy,
+                                    backup_id_for, is_object, lock_name, lock_time, object_path, partition_dir,
+                                    pending_objects, time_of)
+from raftkv.backup.plan import MAX_EXPORT, PRUNE_WINDOW, is_fresh, plan_prune, prunes_in_the_way, to_upload
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
+from raftkv.storage.engine import Position
+from raftkv.storage.rocks_engine import checkpoint_position
 
-FORMAT = "raftkv-backup"
-VERSION = 1
-MANIFEST = "manifest.json"
+log = logging.getLogger(__name__)
+
 LATEST = "latest"
-PARTIAL_UPLOAD_GRACE = timedelta(days=1)
-_ID_FORMAT = "%Y%m%dT%H%M%S.%fZ"
 _CHUNK = 4 << 20
-
-
-def partition_dir(partition: int) -> str:
-    """The folder name of a partition, the same in a backup and in a node's data dir."""
-    return f"p{partition:04d}"
-
-
-def backup_id_for(created: datetime) -> str:
-    return created.astimezone(timezone.utc).strftime(_ID_FORMAT)
-
-
-# -- the manifest ------------------------------------------------------------
+_DELETES_PER_CALL = 1000  # S3's DeleteObjects takes at most this many keys
+_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "az"}  # a PUT stores an object whole, or not at all
+_PRUNE_POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
-class FileEntry:
-    path: str  # relative to the backup's folder: p0000/000009.sst
-    size: int
-    sha256: str
+class Pruned:
+    backups: tuple[str, ...]  # complete backups deleted
+    partial: tuple[str, ...]  # partial ones deleted
+    objects: int  # shared objects deleted
+    bytes: int  # their size
+    left: int  # garbage objects left for the next prune (its window closed)
 
 
-@dataclass(frozen=True)
-class PartitionCopy:
-    """One partition's checkpoint: exactly the state after Raft entry `position`."""
-
-    partition: int
-    position: Position  # term 0: unknown (a scan reports only its applied index)
-    files: tuple[FileEntry, ...]
-
-
-@dataclass(frozen=True)
-class BackupInfo:
-    """One complete backup, as its manifest describes it."""
-
-    id: str
-    cluster: str
-    created: datetime
-    copies: tuple[PartitionCopy, ...]
-    cluster_id: str = ""  # the cluster's metadata id: a node seeds replicas only from its own cluster's backups
-
-    @property
-    def partitions(self) -> tuple[int, ...]:
-        return tuple(c.partition for c in self.copies)
-
-    @property
-    def positions(self) -> dict[int, Position]:
-        return {c.partition: c.position for c in self.copies}
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for c in self.copies for f in c.files)
-
-    def copy_of(self, partition: int) -> PartitionCopy:
-        return next(c for c in self.copies if c.partition == partition)
-
-    def to_manifest(self) -> bytes:
-        doc = {
-            "format": FORMAT,
-            "version": VERSION,
-            "id": self.id,
-            "cluster": self.cluster,
-            "cluster_id": self.cluster_id,
-            "created": self.created.isoformat(),
-            "partitions": [
-                {
-                    "partition": c.partition,
-                    "index": c.position.index,
-                    "term": c.position.term,
-                    "files": [{"path": f.path, "size": f.size, "sha256": f.sha256} for f in c.files],
-                }
-                for c in self.copies
-            ],
-        }
-        return json.dumps(doc, indent=2).encode()
-
-    @classmethod
-    def from_manifest(cls, data: bytes, where: str) -> BackupInfo:
-        """Parse and check a manifest; `where` names it in the error."""
-        try:
-            doc = json.loads(data)
-            if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
-                raise ValueError(f"not a {FORMAT} manifest of version {VERSION}")
-            copies = tuple(_partition_copy(p) for p in doc["partitions"])
-            return cls(_typed_field(doc, "id", str), _typed_field(doc, "cluster", str),
-                       datetime.fromisoformat(doc["created"]), copies, str(doc.get("cluster_id", "")))
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
-            raise CorruptData(f"{where}: unreadable backup manifest ({exc})") from None
-
-
-def _partition_copy(doc: dict) -> PartitionCopy:
-    partition = _typed_field(doc, "partition", int)
-    files = tuple(FileEntry(_typed_field(f, "path", str), _typed_field(f, "size", int), _typed_field(f, "sha256", str))
-                  for f in doc["files"])
-    for f in files:  # restore writes these paths locally: nothing may point elsewhere
-        folder, _, name = f.path.partition("/")
-        if folder != partition_dir(partition) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
-            raise ValueError(f"file {f.path!r} is not a plain name in {partition_dir(partition)}/")
-    return PartitionCopy(partition, Position(_typed_field(doc, "index", int), _typed_field(doc, "term", int)), files)
-
-
-def _typed_field(doc: dict, key: str, kind: type) -> str | int:
-    """doc[key], a text or a count (an integer, not negative, not a boolean)."""
-    value = doc[key]
-    if type(value) is not kind or (kind is int and value < 0):
-        raise ValueError(f"{key}: expected {'a count' if kind is int else 'text'}, got {value!r}")
-    return value
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 # -- storage options ---------------------------------------------------------
@@ -177,19 +90,24 @@ def _typed(value: str) -> bool | int | str:
 
 
 class BackupStore:
-    """The backups under one URL."""
+    """The backups under one URL. `clock` is the wall clock backup ids, markers and locks are dated by."""
 
-    def __init__(self, url: str, storage_options: Mapping | None = None, source: str = "url"):
+    def __init__(self, url: str, storage_options: Mapping | None = None, source: str = "url",
+                 clock: Callable[[], datetime] = _utc_now):
         self.url = url.rstrip("/")
         try:
-            # A fresh instance each time: fsspec's cached ones keep directory listings
-            # that other writers (another learner, `raftkv backup create`) make stale.
+            # A fresh instance each time, and its listings never cached (`_listing`): another writer
+            # (a learner, `raftkv backup create`, a prune) changes what is there at any moment.
             self._fs, root = fsspec.core.url_to_fs(self.url, skip_instance_cache=True, **(storage_options or {}))
         except (ValueError, ImportError, TypeError) as exc:
             raise ConfigError(f"cannot use {url!r}: {exc}", source=source) from None
         self._root = root.rstrip("/")
+        protocols = {self._fs.protocol} if isinstance(self._fs.protocol, str) else set(self._fs.protocol)
+        self._atomic_puts = bool(protocols & _OBJECT_STORES)
+        self._clock = clock
+        self._digests = FileDigests()
 
-    @contextmanager
+    @contextlib.contextmanager
     def _storage(self, action: str) -> Iterator[None]:
         """Turn any storage failure into one line; raftkv's own errors pass through.
 
@@ -208,48 +126,97 @@ class BackupStore:
     def _path(self, *parts: str) -> str:
         return "/".join((self._root, *parts))
 
+    def _listing(self) -> None:
+        """Forget every listing fsspec cached: the next one asks the storage. Called before each."""
+        self._fs.invalidate_cache()
+
+    def _write(self, data: bytes | Path, remote: str) -> None:
+        if not self._atomic_puts:
+            self._fs.makedirs(str(PurePosixPath(remote).parent), exist_ok=True)
+        if isinstance(data, Path):
+            self._fs.put_file(str(data), remote)
+        else:
+            self._fs.pipe_file(remote, data)
+
+    def _put_whole(self, data: bytes | Path, remote: str, backup_id: str) -> None:
+        """Write `remote` so that a reader sees all of it or nothing: an object store stores a PUT whole;
+        elsewhere the data goes to a file in the backup's folder first, then is renamed into place."""
+        if self._atomic_puts:
+            self._write(data, remote)
+            return
+        staged = self._path(backup_id, f".{PurePosixPath(remote).name}.tmp")
+        self._write(data, staged)
+        self._fs.makedirs(str(PurePosixPath(remote).parent), exist_ok=True)
+        self._fs.mv(staged, remote)
+
+    def _remove(self, paths: list[str], recursive: bool = False) -> None:
+        """Delete those of `paths` still there: another prune may have been first, and on an object store
+        a folder is gone with its last object."""
+        if not paths:
+            return
+        try:
+            self._fs.rm(paths, recursive=recursive)
+        except FileNotFoundError:
+            for path in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.rm(path, recursive=recursive)
+
     # export
 
     def export(self, cluster: str, checkpoints: Mapping[int, tuple[Path, Position]], created: datetime,
-               cluster_id: str = "") -> BackupInfo:
-        """Upload checkpoints (partition -> (folder, position)), then the manifest that makes them a backup."""
+               cluster_id: str = "", sent: Callable[[int], None] = lambda n: None) -> BackupInfo:
+        """Make a backup of checkpoints (partition -> (folder, position)): upload the files no stored
+        object holds yet, then the manifest that makes them a backup. `sent(n)` hears of every n bytes
+        uploaded. The order of steps is what keeps a concurrent prune off the files (docs/backup.md)."""
         backup_id = backup_id_for(created)
+        local = {p: sorted(f for f in folder.iterdir() if f.is_file()) for p, (folder, _) in checkpoints.items()}
+        digests = self._digests.of([f for files in local.values() for f in files])
         copies = tuple(
-            self._upload_partition(backup_id, p, folder, position)
-            for p, (folder, position) in sorted(checkpoints.items())
+            PartitionCopy(p, checkpoints[p][1], tuple(FileEntry(f"{partition_dir(p)}/{f.name}", digests[f][1],
+                                                                digests[f][0]) for f in files))
+            for p, files in sorted(local.items())
         )
         info = BackupInfo(backup_id, cluster, created.astimezone(timezone.utc), copies, cluster_id)
-        manifest, staged = self._path(backup_id, MANIFEST), self._path(backup_id, MANIFEST + ".tmp")
-        with self._storage("write the manifest to"):
-            self._fs.pipe_file(staged, info.to_manifest())
-            self._fs.mv(staged, manifest)  # appears whole: listing never sees half a manifest
+        sources = {sha256: path for path, (sha256, _) in digests.items()}
+        with self._storage("upload to"):
+            self._put_whole(info.pending_marker(), self._path(backup_id, PENDING), backup_id)
+            self._wait_for_prunes()
+            for sha256 in to_upload(info.objects, self._objects()):
+                self._put_whole(sources[sha256], self._path(object_path(sha256)), backup_id)
+                sent(info.objects[sha256])
+                failpoints.hit("backup-upload-after")
+            if self._clock() - info.created > MAX_EXPORT:  # prunes judge the marker's age by the backup's id
+                raise Unavailable(f"backup {backup_id} took longer than {MAX_EXPORT} to upload to {self.url}; "
+                                  "a prune may have collected files it reused, so it was not completed")
+            self._put_whole(info.to_manifest(), self._path(backup_id, MANIFEST), backup_id)
+            self._fs.rm_file(self._path(backup_id, PENDING))
         return info
 
-    def _upload_partition(self, backup_id: str, partition: int, folder: Path, position: Position) -> PartitionCopy:
-        name = partition_dir(partition)
-        with self._storage("upload to"):
-            self._fs.makedirs(self._path(backup_id, name), exist_ok=True)
-            files = tuple(
-                self._upload_file(local, f"{name}/{local.name}", backup_id)
-                for local in sorted(folder.iterdir())
-                if local.is_file()
-            )
-        return PartitionCopy(partition, position, files)
+    def _wait_for_prunes(self) -> None:
+        """Until no prune that may have listed the markers before ours can still delete anything."""
+        waited = False
+        while running := prunes_in_the_way(self._locks(), self._clock()):
+            if not waited:
+                log.info("backups: waiting for prune %s in %s to finish", running[0], self.url)
+                waited = True
+            time.sleep(_PRUNE_POLL_SECONDS)
 
-    def _upload_file(self, local: Path, relative: str, backup_id: str) -> FileEntry:
-        digest, size = hashlib.sha256(), 0
-        with local.open("rb") as src, self._fs.open(self._path(backup_id, relative), "wb") as dst:
-            while chunk := src.read(_CHUNK):
-                digest.update(chunk)
-                dst.write(chunk)
-                size += len(chunk)
-        return FileEntry(relative, size, digest.hexdigest())
+    def abandon(self, backup_id: str) -> None:
+        """Give up on an export whose process died: remove its marker and, unless its manifest was
+        written, its folder. The next prune collects the objects only it referenced."""
+        with self._storage("clean up in"):
+            self._listing()
+            if self._fs.exists(self._path(backup_id, MANIFEST)):
+                self._remove([self._path(backup_id, PENDING)])
+            else:
+                self._remove([self._path(backup_id)], recursive=True)
 
     # listing
 
     def backups(self) -> list[BackupInfo]:
         """Complete backups, oldest first."""
         with self._storage("list backups in"):
+            self._listing()
             infos = [self._read_manifest(path) for path in self._fs.glob(self._path("*", MANIFEST))]
         return sorted(infos, key=lambda info: info.id)
 
@@ -257,7 +224,7 @@ class BackupStore:
         folder = PurePosixPath(path).parent.name
         where = f"{self.url}/{folder}/{MANIFEST}"
         info = BackupInfo.from_manifest(self._fs.cat_file(path), where)
-        if info.id != folder:  # files are fetched from the folder named by the id
+        if info.id != folder:  # version-1 files are fetched from the folder named by the id
             raise CorruptData(f"{where}: the manifest is of backup {info.id!r}, not {folder}")
         return info
 
@@ -276,55 +243,113 @@ class BackupStore:
             source="--backup",
         )
 
+    def _objects(self) -> dict[str, int]:
+        """sha256 -> size of every object under files/ (anything else there is not ours)."""
+        self._listing()
+        return {name: entry["size"] for path, entry in self._fs.find(self._path(FILES), detail=True).items()
+                if is_object(name := PurePosixPath(path).name) and path == self._path(object_path(name))}
+
+    def _pending(self) -> dict[str, frozenset[str]]:
+        """backup id -> objects, from the pending markers of backups that may still be under way."""
+        now, markers = self._clock(), {}
+        self._listing()
+        for path in self._fs.glob(self._path("*", PENDING)):
+            backup_id = PurePosixPath(path).parent.name
+            if is_fresh(backup_id, now):
+                markers[backup_id] = pending_objects(self._fs.cat_file(path), f"{self.url}/{backup_id}/{PENDING}")
+        return markers
+
+    def _folders(self) -> list[str]:
+        """Every folder named like a backup id; anything else under the URL is not a backup."""
+        self._listing()
+        return [name for path in self._fs.ls(self._root, detail=False)
+                if time_of(name := PurePosixPath(path).name) is not None]
+
+    def _locks(self) -> dict[str, datetime]:
+        """Prune lock -> when its prune started."""
+        self._listing()
+        names = {PurePosixPath(path).name for path in self._fs.find(self._path(LOCKS), maxdepth=1)}
+        return {name: started for name in names if (started := lock_time(name)) is not None}
+
     # retention
 
-    def prune(self, keep: int, now: datetime) -> list[str]:
-        """Delete the oldest complete backups beyond `keep`, and partial uploads older than a day.
-
-        A partial upload (no manifest) is what an export that failed or crashed
-        leaves; one started a day ago cannot still be in progress.
-        """
-        backups = self.backups()
-        doomed = [info.id for info in backups[:-keep]]
-        complete = {info.id for info in backups}
+    def prune(self, keep: int) -> Pruned:
+        """Delete the oldest complete backups beyond `keep`, partial ones a day old (an export that failed
+        or crashed: one started a day ago is not still running), and the objects under files/ that
+        neither a kept backup nor a backup under way references."""
+        lock = self._path(LOCKS, lock_name(self._clock(), uuid.uuid4().hex[:12]))
+        started = time.monotonic()
         with self._storage("apply retention in"):
-            for backup_id in doomed:
-                self._fs.rm_file(self._path(backup_id, MANIFEST))  # unlisted first, then removed
-                self._fs.rm(self._path(backup_id), recursive=True)
-            for name, started in self._ids_present():
-                if name not in complete and started < now - PARTIAL_UPLOAD_GRACE:
-                    self._fs.rm(self._path(name), recursive=True)
-                    doomed.append(name)
-        return doomed
-
-    def _ids_present(self) -> list[tuple[str, datetime]]:
-        """(name, start time) of every folder named like a backup id; anything else there is not ours."""
-        found = []
-        for path in self._fs.ls(self._root, detail=False):
-            name = PurePosixPath(path).name
+            self._write(b"", lock)  # empty: whole as soon as it is visible
             try:
-                found.append((name, datetime.strptime(name, _ID_FORMAT).replace(tzinfo=timezone.utc)))
-            except ValueError:
-                continue
-        return found
+                pending = self._pending()  # before the manifests: a backup finishing meanwhile is in either
+                backups = self.backups()
+                objects = self._objects()
+                plan = plan_prune(backups, pending, self._folders(), objects, self._locks(), keep, self._clock())
+                for backup_id in plan.backups:
+                    self._remove([self._path(backup_id, MANIFEST)])  # unlisted first, then removed
+                    self._remove([self._path(backup_id)], recursive=True)
+                self._remove([self._path(backup_id) for backup_id in plan.partial], recursive=True)
+                self._remove([self._path(LOCKS, name) for name in plan.locks])
+                deleted = self._delete_objects(plan.objects, started)
+            finally:
+                self._remove([lock])
+        return Pruned(plan.backups, plan.partial, len(deleted), sum(objects[name] for name in deleted),
+                      len(plan.objects) - len(deleted))
 
-    # download
+    def _delete_objects(self, names: tuple[str, ...], started: float) -> list[str]:
+        """Delete objects in batches while the prune's window is open; the ones deleted."""
+        deleted: list[str] = []
+        for first in range(0, len(names), _DELETES_PER_CALL):
+            if time.monotonic() - started >= PRUNE_WINDOW.total_seconds():
+                log.warning("backups: prune of %s stopped after %s; the next prune deletes the %d files left",
+                            self.url, PRUNE_WINDOW, len(names) - len(deleted))
+                break
+            batch = list(names[first:first + _DELETES_PER_CALL])
+            self._remove([self._path(object_path(name)) for name in batch])
+            deleted += batch
+        return deleted
+
+    # download and verification
 
     def download(self, info: BackupInfo, partition: int, dest: Path,
                  received: Callable[[int], None] = lambda n: None) -> None:
-        """Fetch a partition's checkpoint into `dest`, checking every file against the manifest;
+        """Fetch a partition's checkpoint into `dest` (which must not exist), checking every file's size and
+        SHA-256 against the manifest, then that RocksDB opens it, read-only, at the manifest's position.
         `received(n)` hears of every n bytes."""
         dest.mkdir(parents=True)
-        for entry in info.copy_of(partition).files:
-            where = f"{self.url}/{info.id}/{entry.path}"
+        copy = info.copy_of(partition)
+        for entry in copy.files:
+            where = f"backup {info.id}: {entry.path} ({self.url}/{info.location(entry)})"
             with self._storage("download from"):
-                digest, size = self._fetch(self._path(info.id, entry.path), dest / PurePosixPath(entry.path).name,
-                                           received)
+                try:
+                    digest, size = self._fetch(self._path(info.location(entry)),
+                                               dest / PurePosixPath(entry.path).name, received)
+                except FileNotFoundError:
+                    raise CorruptData(f"{where} is missing; the backup is damaged, restore another one") from None
             if (digest, size) != (entry.sha256, entry.size):
                 raise CorruptData(
                     f"{where}: {size} bytes with sha256 {digest[:12]}…, the manifest says {entry.size} bytes "
                     f"with sha256 {entry.sha256[:12]}…; the backup is damaged, restore another one"
                 )
+        where = f"backup {info.id}: partition {partition}"
+        try:
+            position = checkpoint_position(dest)
+        except CorruptData as exc:
+            raise CorruptData(f"{where}: {exc}; the backup is damaged, restore another one") from None
+        if position != copy.position:
+            raise CorruptData(f"{where}: the checkpoint is the state after entry {position.index} (term "
+                              f"{position.term}), the manifest says {copy.position.index} (term {copy.position.term})")
+
+    def verify(self, info: BackupInfo, work: Path, received: Callable[[int], None] = lambda n: None) -> None:
+        """Check every partition of a backup as `download` does, in a scratch folder under `work`
+        (one partition at a time, removed after)."""
+        for partition in info.partitions:
+            scratch = work / partition_dir(partition)
+            try:
+                self.download(info, partition, scratch, received)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def _fetch(self, remote: str, local: Path, received: Callable[[int], None]) -> tuple[str, int]:
         digest, size = hashlib.sha256(), 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from dataclasses import dataclass
+from pathlib import Path
 from typing import AsyncIterator, Iterable, Sequence, TypedDict
 
 from raftkv.api import kv_pb2 as pb
@@ -28,7 +29,7 @@ from raftkv.core.commands import (
     RegisterLearner, RemoveLearner,
 )
 from raftkv.core.command_kinds import check_command, routing_keys
-from raftkv.storage.engine import prefix_end
+from raftkv.storage.engine import Position, prefix_end
 from raftkv.core.errors import InvalidRequest, Unavailable
 from raftkv.core.partitioning import partition_for_key
 from raftkv.meta.records import BeginMove, MetaCommand, NodeState, SetNodeState, encode_command
@@ -197,6 +198,11 @@ class AsyncClient:
                                  consistency=self._level(consistency), columnar=columnar)
         async for chunk in self._core.scan_partition(partition, request):
             yield chunk
+
+    async def checkpoint(self, partition: int, dest: Path) -> Position:
+        """A partition's state as its leader's RocksDB checkpoint, written to `dest` (a folder that does not
+        exist yet): the files and the Raft position they are exactly the state after. An admin verb."""
+        return await self._core.checkpoint(partition, dest)
 
     async def split_keys(self, partition: int, start: bytes = b"", end: bytes | None = None, *,
                          every: int) -> list[bytes]:

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.api.checkpoint_stream import SILENCE_SECONDS, receive_checkpoint
 from raftkv.core.batching import GroupCommit
 from raftkv.api.convert import error_from_result
 from raftkv.api.rpc_errors import error_of, never_sent
@@ -28,6 +31,7 @@ from raftkv.client.routing import RoutingTable
 from raftkv.core.errors import (ChangeRefused, NotLeader, PermissionDenied, RaftKVError, ResourceExhausted,
                                 Unauthenticated, Unavailable, Undetermined)
 from raftkv.security.tls import Tls, open_channel, refusal
+from raftkv.storage.engine import Position
 
 
 # Columnar scan chunks are up to 4 MiB (server.COLUMNS_CHUNK_BYTES): above gRPC's default receive limit.
@@ -287,6 +291,28 @@ class ClientCore:
 
         return await self._retrying(request.partition, pb.LINEARIZABLE, False,
                                     f"split keys of partition {request.partition}", at)
+
+    async def checkpoint(self, partition: int, dest: Path) -> Position:
+        """A checkpoint of `partition` from its leader after a read barrier, so with every write acknowledged
+        before the call (`Admin.Checkpoint`, an admin verb), its files written
+        to `dest` (a folder that does not exist yet): the position they are exactly the state after. Tried
+        again from the start, at the partition's replicas in turn, until the deadline; what a failed
+        attempt wrote is removed."""
+
+        async def at(address: str) -> Position:
+            call = self.admin(address).Checkpoint(pb.ReplicaRequest(group=partition, linearizable=True))
+            try:
+                return (await receive_checkpoint(call, dest, lambda n: None))[0]
+            except grpc.aio.AioRpcError as exc:  # FAILED_PRECONDITION: no voter of the partition there
+                error = (error_of(exc, partition) or _refused(exc)
+                         or Unavailable(f"{address}: {exc.details() or exc.code().name}"))
+            except asyncio.TimeoutError:
+                call.cancel()
+                error = Unavailable(f"{address}: sent nothing for {SILENCE_SECONDS:.0f}s")
+            shutil.rmtree(dest, ignore_errors=True)  # the next attempt starts afresh
+            raise error
+
+        return await self._retrying(partition, pb.LINEARIZABLE, False, f"checkpoint of partition {partition}", at)
 
     async def scan_partition(self, partition: int, request: pb.ScanRequest) -> AsyncIterator[pb.ScanChunk]:
         """Chunks of one partition's scan, all from one view; retried only before the first chunk."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import threading
+from pathlib import Path
 from typing import Iterable, Iterator, Sequence, Unpack
 
 import uvloop
@@ -31,6 +32,7 @@ from raftkv.client.async_client import AsyncClient, Bytes, ClientOptions, Learne
 from raftkv.client.core import NodeStatus
 from raftkv.core.commands import CasResult, Mutation
 from raftkv.meta.wire import Topology
+from raftkv.storage.engine import Position
 
 __all__ = ["Client", "LearnerView", "NodeStatus", "Read", "Topology"]
 
@@ -122,6 +124,11 @@ class Client:
                 yield self._run(anext(chunks))
             except StopAsyncIteration:
                 return
+
+    def checkpoint(self, partition: int, dest: Path) -> Position:
+        """A partition's state as its leader's RocksDB checkpoint, written to `dest` (a folder that does not
+        exist yet): the files and the Raft position they are exactly the state after. An admin verb."""
+        return self._run(self._async.checkpoint(partition, dest))
 
     def split_keys(self, partition: int, start: bytes = b"", end: bytes | None = None, *, every: int) -> list[bytes]:
         """Every `every`-th key of a partition's range, from one replica: boundaries for parallel scans."""

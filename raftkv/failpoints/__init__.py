@@ -36,15 +36,17 @@ POINTS: dict[str, str] = {
     "learner-deliver-before": "a learner is about to hand a batch of change events to its sink",
     "sink-flush-before": "a learner's sink has the batch and is about to flush it",
     "sink-flush-after": "a learner's sink flushed the batch; the learner has not yet recorded that",
+    "backup-upload-after": "a backup uploaded a file; its manifest is not written yet",
 }
 NAMES = tuple(POINTS)
 LEARNER_POINTS = ("learner-deliver-before", "sink-flush-before", "sink-flush-after")
+BACKUP_POINTS = ("backup-upload-after",)  # reached by a backup sink's learner and `raftkv backup create`
 FSYNC_POINTS = ("journal-fsync-before", "journal-fsync-after")  # reached only with durability = "fsync"
 
 
 def node_points(fsync: bool) -> tuple[str, ...]:
     """The points a node process reaches."""
-    return tuple(n for n in NAMES if n not in LEARNER_POINTS and (fsync or n not in FSYNC_POINTS))
+    return tuple(n for n in NAMES if n not in LEARNER_POINTS + BACKUP_POINTS and (fsync or n not in FSYNC_POINTS))
 
 _log = logging.getLogger(__name__)
 _armed: dict[str, Program] = {}

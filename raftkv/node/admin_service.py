@@ -10,7 +10,8 @@ import grpc
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core import metrics
-from raftkv.core.errors import ChangeRefused, Unauthenticated
+from raftkv.api.rpc_errors import error_metadata
+from raftkv.core.errors import ChangeRefused, RaftKVError, Unauthenticated
 from raftkv.meta.records import META, ClusterMeta, MetaCommand, decode_command
 from raftkv.meta.wire import topology_reply
 from raftkv.node.gatekeeper import Gatekeeper
@@ -106,6 +107,11 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         if frontend is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"{self._node.me_id} holds no voter of partition {request.group}")
+        if request.linearizable:
+            try:
+                await frontend.barrier()
+            except RaftKVError as error:  # not the leader (the error names it), or no quorum
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(error), trailing_metadata=error_metadata(error))
         sent = metrics.CHECKPOINT_BYTES_SENT.labels(request.group)
         async for chunk in checkpoint_chunks(frontend.replica):
             sent.inc(len(chunk.data))

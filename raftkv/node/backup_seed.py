@@ -26,7 +26,8 @@ from typing import Callable, Iterable
 import grpc
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.backup.store import BackupInfo, BackupStore, PartitionCopy, parse_storage_options
+from raftkv.backup.manifest import BackupInfo, PartitionCopy
+from raftkv.backup.store import BackupStore, parse_storage_options
 from raftkv.core.errors import RaftKVError
 from raftkv.core.spec import BackupConfig
 from raftkv.node.peers import Peers

@@ -14,23 +14,23 @@ import asyncio
 import logging
 import shutil
 import tempfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import AsyncIterator, Callable, Iterable
 
 import grpc
 
 from raftkv.api import kv_pb2 as pb
+from raftkv.api.checkpoint_stream import receive_checkpoint
 from raftkv.core.errors import CorruptData, Unavailable
 from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
-from raftkv.raft.syncobj_seed import LogEntry, seed
+from raftkv.raft.syncobj_seed import seed
 from raftkv.storage.engine import Position
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1024 * 1024
 SCRATCH_PREFIX = ".copy-"  # a copy lands beside the replica's folder first: <data_dir>/.copy-p0003
-SILENCE_SECONDS = 30.0  # a source that sends nothing for this long is given up for the next one
 
 
 class ReplicaCopying:
@@ -81,7 +81,10 @@ async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, fol
             shutil.rmtree(scratch, ignore_errors=True)
             call = peers.admin(node_id).Checkpoint(pb.ReplicaRequest(group=partition))
             try:
-                position, base = await _receive(call, scratch, received)
+                position, base = await receive_checkpoint(call, scratch, received)
+                if position.index and len(base) != 2:
+                    raise CorruptData("the checkpoint came without the two log entries a seeded replica's log "
+                                      "starts with")
             except (grpc.aio.AioRpcError, asyncio.TimeoutError, CorruptData) as exc:
                 call.cancel()
                 failures.append(f"{node_id}: {_reason(exc)}")
@@ -92,39 +95,6 @@ async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, fol
         raise Unavailable("; ".join(failures) or "no live voter to copy from")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-async def _receive(call, dest: Path, received: Callable[[int], None]) -> tuple[Position, tuple[LogEntry, LogEntry]]:
-    position, base = None, None
-    current, out = None, None
-    try:
-        while (chunk := await asyncio.wait_for(call.read(), SILENCE_SECONDS)) is not grpc.aio.EOF:
-            if position is None:
-                position = Position(chunk.index, chunk.term)
-                base = tuple((e.command, e.index, e.term) for e in chunk.base)
-            if chunk.path != current:
-                if out is not None:
-                    out.close()
-                target = dest / _relative(chunk.path)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                out, current = open(target, "wb"), chunk.path
-            await asyncio.to_thread(out.write, chunk.data)
-            received(len(chunk.data))
-    finally:
-        if out is not None:
-            out.close()
-    if position is None:
-        raise CorruptData("the checkpoint stream was empty")
-    if position.index and len(base) != 2:
-        raise CorruptData("the checkpoint came without the two log entries a seeded replica's log starts with")
-    return position, base
-
-
-def _relative(name: str) -> PurePosixPath:
-    path = PurePosixPath(name)
-    if not name or path.is_absolute() or ".." in path.parts:
-        raise CorruptData(f"a checkpoint file named {name!r} would land outside the checkpoint")
-    return path
 
 
 def _reason(exc: Exception) -> str:

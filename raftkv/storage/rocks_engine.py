@@ -41,7 +41,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from rocksdict import Checkpoint, DbClosedError, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import AccessType, Checkpoint, DbClosedError, Options, Rdict, ReadOptions, WriteBatch
 
 from raftkv.core.command_kinds import write_mutation
 from raftkv.core.commands import Mutation
@@ -105,6 +105,25 @@ def failed_disk(path: Path, exc: BaseException) -> DiskFailed:
         f"check the disk (dmesg), then move {path.parent} away and restart the node so the partition "
         "re-syncs from its peers"
     )
+
+
+def checkpoint_position(db: Path) -> Position:
+    """The position of the database (a checkpoint) at `db`, opened read-only: nothing in it is written.
+    CorruptData, naming RocksDB's complaint, when it does not open (a file missing or damaged)."""
+    try:
+        rdict = Rdict(str(db), Options(raw_mode=True), column_families={_META_CF: Options(raw_mode=True)},
+                      access_type=AccessType.read_only())
+    except Exception as exc:  # rocksdict raises a bare Exception
+        raise CorruptData(f"RocksDB cannot open it: {str(exc).splitlines()[0]}") from None
+    try:
+        meta = rdict.get_column_family(_META_CF)
+        raw = meta.get(_POSITION_KEY)
+        del meta  # a column family view keeps the database open
+    except Exception as exc:
+        raise CorruptData(f"RocksDB cannot read it: {str(exc).splitlines()[0]}") from None
+    finally:
+        rdict.close()
+    return Position(*_POSITION.unpack(raw)) if raw is not None else ZERO
 
 
 def recover_interrupted_install(folder: Path) -> None:
