@@ -24,6 +24,7 @@ and every pysyncobj call happen on the loop.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,14 @@ def _outcome(reason: int) -> Outcome:
     if reason == FAIL_REASON.SUCCESS:
         return Outcome.APPLIED
     return Outcome.REJECTED if reason in _NOT_APPLIED else Outcome.UNKNOWN
+
+
+def _apply_call(method_id: int, payload: bytes) -> bytes:
+    """The journal's form of a call of `_Member._apply(payload)`: what pysyncobj's @replicated wrapper
+    writes, but in pickle protocol 5 instead of its 2, which stores bytes as latin-1 text rebuilt through
+    `codecs.encode`: 1.5 times as long for random bytes, and 5.8 ms to write and 4.6 ms to read a MB
+    against 0.04 ms. Any protocol reads back the same way (`_payload_of`, pysyncobj's apply)."""
+    return pickle.dumps((method_id, (payload,)), protocol=5)
 
 
 def _payload_of(command: bytes) -> bytes | None:
@@ -225,6 +234,7 @@ class SyncObjGroup:
         )
         self._member = _Member(self, config.self_address, config.peers, conf)
         self._journal: RaftJournal = self._member._SyncObj__raftLog
+        self._apply_id = self._member._methodToID[self._member._getFuncName("_apply")]
         self.snapshots.journal = self._journal
         self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2),
                              on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election,
@@ -325,7 +335,8 @@ class SyncObjGroup:
 
     def propose(self, payload: bytes, callback: ProposalCallback) -> None:
         """Append an encoded proposal; `callback(result, outcome)` runs once it is applied or failed."""
-        self._member._apply(payload, callback=lambda result, reason: callback(result, _outcome(reason)))
+        self._member._applyCommand(_apply_call(self._apply_id, payload),
+                                   lambda result, reason: callback(result, _outcome(reason)), _REGULAR)
         self.quiet.wake(tell_leader=True)
         self._ticker.soon()
 

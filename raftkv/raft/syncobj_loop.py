@@ -46,6 +46,9 @@ def _create_poller(poller_type):
 
 
 pysyncobj.syncobj.createPoller = _create_poller
+# pysyncobj wakes its tick thread through a pipe on every queued command: two fds per group, and a
+# write, a read and a loop callback per proposal. Every command we queue is followed by `Ticker.soon`.
+pysyncobj.syncobj.PIPE_NOTIFIER_ENABLED = False
 
 
 class LoopPoller(Poller):
