@@ -350,10 +350,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--quick", action="store_true", help="short windows: about 1 minute in all")
-    for field in fields(Config):
-        p.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=None,
-                       help=f"default {field.default}, --quick {getattr(QUICK, field.name)}")
+    config_arguments(p, Config(), QUICK, "short windows: about 1 minute in all")
     p.add_argument("--tls", action="store_true", help="TLS vs plaintext for raftkv and etcd (scenarios 1-3 only)")
     p.add_argument("--json-out", type=Path, help="also write every figure to this JSON file")
     p.add_argument("--data-dir", type=Path, help="where the clusters keep their data, kept at the end "
@@ -370,14 +367,27 @@ def header(console: Console, host: dict, vers: dict, config: Config, data_dir: P
     console.print("[bold]config[/bold]   " + ", ".join(f"{k}={v}" for k, v in asdict(config).items()))
 
 
+def config_arguments(parser: argparse.ArgumentParser, default, quick, quick_help: str) -> None:
+    """--quick, and a flag per field of the config dataclass of `default` (None when not given): see `configured`."""
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    for field in fields(default):
+        parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=None,
+                            help=f"default {field.default}, --quick {getattr(quick, field.name)}")
+
+
+def configured(args: argparse.Namespace, default, quick):
+    """`default` (or `quick` with --quick) with every field given on the command line."""
+    base = quick if args.quick else default
+    return replace(base, **{f.name: v for f in fields(base) if (v := getattr(args, f.name)) is not None})
+
+
 def start_run(args: argparse.Namespace, default, quick, prefix: str, width: int):
     """(config, console, data dir) of a benchmark run; SIGTERM then unwinds like Ctrl-C.
 
     The config is the defaults (or `quick` with --quick) with every flag given on
     the command line; the data dir is --data-dir or a new temp dir.
     """
-    base = quick if args.quick else default
-    config = replace(base, **{f.name: v for f in fields(base) if (v := getattr(args, f.name)) is not None})
+    config = configured(args, default, quick)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # every started process is stopped on the way out
     console = Console() if sys.stdout.isatty() else Console(width=width)
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix=prefix))

@@ -63,23 +63,23 @@ def _disk(path: Path) -> str:
 def versions(etcd: str, etcd_client: str) -> dict[str, str]:
     return {
         "python": platform.python_version(),
-        "raftkv": _git_rev(),
+        "raftkv": git_rev(),
         "etcd": etcd,
         "etcd client": etcd_client,
-        "rocksdict": _package("rocksdict"),
-        "grpcio": _package("grpcio"),
-        "protobuf": _package("protobuf"),
+        "rocksdict": package_version("rocksdict"),
+        "grpcio": package_version("grpcio"),
+        "protobuf": package_version("protobuf"),
     }
 
 
-def _package(name: str) -> str:
+def package_version(name: str) -> str:
     try:
         return version(name)
     except PackageNotFoundError:
         return "not installed"
 
 
-def _git_rev() -> str:
+def git_rev() -> str:
     """HEAD's short hash, '+dirty' when tracked files differ; read-only (no index refresh)."""
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
 

@@ -51,7 +51,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -59,7 +59,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import NOISY_CORES, comparison_table, drop_data_dir, header, start_run, verdict  # noqa: E402
+from bench import (  # noqa: E402
+    NOISY_CORES, comparison_table, config_arguments, drop_data_dir, header, start_run, verdict)
 from bench_clusters import ensure_etcd, ensure_etcd3aio, etcd_version, raftkv_cluster  # noqa: E402
 from bench_host import machine, versions  # noqa: E402
 
@@ -152,10 +153,7 @@ def table(raftkv_up: CatchUp, etcd_up: CatchUp | None, lags: list[Lag], config: 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="fewer keys and short windows: about 1 minute")
-    for field in fields(Config):
-        p.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=None,
-                       help=f"default {field.default}, --quick {getattr(QUICK, field.name)}")
+    config_arguments(p, Config(), QUICK, "fewer keys and short windows: about 1 minute")
     p.add_argument("--raftkv-only", action="store_true", help="skip etcd (no etcd needed)")
     p.add_argument("--json-out", type=Path, help="also write every figure to this JSON file")
     p.add_argument("--data-dir", type=Path, help="where the clusters keep their data, kept at the end "

@@ -9,7 +9,8 @@ the figures are the requests that complete inside the measured window of
 
 Keys are 16 bytes (`bench/` + 10 digits) drawn uniformly from a key space of
 `load.keys` keys; values are 100 bytes. With `load.tls` (the CA and the client
-certificate's files), both drivers connect with mutual TLS.
+certificate's files), the drivers connect with mutual TLS. A third driver, `execute`,
+sends bare Execute calls to one server (scripts/bench_grpc_frontends.py times gRPC front ends with it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterator, Sequence
 
 import raftkv
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
+from raftkv.client.core import CHANNEL_OPTIONS
 from raftkv.core.commands import Put
+from raftkv.security.tls import open_channel
 
 VALUE_BYTES = 100
 START_TIMEOUT = 60.0
@@ -42,7 +47,7 @@ def key(i: int) -> bytes:
 
 @dataclass(frozen=True)
 class Load:
-    system: str  # "raftkv" or "etcd"
+    system: str  # "raftkv", "etcd" or "execute" (see DRIVERS)
     endpoints: tuple[str, ...]
     op: str  # "put", "get" or "batch"
     consistency: str = "linearizable"  # raftkv: linearizable/leader/follower; etcd: linearizable/serializable
@@ -186,11 +191,43 @@ class EtcdDriver:
         await asyncio.gather(*(self.batch([(k, value) for k in chunk]) for chunk in chunks))
 
 
-DRIVERS = {"raftkv": RaftkvDriver, "etcd": EtcdDriver}
+class ExecuteDriver:
+    """One raftkv Execute call per get, through a bare grpc.aio KV stub on the first endpoint.
+
+    No `raftkv.AsyncClient`: no coalescing, routing or retries, so each request in flight is one
+    gRPC call. Every op names partition 0, which only a server that answers any Execute accepts
+    (scripts/bench_grpc_frontends.py); gets only. A reply without exactly one result is an error.
+    """
+
+    def __init__(self, endpoints: Sequence[str], consistency: str, keys: int, tls: raftkv.Tls | None):
+        self._address = endpoints[0]
+        self._consistency = pb.Consistency.Value(consistency.upper())
+        self._tls = tls
+        self._execute = None
+
+    def run(self, main: Callable[[ExecuteDriver], Awaitable]):
+        return asyncio.run(self._session(main))
+
+    async def _session(self, main):
+        async with open_channel(self._address, self._tls, CHANNEL_OPTIONS) as channel:
+            self._execute = kv_pb2_grpc.KVStub(channel).Execute
+            return await main(self)
+
+    def close(self) -> None:
+        pass
+
+    async def get(self, k: bytes) -> None:
+        request = pb.ExecuteRequest(ops=[pb.Op(get=pb.Get(key=k))], consistency=self._consistency)
+        reply = await self._execute(request, timeout=REQUEST_TIMEOUT)
+        if len(reply.results) != 1:
+            raise RuntimeError(f"{len(reply.results)} results for one op")
+
+
+DRIVERS = {"raftkv": RaftkvDriver, "etcd": EtcdDriver, "execute": ExecuteDriver}
 
 
 @contextmanager
-def open_driver(load: Load, worker: int = 0) -> Iterator[RaftkvDriver | EtcdDriver]:
+def open_driver(load: Load, worker: int = 0) -> Iterator[RaftkvDriver | EtcdDriver | ExecuteDriver]:
     """A client whose endpoint list starts at member `worker` (mod 3), so that workers spread over the members.
 
     That matters for raftkv follower reads, which the client sends to its first endpoint.
