@@ -1,29 +1,33 @@
-"""Committed entries → ChangeEvents with before-images. Pure over an Engine.
+"""Committed entries → ChangeEvents with before-images, as columns. Pure over an Engine.
 
 The learner applies entries to its copy only after their events are durably
 delivered (docs/learners.md), so a batch of entries is computed against a
 pending view (`raftkv.core.overlay.Overlay`): the copy as of the last flush
 plus the mutations of the entries already computed in this batch.
+
+An entry's puts and deletes between two delete-ranges are captured together:
+one read of the view for all their before-images, with a key that repeats
+among them seeing its own earlier row.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from itertools import compress
+from typing import Sequence
 
-from learners.change_event import ChangeEvent
-from raftkv.core.command_kinds import single_mutations
+from learners.entry_events import EntryEvents
 from raftkv.core.commands import Command, Delete, DeleteRange, Put, PutMany
 from raftkv.core.overlay import Overlay
 from raftkv.storage.engine import Engine, KeyRange
 from raftkv.core.state_machine import apply_proposal
 
-Emit = Callable[[str, bytes, bytes | None, bytes | None], None]  # (op, key, before, after) -> one event
+Columns = tuple[list[str], list[bytes], list[bytes | None], list[bytes | None]]  # ops, keys, befores, afters
 
 
 def pending_view(engine: Engine) -> Overlay:
     """The copy plus the mutations of the entries computed since its last write (`.mutations`)."""
-    return Overlay(engine.get, lambda start, end: engine.scan(KeyRange(start, end))[1])
+    return Overlay(engine.get, lambda start, end: engine.scan(KeyRange(start, end))[1], engine.get_many)
 
 
 @dataclass(frozen=True)
@@ -35,72 +39,93 @@ class EntryContext:
     ts_ms: int
 
 
-def capture_entry(view: Overlay, commands: Sequence[Command], ctx: EntryContext) -> list[ChangeEvent]:
+def capture_entry(view: Overlay, commands: Sequence[Command], ctx: EntryContext) -> EntryEvents:
     """The events of one committed entry; applies its mutations to `view`."""
-    events: list[ChangeEvent] = []
-
-    def event(op: str, key: bytes, before: bytes | None, after: bytes | None) -> None:
-        events.append(ChangeEvent(op, key, before, after, ctx.cluster, ctx.partition, ctx.index, ctx.term,
-                                  len(events), False, ctx.ts_ms))
-
+    columns: Columns = ([], [], [], [])
+    writes: list[Put | Delete | PutMany] = []
     for m in apply_proposal(view.get, commands).mutations:
-        if type(m) is PutMany and _capture_bulk(view, m, event):
-            continue
-        for single in single_mutations([m]):
-            _capture_single(view, single, event)
-    return events
+        if type(m) is DeleteRange:
+            _extend(columns, _capture_writes(view, writes))
+            writes = []
+            _extend(columns, _capture_range(view, m))
+        else:
+            writes.append(m)
+    _extend(columns, _capture_writes(view, writes))
+    return EntryEvents(ctx.cluster, ctx.partition, ctx.index, ctx.term, False, ctx.ts_ms, *columns)
 
 
-def _capture_bulk(view: Overlay, m: PutMany, event: Emit) -> bool:
-    """A PutMany of distinct keys in one pass, kept whole for the copy; False if a key repeats.
+def _extend(columns: Columns, more: Columns) -> None:
+    for column, rows in zip(columns, more):
+        column += rows
 
-    Every row's before-image then comes from before the PutMany, which is what
-    makes one pass right; a repeated key needs the rows applied one by one.
-    """
-    keys, values = m.split()
+
+def _capture_writes(view: Overlay, writes: Sequence[Put | Delete | PutMany]) -> Columns:
+    if not writes:
+        return [], [], [], []
+    keys, afters = _rows(writes)
+    befores = view.get_many(keys)
     if len(set(keys)) < len(keys):
-        return False
-    get = view.get
-    for key, value in zip(keys, values):
-        before = get(key)
-        event("c" if before is None else "u", key, before, value)
+        befores = _after_earlier_rows(keys, afters, befores)
+    for m in writes:
+        view.record(m)
+    ops = [("c" if before is None else "u") if after is not None else ("d" if before is not None else None)
+           for before, after in zip(befores, afters)]
+    if None in ops:  # a delete of an absent key changes nothing: no event
+        kept = [op is not None for op in ops]
+        return tuple(list(compress(column, kept)) for column in (ops, keys, befores, afters))
+    return ops, keys, befores, afters
+
+
+def _rows(writes: Sequence[Put | Delete | PutMany]) -> tuple[list[bytes], list[bytes | None]]:
+    """(keys, afters) of every row the writes hold, in order; a delete's after is None."""
+    keys: list[bytes] = []
+    afters: list[bytes | None] = []
+    for m in writes:
+        kind = type(m)
+        if kind is PutMany:
+            more_keys, values = m.split()
+            keys += more_keys
+            afters += values
+        else:
+            keys.append(m.key)
+            afters.append(m.value if kind is Put else None)
+    return keys, afters
+
+
+def _after_earlier_rows(keys: list[bytes], afters: list[bytes | None],
+                        stored: list[bytes | None]) -> list[bytes | None]:
+    """Before-images when a key repeats: a row after the first of its key sees the one before it."""
+    latest: dict[bytes, bytes | None] = {}
+    befores = []
+    for key, after, before in zip(keys, afters, stored):
+        befores.append(latest.get(key, before))
+        latest[key] = after
+    return befores
+
+
+def _capture_range(view: Overlay, m: DeleteRange) -> Columns:
+    rows = [("d", key, before, None) for key, before in view.items_in(m.start, m.end)]
     view.record(m)
-    return True
+    return _columns(rows)
 
 
-def _capture_single(view: Overlay, m: Put | Delete | DeleteRange, event: Emit) -> None:
-    kind = type(m)
-    if kind is Put:
-        before = view.get(m.key)
-        event("c" if before is None else "u", m.key, before, m.value)
-    elif kind is Delete:
-        before = view.get(m.key)
-        if before is not None:  # deleting an absent key changes nothing
-            event("d", m.key, before, None)
-    else:
-        for key, before in list(view.items_in(m.start, m.end)):
-            event("d", key, before, None)
-    view.record(m)
+def _columns(rows: list[tuple[str, bytes, bytes | None, bytes | None]]) -> Columns:
+    """(op, key, before, after) rows as columns."""
+    return tuple(map(list, zip(*rows))) if rows else ([], [], [], [])
 
 
-def capture_snapshot(copy: Engine, snapshot: Engine, ctx: EntryContext) -> list[ChangeEvent]:
+def capture_snapshot(copy: Engine, snapshot: Engine, ctx: EntryContext) -> EntryEvents:
     """`r` events that turn `copy` into `snapshot`.
 
     Keys new or changed in the snapshot get an `r` with the snapshot's value
     (the copy's value as before-image); keys the snapshot lacks get a `d`. The
     caller installs the snapshot once these are delivered.
     """
-    events: list[ChangeEvent] = []
-
-    def event(op: str, key: bytes, before: bytes | None, after: bytes | None) -> None:
-        events.append(ChangeEvent(op, key, before, after, ctx.cluster, ctx.partition, ctx.index, ctx.term,
-                                  len(events), True, ctx.ts_ms))
-
     mine = dict(copy.scan(KeyRange())[1])
+    rows = []
     for key, value in snapshot.scan(KeyRange())[1]:
         before = mine.pop(key, None)
         if before != value:
-            event("r", key, before, value)
-    for key, before in sorted(mine.items()):
-        event("d", key, before, None)
-    return events
+            rows.append(("r", key, before, value))
+    rows += [("d", key, before, None) for key, before in sorted(mine.items())]
+    return EntryEvents(ctx.cluster, ctx.partition, ctx.index, ctx.term, True, ctx.ts_ms, *_columns(rows))

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from learners.change_capture import EntryContext, capture_entry, capture_snapshot, pending_view
-from learners.change_event import ChangeEvent
+from learners.entry_events import EntryEvents, EventRows
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import DeliveryBatch, Sink
 from raftkv import failpoints
@@ -101,10 +101,10 @@ class FeedPump:
             if replica.pending_snapshot is not None:
                 await self._resync(replica)
                 return True
-        prepared, events = self._prepare()
+        prepared, entries = self._prepare()
         if not prepared:
             return False
-        await self._deliver(events, {p.replica.partition: p.last for p in prepared})
+        await self._deliver(entries, {p.replica.partition: p.last for p in prepared})
         for p in prepared:
             p.replica.engine.write(p.view.mutations, p.last)
             p.replica.compact_when_longer_than(COMPACT_AFTER_ENTRIES)
@@ -112,8 +112,8 @@ class FeedPump:
                 self.last_data_delivered[p.replica.partition] = p.last_data
         return True
 
-    def _prepare(self) -> tuple[list[_Prepared], list[ChangeEvent]]:
-        prepared, events = [], []
+    def _prepare(self) -> tuple[list[_Prepared], list[EntryEvents]]:
+        prepared, captured = [], []
         now_ms = int(self.clock() * 1000)
         for partition, replica in self.replicas.items():
             position = replica.engine.position
@@ -124,14 +124,14 @@ class FeedPump:
             last_data = 0
             for index, term, commands in entries:
                 ctx = EntryContext(self.cluster, partition, index, term, now_ms)
-                captured = capture_entry(view, commands, ctx)
-                if index > self.delivered_before_start.get(partition, 0):
-                    events += captured
+                events = capture_entry(view, commands, ctx)
+                if events and index > self.delivered_before_start.get(partition, 0):
+                    captured.append(events)
                 if not only_progress(commands):
                     last_data = index
             last_index, last_term, _ = entries[-1]
             prepared.append(_Prepared(replica, view, Position(last_index, last_term), last_data))
-        return prepared, events
+        return prepared, captured
 
     async def _resync(self, replica: LearnerReplica) -> None:
         """Install the snapshot the leader sent; the sink gets its differences from the copy as `r`
@@ -143,7 +143,6 @@ class FeedPump:
         delivered = self.delivered_before_start.get(replica.partition, 0)
         with tempfile.TemporaryDirectory(dir=replica.folder, prefix="resync-") as tmp:
             checkpoint = await asyncio.to_thread(snapshot_file.extract_db, snapshot.path, Path(tmp))
-            events = []
             if index > delivered:
                 theirs = RocksEngine(checkpoint.parent)  # opens <tmp>/db
                 try:
@@ -151,7 +150,7 @@ class FeedPump:
                     events = capture_snapshot(replica.engine, theirs, ctx)
                 finally:
                     theirs.close()
-                await self._deliver(events, {replica.partition: snapshot.last})
+                await self._deliver([events], {replica.partition: snapshot.last})
             replica.engine.install(checkpoint)
         replica.mark_snapshot_installed(snapshot)
         self.last_data_delivered[replica.partition] = max(self.last_data_delivered.get(replica.partition, 0), index)
@@ -163,8 +162,8 @@ class FeedPump:
             log.info("partition %d: installed a snapshot at index %d; the sink has up to %d already", replica.partition,
                      index, delivered)
 
-    async def _deliver(self, events: list[ChangeEvent], positions: dict[int, Position]) -> None:
-        batch = DeliveryBatch(events, {p: pos.index for p, pos in positions.items()},
+    async def _deliver(self, entries: list[EntryEvents], positions: dict[int, Position]) -> None:
+        batch = DeliveryBatch(EventRows(entries), {p: pos.index for p, pos in positions.items()},
                               {p: pos.term for p, pos in positions.items()})
         await asyncio.to_thread(_deliver_and_flush, self.sink, batch)
 

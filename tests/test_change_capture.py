@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from learners.change_capture import EntryContext, capture_entry, capture_snapshot, pending_view
+from learners.change_event import ChangeEvent
 from raftkv.core.commands import Batch, Cas, Delete, DeleteRange, Put, PutMany
 from raftkv.storage.engine import KeyRange, MemoryEngine, Position
+from raftkv.storage.rocks_engine import RocksEngine
 from raftkv.core.state_machine import apply_proposal
 
 keys = st.sampled_from([b"a", b"b", b"c", b"d", b"e"])
@@ -81,3 +84,74 @@ def test_a_key_repeated_in_a_put_many_sees_its_own_earlier_row():
     view = pending_view(MemoryEngine())
     events = capture_entry(view, [PutMany.of([b"a", b"a"], [b"1", b"2"])], EntryContext("c", 0, 2, 1, 0))
     assert [(e.op, e.before, e.after) for e in events] == [("c", None, b"1"), ("u", b"1", b"2")]
+
+
+def naive_capture(state: dict[bytes, bytes], commands, ctx: EntryContext) -> list[ChangeEvent]:
+    """The row-by-row twin: each row read from and written to a dict of the copy, one after another."""
+    events: list[ChangeEvent] = []
+
+    def event(op: str, key: bytes, before: bytes | None, after: bytes | None) -> None:
+        events.append(ChangeEvent(op, key, before, after, ctx.cluster, ctx.partition, ctx.index, ctx.term,
+                                  len(events), False, ctx.ts_ms))
+
+    for m in apply_proposal(state.get, commands).mutations:
+        if type(m) is DeleteRange:
+            for key in sorted(k for k in state if m.start <= k < m.end):
+                event("d", key, state.pop(key), None)
+        elif type(m) is Delete:
+            if m.key in state:
+                event("d", m.key, state.pop(m.key), None)
+        else:
+            for key, value in m.pairs() if type(m) is PutMany else [(m.key, m.value)]:
+                event("u" if key in state else "c", key, state.get(key), value)
+                state[key] = value
+    return events
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(keys, values), entries)
+def test_the_bulk_capture_gives_the_row_by_row_events(initial, batch):
+    copy = MemoryEngine()
+    copy.write([Put(k, v) for k, v in initial.items()], Position(1, 1))
+    view, state = pending_view(copy), dict(initial)
+    for index, proposal in enumerate(batch, start=2):
+        assert list(capture_entry(view, proposal, ctx(index))) == naive_capture(state, proposal, ctx(index))
+
+
+@pytest.fixture(params=["memory", "rocks"])
+def copy(request, tmp_path):
+    engine = MemoryEngine() if request.param == "memory" else RocksEngine(tmp_path / "copy")
+    engine.write([Put(b"a", b"0"), Put(b"b", b"0"), Put(b"c", b"0")], Position(1, 1))
+    yield engine
+    engine.close()
+
+
+BATCH = [  # entries 2-5, computed in one batch against the copy {a, b, c: 0}
+    [PutMany.of([b"a", b"d", b"e"], [b"1", b"1", b""])],
+    [Put(b"d", b"2"), PutMany.of([b"a", b"f", b"a", b"d"], [b"2", b"2", b"3", b"3"]), Delete(b"zz")],
+    [Delete(b"b"), Delete(b"b"), Put(b"b", b"4"), DeleteRange(b"c", b"e"), PutMany.of([b"c", b"e"], [b"4", b"4"])],
+    [DeleteRange(b"a", b"f"), Delete(b"f"), Delete(b"f"), PutMany.of([b"f", b"f"], [b"5", b"6"])],
+]
+EXPECTED = [
+    [("u", b"a", b"0", b"1"), ("c", b"d", None, b"1"), ("c", b"e", None, b"")],
+    [("u", b"d", b"1", b"2"), ("u", b"a", b"1", b"2"), ("c", b"f", None, b"2"), ("u", b"a", b"2", b"3"),
+     ("u", b"d", b"2", b"3")],
+    [("d", b"b", b"0", None), ("c", b"b", None, b"4"), ("d", b"c", b"0", None), ("d", b"d", b"3", None),
+     ("c", b"c", None, b"4"), ("u", b"e", b"", b"4")],
+    [("d", b"a", b"3", None), ("d", b"b", b"4", None), ("d", b"c", b"4", None), ("d", b"e", b"4", None),
+     ("d", b"f", b"2", None), ("c", b"f", None, b"5"), ("u", b"f", b"5", b"6")],
+]
+
+
+def test_a_batch_sees_its_own_earlier_writes_row_by_row(copy):
+    """Later entries of one batch overwrite what earlier ones wrote (an empty value is a value); deletes
+    of absent keys yield nothing; delete-ranges remove pending and stored keys alike; a PutMany's
+    repeated key sees its earlier row."""
+    view, state = pending_view(copy), {b"a": b"0", b"b": b"0", b"c": b"0"}
+    for index, (proposal, expected) in enumerate(zip(BATCH, EXPECTED), start=2):
+        events = list(capture_entry(view, proposal, ctx(index)))
+        assert events == naive_capture(state, proposal, ctx(index))
+        assert [(e.op, e.key, e.before, e.after) for e in events] == expected
+        assert [e.seq for e in events] == list(range(len(expected))) and {e.index for e in events} == {index}
+    copy.write(view.mutations, Position(5, 1))
+    assert dict(copy.scan(KeyRange())[1]) == state == {b"f": b"6"}

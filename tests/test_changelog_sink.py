@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from learners.change_event import ChangeEvent
+from learners.entry_events import EntryEvents, EventRows
 from learners.sinks.base import DeliveryBatch
 from learners.sinks.changelog_sink import ChangelogSink, plan_ends
 from raftkv.core.errors import ConfigError, InvalidRequest
@@ -38,6 +39,24 @@ def test_events_and_positions_survive_a_reopen_and_read_back_in_order(tmp_path):
     assert (change.op, change.before, change.after, change.HasField("before")) == ("u", b"old", b"new", True)
     with pytest.raises(InvalidRequest, match="beyond the delivered index 5"):
         list(sink.changes(0, 0, 9))
+
+
+def test_events_delivered_as_columns_read_back_as_the_same_changes(tmp_path):
+    entries = [EntryEvents("c", 0, 3, 2, False, 7, ["c", "u", "d"], [b"a", b"b", b"c"], [None, b"1", b"2"],
+                           [b"1", b"2", None]),
+               EntryEvents("c", 0, 4, 2, True, 8, ["r"], [b"d"], [b""], [b"x" * 300])]
+    read_back = []
+    for name, events in (("columns", EventRows(entries)), ("rows", [e for entry in entries for e in entry])):
+        sink = opened(tmp_path / name)
+        sink.deliver(DeliveryBatch(events, {0: 4}))
+        sink.flush()
+        read_back.append(list(sink.changes(0, 0, 4)))
+        sink.close()
+    columns, rows = read_back
+    assert columns == rows and [(c.index, c.seq, c.op) for c in columns] == [(3, 0, "c"), (3, 1, "u"), (3, 2, "d"),
+                                                                              (4, 0, "r")]
+    assert [(c.HasField("before"), c.HasField("after"), c.snapshot) for c in columns] == [
+        (False, True, False), (True, True, False), (True, False, False), (True, True, True)]
 
 
 def test_offsets_keep_whole_entries_within_max_rows(tmp_path):

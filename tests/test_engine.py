@@ -119,6 +119,12 @@ def test_get_returns_written_values_including_empty_and_binary(engine):
     assert engine.position == Position(3, 2)
 
 
+def test_get_many_answers_each_key_in_order(engine):
+    engine.write([Put(b"k", b"v"), Put(b"empty", b""), Put(b"\x00\xff", b"\xff\x00")], Position(3, 2))
+    assert engine.get_many([b"missing", b"k", b"empty", b"k", b"\x00\xff"]) == [None, b"v", b"", b"v", b"\xff\x00"]
+    assert engine.get_many([]) == []
+
+
 def test_full_scan_is_in_bytewise_key_order(filled):
     assert scan(filled) == [(k, b"v" + k) for k in sorted(KEYS)]
 

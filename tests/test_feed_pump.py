@@ -10,7 +10,7 @@ import pytest
 from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
 from learners.sinks.memory_sink import MemorySink
-from raftkv.core.commands import Delete, Put
+from raftkv.core.commands import Delete, DeleteRange, Put, PutMany
 from raftkv.core.log_codec import encode_proposal
 from raftkv.core.errors import Unavailable
 from raftkv.core.spec import Tuning
@@ -18,6 +18,7 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.memory_group import Disk, MemoryGroup
 from raftkv.raft.memory_network import MemoryNetwork
+from raftkv.storage.engine import KeyRange
 
 
 class Feed:
@@ -81,6 +82,17 @@ def test_committed_writes_reach_the_sink_as_events_and_only_then_the_copy(feed):
     assert feed.sink.positions == {0: feed.voter.group.last_applied}
     assert feed.learner.engine.position.index == feed.voter.group.last_applied
     assert feed.learner.engine.get(b"b") == b"1" and feed.learner.engine.get(b"a") is None
+
+
+def test_bulk_writes_reach_the_sink_row_by_row_in_one_step(feed):
+    feed.write(PutMany.of([b"a", b"b", b"a"], [b"1", b"1", b"2"]))
+    feed.write(Put(b"c", b"1"), DeleteRange(b"a", b"c"), PutMany.of([b"b", b"c"], [b"2", b"2"]))
+    feed.pump_all()
+    assert ops(feed.sink) == [("c", b"a", None, b"1"), ("c", b"b", None, b"1"), ("u", b"a", b"1", b"2"),
+                              ("c", b"c", None, b"1"), ("d", b"a", b"2", None), ("d", b"b", b"1", None),
+                              ("c", b"b", None, b"2"), ("u", b"c", b"1", b"2")]
+    assert feed.sink.flushes == 1
+    assert dict(feed.learner.engine.scan(KeyRange())[1]) == {b"b": b"2", b"c": b"2"}
 
 
 def test_a_failed_delivery_leaves_the_copy_behind_and_the_retry_delivers_each_event_once(feed):

@@ -11,7 +11,7 @@ import pytest
 from raftkv.core.commands import Delete, DeleteRange, Put
 from raftkv.storage.engine import KeyRange, Position
 from raftkv.chaos.small_disk import SmallDisk
-from raftkv.core.errors import CorruptData, StorageFull
+from raftkv.core.errors import CorruptData, StorageFull, Unavailable
 from raftkv.storage.rocks_engine import INSTALL_READY, RocksEngine, recover_interrupted_install
 from tests.test_engine import scan
 
@@ -265,6 +265,15 @@ def test_rocks_install_on_a_full_disk_leaves_an_engine_that_recovers(small_disk,
     finally:
         leader.close()
         follower.close()
+
+
+def test_rocks_reads_of_a_closed_engine_say_it_is_closed(tmp_path):
+    e = RocksEngine(tmp_path / "p")
+    e.close()
+    with pytest.raises(Unavailable, match="is closed"):
+        e.get(b"a")
+    with pytest.raises(Unavailable, match="is closed"):
+        e.get_many([b"a", b"b"])
 
 
 def damage_a_table_file(folder: Path) -> None:

@@ -23,6 +23,7 @@ from importlib.metadata import entry_points
 from typing import Mapping, Protocol, Sequence
 
 from learners.change_event import ChangeEvent
+from learners.entry_events import EntryEvents, EventRows, entries_of
 from raftkv.core.errors import ConfigError
 
 ENTRY_POINT_GROUP = "raftkv.sinks"
@@ -34,12 +35,17 @@ class DeliveryBatch:
 
     `positions` may advance a partition with no events (entries without writes); `terms` holds
     the term of each position's entry (a backup records it: a replica seeded from the backup
-    must match its leader's log there).
+    must match its leader's log there). The feed pump's `events` are `EventRows`, which build
+    each ChangeEvent as it is read; a sink that can write from columns reads `entries()` instead.
     """
 
     events: Sequence[ChangeEvent]
     positions: Mapping[int, int] = field(default_factory=dict)
     terms: Mapping[int, int] = field(default_factory=dict)
+
+    def entries(self) -> Sequence[EntryEvents]:
+        """The same events as columns, an entry at a time."""
+        return self.events.entries if isinstance(self.events, EventRows) else entries_of(self.events)
 
 
 class Sink(Protocol):

@@ -27,8 +27,8 @@ from typing import Callable, Iterator, Mapping
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from learners.change_event import ChangeEvent
 from learners.sinks.base import DeliveryBatch
+from learners.sinks.change_messages import change_messages
 from learners.sinks.options import OptionReader
 from raftkv.api import kv_pb2 as pb
 from raftkv.core.errors import InvalidRequest
@@ -41,11 +41,6 @@ DEFAULT_RETAIN_ENTRIES = 1_000_000
 
 def _event_key(partition: int, index: int, seq: int = 0) -> bytes:
     return _EVENT.pack(b"e", partition, index, seq)
-
-
-def change_of(event: ChangeEvent) -> pb.Change:
-    return pb.Change(index=event.index, seq=event.seq, op=event.op, key=event.key, before=event.before,
-                     after=event.after, term=event.term, snapshot=event.snapshot, ts_ms=event.ts_ms)
 
 
 def plan_ends(pending: Mapping[int, list[tuple[int, int]]], max_rows: int) -> dict[int, int]:
@@ -111,8 +106,10 @@ class ChangelogSink:
         return dict(self._positions)
 
     def deliver(self, batch: DeliveryBatch) -> None:
-        for event in batch.events:
-            self._batch.put(_event_key(event.partition, event.index, event.seq), change_of(event).SerializeToString())
+        put = self._batch.put
+        for entry in batch.entries():
+            for seq, change in enumerate(change_messages(entry), entry.first_seq):
+                put(_event_key(entry.partition, entry.index, seq), change)
         self._positions.update(batch.positions)
 
     def flush(self) -> None:

@@ -16,7 +16,7 @@ import re
 import struct
 from array import array
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Protocol
 
 from raftkv.core.commands import (
     Batch, Cas, Command, Delete, DeleteRange, LearnerCommand, LearnerProgress, Limits, Mutation, Put, PutMany,
@@ -100,15 +100,6 @@ def routing_keys(command: Command) -> list[bytes]:
 
 def write_mutation(m: Mutation, writer: Writer) -> None:
     kind_of(m).write(m, writer)
-
-
-def single_mutations(mutations: Sequence[Mutation]) -> Iterator[Put | Delete | DeleteRange]:
-    """The mutations with each PutMany spelled out as its Puts, for code that looks at every key."""
-    for m in mutations:
-        if type(m) is PutMany:
-            yield from (Put(key, value) for key, value in m.pairs())
-        else:
-            yield m
 
 
 def _register(kind: Kind) -> None:

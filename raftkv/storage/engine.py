@@ -48,6 +48,10 @@ class Engine(Protocol):
 
     def get(self, key: bytes) -> bytes | None: ...
 
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """`get` of each key, in one call."""
+        ...
+
     def write(self, mutations: Sequence[Mutation], position: Position,
               meta: Mapping[bytes, bytes | None] | None = None) -> None:
         """Apply all mutations and metadata updates (None deletes) and record `position`, atomically."""
@@ -106,6 +110,9 @@ class MemoryEngine:
 
     def get(self, key: bytes) -> bytes | None:
         return self._data.get(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return list(map(self._data.get, keys))
 
     def meta_get(self, key: bytes) -> bytes | None:
         return self._meta.get(key)

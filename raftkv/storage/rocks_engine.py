@@ -194,10 +194,17 @@ class RocksEngine:
         return self._broken
 
     def get(self, key: bytes) -> bytes | None:
+        return self._read(key)
+
+    def get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        return self._read(keys)
+
+    def _read(self, keys: bytes | list[bytes]) -> bytes | None | list[bytes | None]:
+        """rocksdict's get: one key's value, or a list of values for a list of keys."""
         while True:
             db = self._db
             try:
-                return db.get(key)
+                return db.get(keys)
             except DbClosedError as exc:
                 if db is self._db:  # closed for good (the node stops), not reopened under the read
                     raise self._checked(exc) from None
