@@ -1,12 +1,15 @@
 """Spark through raftkv vs a direct rocksdict fill/scan of the same rows, in one run.
 
     python scripts/bench_spark.py --rows 1000000 --partitions 8
+    python scripts/bench_spark.py --consistency follower --split-rows 62500 --write-option write_batch_rows=20000
 
 Starts a 3-node cluster on loopback and one local[2] Spark session; after a
 small warm-up job, writes the rows with Spark (16-byte keys, 100-byte values),
 reads them all back three times at `leader` consistency (the `noop` sink forces
 every row through; the median counts), and fills/scans one rocksdict with the same rows on the same disk.
-Prints rows/s and the raftkv/rocksdict ratios.
+Prints rows/s and the raftkv/rocksdict ratios. `--consistency`, `--split-rows`, `--read-option` and
+`--write-option` (connector options), and `--conf` (Spark settings) try the read and write levers of
+docs/spark.md one at a time.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ def rocksdict_rates(folder: Path, rows: int) -> tuple[float, float]:
     return fill, scan
 
 
-def spark_rates(spark, endpoints: str, rows: int) -> tuple[float, float]:
+def spark_rates(spark, endpoints: str, rows: int, read_options: dict[str, str],
+                write_options: dict[str, str]) -> tuple[float, float]:
     """Write then read `rows`; a small job first warms up the JVM and the Python workers."""
     warm_up = spark.range(1000).selectExpr("CAST(CAST(id AS STRING) AS BINARY) AS key", "CAST('' AS BINARY) AS value")
     warm_up.write.format("raftkv").option("endpoints", endpoints).mode("append").save()
@@ -59,22 +63,34 @@ def spark_rates(spark, endpoints: str, rows: int) -> tuple[float, float]:
     df = df.selectExpr("CAST(key AS BINARY) AS key", "CAST(value AS BINARY) AS value").cache()
     df.count()  # materialise the input so the timing is the write alone
     started = time.perf_counter()
-    df.write.format("raftkv").option("endpoints", endpoints).mode("append").save()
+    df.write.format("raftkv").option("endpoints", endpoints).options(**write_options).mode("append").save()
     write = rows / (time.perf_counter() - started)
     reads = []
     for _ in range(READS):
         started = time.perf_counter()
-        spark.read.format("raftkv").option("endpoints", endpoints).option("consistency", "leader").load() \
+        spark.read.format("raftkv").option("endpoints", endpoints).options(**read_options).load() \
             .write.format("noop").mode("overwrite").save()
         reads.append(rows / (time.perf_counter() - started))
     return write, statistics.median(reads)
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in items)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--consistency", default="leader", help="of the reads (default leader)")
+    parser.add_argument("--split-rows", type=int, help="the connector's split_rows: rows per Spark partition of a read")
+    parser.add_argument("--read-option", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--write-option", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
     args = parser.parse_args()
+    read_options = {"consistency": args.consistency, **_pairs(args.read_option)}
+    if args.split_rows is not None:
+        read_options["split_rows"] = str(args.split_rows)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -82,16 +98,19 @@ def main() -> None:
     import spark_connector
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.driver.host", "127.0.0.1").getOrCreate())
+             .config("spark.driver.host", "127.0.0.1").config(map=_pairs(args.conf)).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark_connector.register(spark)
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         with raftkv_cluster(Path(tmp) / "raftkv", args.partitions) as cluster:
-            write, read = spark_rates(spark, ",".join(cluster.endpoints), args.rows)
+            write, read = spark_rates(spark, ",".join(cluster.endpoints), args.rows, read_options,
+                                      _pairs(args.write_option))
         fill, scan = rocksdict_rates(Path(tmp) / "rocksdict", args.rows)
     spark.stop()
 
-    table = Table(title=f"Spark local[2] through raftkv vs rocksdict, {args.rows:,} rows of {VALUE_BYTES} B")
+    table = Table(title=f"Spark local[2] through raftkv vs rocksdict, {args.rows:,} rows of {VALUE_BYTES} B; "
+                        f"read options {read_options}, write options {_pairs(args.write_option)}, "
+                        f"Spark settings {_pairs(args.conf)}")
     for column in ("", "raftkv via Spark (rows/s)", "rocksdict direct (rows/s)", "ratio"):
         table.add_column(column, justify="right")
     table.add_row("write", f"{write:,.0f}", f"{fill:,.0f}", f"{write / fill:.2f}")
