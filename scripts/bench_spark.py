@@ -7,7 +7,8 @@ Starts a 3-node cluster on loopback and one local[2] Spark session; after a
 small warm-up job, writes the rows with Spark (16-byte keys, 100-byte values),
 reads them all back three times at `leader` consistency (the `noop` sink forces
 every row through; the median counts), and fills/scans one rocksdict with the same rows on the same disk.
-Prints rows/s and the raftkv/rocksdict ratios. `--consistency`, `--split-rows`, `--read-option` and
+Prints rows/s and the raftkv/rocksdict ratios, and the JVM's own ceiling: the same read from a
+Python data source that yields the same Arrow batches from memory, with no raftkv behind it. `--consistency`, `--split-rows`, `--read-option` and
 `--write-option` (connector options), and `--conf` (Spark settings) try the read and write levers of
 docs/spark.md one at a time.
 """
@@ -31,6 +32,7 @@ from bench_clusters import raftkv_cluster  # noqa: E402
 from bench_load import VALUE_BYTES, key  # noqa: E402
 
 READS = 3  # the median of three full reads
+SCAN_CHUNK_ROWS = (4 << 20) // (16 + VALUE_BYTES)  # the rows of one columnar scan chunk (service.COLUMNS_CHUNK_BYTES)
 
 
 def rocksdict_rates(folder: Path, rows: int) -> tuple[float, float]:
@@ -74,6 +76,47 @@ def spark_rates(spark, endpoints: str, rows: int, read_options: dict[str, str],
     return write, statistics.median(reads)
 
 
+def jvm_ceiling(spark, rows: int, partitions: int) -> float:
+    """Rows/s of a full read from a Python data source yielding raftkv's batches (schema, chunk size)
+    from memory: what Spark's side of a read costs, with nothing to scan."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from spark_connector.columns import kv_schema
+
+    class InMemory(DataSource, DataSourceReader):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_in_memory"
+
+        def schema(self):
+            return kv_schema("binary", "binary")
+
+        def reader(self, schema):
+            return self
+
+        def partitions(self):
+            return [InputPartition(p) for p in range(partitions)]
+
+        def read(self, partition):
+            import pyarrow as pa
+            share = rows // partitions
+            keys = pa.array([b"bench/%010d" % i for i in range(SCAN_CHUNK_ROWS)], pa.binary())  # bench_load.key's
+            values = pa.array([b"v" * VALUE_BYTES] * SCAN_CHUNK_ROWS, pa.binary())
+            for start in range(0, share, SCAN_CHUNK_ROWS):
+                n = min(SCAN_CHUNK_ROWS, share - start)
+                yield pa.RecordBatch.from_arrays(
+                    [keys.slice(0, n), values.slice(0, n), pa.array([partition.value] * n, pa.int32()),
+                     pa.array([1] * n, pa.int64())], names=["key", "value", "partition", "index"])
+
+    spark.dataSource.register(InMemory)
+    reads = []
+    for _ in range(READS):
+        started = time.perf_counter()
+        spark.read.format("bench_in_memory").load().write.format("noop").mode("overwrite").save()
+        reads.append(rows // partitions * partitions / (time.perf_counter() - started))
+    return statistics.median(reads)
+
+
 def _pairs(items: list[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
@@ -105,6 +148,7 @@ def main() -> None:
         with raftkv_cluster(Path(tmp) / "raftkv", args.partitions) as cluster:
             write, read = spark_rates(spark, ",".join(cluster.endpoints), args.rows, read_options,
                                       _pairs(args.write_option))
+        ceiling = jvm_ceiling(spark, args.rows, args.partitions)
         fill, scan = rocksdict_rates(Path(tmp) / "rocksdict", args.rows)
     spark.stop()
 
@@ -115,6 +159,7 @@ def main() -> None:
         table.add_column(column, justify="right")
     table.add_row("write", f"{write:,.0f}", f"{fill:,.0f}", f"{write / fill:.2f}")
     table.add_row("read", f"{read:,.0f}", f"{scan:,.0f}", f"{read / scan:.2f}")
+    table.add_row("read of the same batches from memory, no raftkv (Spark's ceiling)", f"{ceiling:,.0f}", "", "")
     Console().print(table)
 
 
