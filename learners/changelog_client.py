@@ -44,11 +44,14 @@ class ChangeLogClient:
             raise self._error(exc) from None
 
     def read(self, partition: int, after: int, until: int) -> Iterator[pb.ChangesChunk]:
-        """The partition's changes with after < index <= until."""
+        """The partition's changes with after < index <= until; a reader that stops early ends the call."""
+        calls = self._stub.Read(pb.ChangesRequest(partition=partition, after=after, until=until))
         try:
-            yield from self._stub.Read(pb.ChangesRequest(partition=partition, after=after, until=until))
+            yield from calls
         except grpc.RpcError as exc:
             raise self._error(exc) from None
+        finally:
+            calls.cancel()
 
     def follow(self, after: dict[int, int] | None = None) -> Iterator[pb.ChangesChunk]:
         """Changes after `after` (partitions not named: from now on), then each delivery as it is synced.

@@ -32,8 +32,10 @@ events repeat the same writes in the same order.
 
 Consumers without `group_id` assign all partitions of the topic themselves
 (no group join: tansu takes session.timeout.ms/2 per join) and start at the
-beginning (or the end). With `group_id` they subscribe, resume from the
-group's committed offsets (`commit()` stores them; auto-commit is off).
+beginning (or the end); `events(to_end=True)` then stops once every partition
+reached its end (partition EOF: tansu's watermarks cannot be trusted). With
+`group_id` they subscribe, resume from the group's committed offsets
+(`commit()` stores them; auto-commit is off).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class FeedConsumer:
         self.duplicates = 0   # events dropped as already yielded
         self.tombstones = 0   # tombstone records skipped
         self._marks: dict[tuple[int, int], tuple[int, int]] = {}  # (raftkv partition, kafka partition) -> (index, seq)
+        self._assigned: set[int] = set()  # the Kafka partitions, without group_id
         self._consumer = Consumer({
             "bootstrap.servers": bootstrap,
             "group.id": group_id or f"raftkv-feed-{uuid.uuid4().hex}",  # unused without group_id
@@ -66,6 +69,7 @@ class FeedConsumer:
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest" if from_beginning else "latest",
             "fetch.wait.max.ms": 100,
+            "enable.partition.eof": True,
             **(config or {}),
         })
         try:
@@ -77,7 +81,8 @@ class FeedConsumer:
                     raise Unavailable(f"feed topic {topic!r} not found on {bootstrap}"
                                       + (f" ({metadata.error.str()})" if metadata and metadata.error else ""))
                 start = OFFSET_BEGINNING if from_beginning else OFFSET_END
-                self._consumer.assign([TopicPartition(topic, p, start) for p in sorted(metadata.partitions)])
+                self._assigned = set(metadata.partitions)
+                self._consumer.assign([TopicPartition(topic, p, start) for p in sorted(self._assigned)])
         except KafkaException as exc:
             self._consumer.close()
             raise Unavailable(f"cannot read feed {topic!r} from {bootstrap}: {exc.args[0].str()}") from None
@@ -85,18 +90,28 @@ class FeedConsumer:
             self._consumer.close()
             raise
 
-    def events(self, timeout: float | None = None) -> Iterator[ChangeEvent]:
-        """Events in arrival order, each once; ends after `timeout` seconds without a record (None: never)."""
+    def events(self, timeout: float | None = None, to_end: bool = False) -> Iterator[ChangeEvent]:
+        """Events in arrival order, each once; ends after `timeout` seconds without a record (None: never), or,
+        `to_end` (without group_id), once every partition reached its end: then a timeout is Unavailable."""
+        if to_end and self.group_id:
+            raise ValueError("to_end needs the partitions assigned: no group_id")
         idle_since = time.monotonic()
+        at_end: set[int] = set()
         while True:
             msg = self._consumer.poll(0.1 if timeout is None else min(0.1, max(timeout, 0.001)))
             if msg is None:
                 if timeout is not None and time.monotonic() - idle_since >= timeout:
+                    if to_end:
+                        raise Unavailable(f"feed {self.topic!r}: partitions {sorted(self._assigned - at_end)} did "
+                                          f"not reach their end within {timeout:g}s")
                     return
                 continue
             error = msg.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(msg.partition())
+                    if to_end and at_end >= self._assigned:
+                        return
                     continue
                 if error.fatal():
                     raise Unavailable(f"feed {self.topic!r}: {error.str()}")

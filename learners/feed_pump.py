@@ -150,7 +150,8 @@ class FeedPump:
                     events = capture_snapshot(replica.engine, theirs, ctx)
                 finally:
                     theirs.close()
-                await self._deliver([events], {replica.partition: snapshot.last})
+                await self._deliver([events], {replica.partition: snapshot.last},
+                                    resyncs={replica.partition: replica.engine.position.index})
             replica.engine.install(checkpoint)
         replica.mark_snapshot_installed(snapshot)
         self.last_data_delivered[replica.partition] = max(self.last_data_delivered.get(replica.partition, 0), index)
@@ -162,9 +163,10 @@ class FeedPump:
             log.info("partition %d: installed a snapshot at index %d; the sink has up to %d already", replica.partition,
                      index, delivered)
 
-    async def _deliver(self, entries: list[EntryEvents], positions: dict[int, Position]) -> None:
+    async def _deliver(self, entries: list[EntryEvents], positions: dict[int, Position],
+                       resyncs: dict[int, int] | None = None) -> None:
         batch = DeliveryBatch(EventRows(entries), {p: pos.index for p, pos in positions.items()},
-                              {p: pos.term for p, pos in positions.items()})
+                              {p: pos.term for p, pos in positions.items()}, resyncs or {})
         await asyncio.to_thread(_deliver_and_flush, self.sink, batch)
 
 

@@ -89,6 +89,22 @@ def test_retention_trims_old_entries_and_a_read_of_them_says_so(tmp_path):
         list(sink.changes(0, 3, 20))
 
 
+def test_resyncs_are_kept_with_the_events_they_stand_for_and_listed_by_offsets(tmp_path):
+    sink = opened(tmp_path, retain_entries="10")
+    sink.deliver(DeliveryBatch([event(0, 3)], {0: 3}))
+    sink.deliver(DeliveryBatch([event(0, 9)], {0: 9}, resyncs={0: 3}))  # a snapshot at 9, against the copy at 3
+    sink.deliver(DeliveryBatch([event(1, 4)], {1: 4}, resyncs={1: 0}))  # a new learner: against an empty copy
+    sink.flush()
+    sink.close()
+    sink = opened(tmp_path, retain_entries="10")
+    resyncs = {o.partition: [(r.base, r.index) for r in o.resyncs] for o in sink.offsets({}, 0)}
+    assert resyncs == {0: [(3, 9)], 1: [(0, 4)]}
+    sink.deliver(DeliveryBatch([event(0, 15)], {0: 15}, resyncs={0: 12}))
+    sink.deliver(DeliveryBatch([], {0: 19}))  # retention now keeps index > 9: the first re-sync goes with it
+    sink.flush()
+    assert [(r.base, r.index) for r in sink.offsets({}, 0)[0].resyncs] == [(12, 15)]
+
+
 @pytest.mark.parametrize("config, message", [
     ({}, "option 'path' is required: path=DIR"),
     ({"path": "x", "retain_entries": "many"}, "option 'retain_entries': expected an integer, got 'many'"),

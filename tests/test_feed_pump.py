@@ -110,6 +110,7 @@ def test_a_failed_delivery_leaves_the_copy_behind_and_the_retry_delivers_each_ev
 def test_a_learner_that_missed_compacted_entries_resyncs_from_a_snapshot_as_r_events(feed):
     feed.write(Put(b"a", b"1"), Put(b"b", b"1"))
     feed.pump_all()
+    copy_at = feed.learner.engine.position.index
     feed.learner.close()  # down while the voter moves on and compacts its log past it
     feed.write(Put(b"b", b"2"), Put(b"c", b"1"))
     feed.write(Delete(b"a"))
@@ -121,6 +122,9 @@ def test_a_learner_that_missed_compacted_entries_resyncs_from_a_snapshot_as_r_ev
     assert feed.pump.resyncs == 1
     resync = [(e.op, e.key, e.before, e.after) for e in feed.sink.events if e.snapshot]
     assert sorted(resync) == [("d", b"a", b"1", None), ("r", b"b", b"1", b"2"), ("r", b"c", None, b"1")]
+    # the sink hears which entries the diff stands for: a reader of the feed can tell them from a gap
+    snapshot_at = {e.index for e in feed.sink.events if e.snapshot}
+    assert feed.sink.resyncs == {0: [(copy_at, *snapshot_at)]} and copy_at < min(snapshot_at)
     assert feed.learner.engine.get(b"b") == b"2" and feed.learner.engine.get(b"a") is None
     feed.write(Put(b"d", b"1"))  # and the live feed goes on after the snapshot
     feed.pump_all()

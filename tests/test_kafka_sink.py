@@ -15,6 +15,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from learners.consumer import FeedConsumer
+from learners.kafka_history import KafkaHistory
+from learners.restore_plan import Coverage, Resync
 from learners.sinks.base import DeliveryBatch, load_sink
 from learners.sinks.kafka_options import POSITIONS_SUFFIX, KafkaOptions
 from learners.sinks.kafka_sink import EVENT_ID_HEADER, KafkaSink
@@ -132,12 +134,18 @@ def test_recover_returns_the_flushed_positions_after_reopening(broker, sinks):
     sink.flush()
     sink.deliver(DeliveryBatch(history.entries(1, 2), {1: 4, 2: 9}))   # partition 2: entries without writes
     sink.flush()
+    sink.deliver(DeliveryBatch([], {2: 12}, resyncs={2: 9}))  # a re-sync with an empty diff: no event shows it
+    sink.flush()
     sink.close()
 
     again = sinks(sink_options(broker.bootstrap, topic))
-    assert again.recover() == {0: 3, 1: 4, 2: 9}                # cumulative: partition 0 kept its position
+    assert again.recover() == {0: 3, 1: 4, 2: 12}               # cumulative: partition 0 kept its position
     other = sinks(sink_options(broker.bootstrap, topic, learner="l2"))
     assert other.recover() == {}                                # positions are per learner
+
+    feed = KafkaHistory(broker.bootstrap, topic, {"learner": "l1", "timeout.ms": "5000"})  # a restore's view
+    assert feed.coverage() == {0: Coverage(0, 3), 1: Coverage(0, 4), 2: Coverage(0, 12, (Resync(9, 12),))}
+    assert [(e.index, e.seq) for e in feed.events(1, 1, 3)] == [(2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (3, 2)]
 
 
 def test_an_unflushed_batch_is_aborted_by_close(broker, sinks):

@@ -37,11 +37,16 @@ class DeliveryBatch:
     the term of each position's entry (a backup records it: a replica seeded from the backup
     must match its leader's log there). The feed pump's `events` are `EventRows`, which build
     each ChangeEvent as it is read; a sink that can write from columns reads `entries()` instead.
+    `resyncs` names the partitions re-synced from a snapshot, with the index of the copy their
+    `r`/`d` events are the differences from (the batch's position is the snapshot's): the entries
+    between are not in the feed one by one. A sink that keeps a readable history records it, so a
+    reader can tell (docs/backup.md, "Point-in-time restore").
     """
 
     events: Sequence[ChangeEvent]
     positions: Mapping[int, int] = field(default_factory=dict)
     terms: Mapping[int, int] = field(default_factory=dict)
+    resyncs: Mapping[int, int] = field(default_factory=dict)
 
     def entries(self) -> Sequence[EntryEvents]:
         """The same events as columns, an entry at a time."""

@@ -11,11 +11,14 @@ Layout (raw keys, big-endian so RocksDB's order is (partition, index, seq)):
     e | partition u32 | index u64 | seq u32  ->  a serialized `Change`
     p | partition u32                        ->  delivered up to index (u64)
     t | partition u32                        ->  trimmed through index (u64): the earliest offset
+    s | partition u32 | index u64            ->  a re-sync from a snapshot at index: its base (u64)
 
 Events and positions go in one synced WriteBatch per flush, so a crash loses
 nothing delivered and a restart never writes an event twice. Retention keeps
 the last `retain_entries` Raft indices of each partition; a reader asking for
-trimmed history gets an error, never a silent gap.
+trimmed history gets an error, never a silent gap. A re-sync (the learner
+installed a snapshot: entries base+1..index are one diff at index, not one by
+one) is kept while its index is retained, and `offsets` lists it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.core.errors import InvalidRequest
 
 _EVENT = struct.Struct(">cIQI")
+_RESYNC = struct.Struct(">cIQ")
 _PARTITION = struct.Struct(">cI")
 _INDEX = struct.Struct(">Q")
 DEFAULT_RETAIN_ENTRIES = 1_000_000
@@ -110,6 +114,8 @@ class ChangelogSink:
         for entry in batch.entries():
             for seq, change in enumerate(change_messages(entry), entry.first_seq):
                 put(_event_key(entry.partition, entry.index, seq), change)
+        for partition, base in batch.resyncs.items():
+            put(_RESYNC.pack(b"s", partition, batch.positions[partition]), _INDEX.pack(base))
         self._positions.update(batch.positions)
 
     def flush(self) -> None:
@@ -119,6 +125,8 @@ class ChangelogSink:
             trim_through = index - self.retain_entries
             if trim_through > trimmed.get(partition, 0):
                 self._batch.delete_range(_event_key(partition, 0), _event_key(partition, trim_through + 1))
+                self._batch.delete_range(_RESYNC.pack(b"s", partition, 0),
+                                         _RESYNC.pack(b"s", partition, trim_through + 1))
                 self._batch.put(_PARTITION.pack(b"t", partition), _INDEX.pack(trim_through))
                 trimmed[partition] = trim_through
         self._db.write(self._batch, self._synced)
@@ -136,7 +144,7 @@ class ChangelogSink:
         self._flush_listeners.append(listener)
 
     def offsets(self, after: Mapping[int, int], max_rows: int) -> list[pb.PartitionOffsets]:
-        delivered, trimmed = self._stored(b"p"), self._stored(b"t")
+        delivered, trimmed, resyncs = self._stored(b"p"), self._stored(b"t"), self._resyncs()
         starts = {p: after.get(p, trimmed.get(p, 0)) for p in delivered}
         ends = dict(delivered)
         if max_rows:
@@ -144,7 +152,8 @@ class ChangelogSink:
             planned = plan_ends(pending, max_rows)
             ends = {p: planned.get(p, starts[p]) for p in delivered}
         return [pb.PartitionOffsets(partition=p, earliest=trimmed.get(p, 0), latest=delivered[p],
-                                    end=max(ends[p], starts[p])) for p in sorted(delivered)]
+                                    end=max(ends[p], starts[p]), resyncs=resyncs.get(p, []))
+                for p in sorted(delivered)]
 
     def changes(self, partition: int, after: int, until: int) -> Iterator[pb.Change]:
         trimmed = self._stored(b"t").get(partition, 0)
@@ -184,6 +193,15 @@ class ChangelogSink:
             if tag != b"e" or p != partition or index > until:
                 return
             yield index, raw
+
+    def _resyncs(self) -> dict[int, list[pb.Resync]]:
+        found: dict[int, list[pb.Resync]] = {}
+        for key, value in self._db.items(from_key=b"s"):
+            if not key.startswith(b"s"):
+                break
+            _, partition, index = _RESYNC.unpack(key)
+            found.setdefault(partition, []).append(pb.Resync(base=_INDEX.unpack(value)[0], index=index))
+        return found
 
     def _stored(self, tag: bytes) -> dict[int, int]:
         found: dict[int, int] = {}

@@ -3,9 +3,13 @@
 In the same transaction as the events, each flush writes one positions record
 to partition 0 of the compacted topic `<topic>.raftkv-positions` (key: the
 learner's name; value: {"v": 1, "learner": ..., "positions": {"<partition>":
-index, ...}} for EVERY partition the learner delivered), and commits the
-offset just past it for the consumer group `<transactional.id>.positions`:
-the commit witness. `read` takes the witness W, then the last record with the
+index, ...}, "resyncs": {"<partition>": [[base, index], ...]}} for EVERY
+partition the learner delivered), and commits the offset just past it for the
+consumer group `<transactional.id>.positions`: the commit witness. `resyncs`
+lists every re-sync from a snapshot the feed holds, oldest first: entries
+base+1..index are one diff at index, not one by one (a reader of the topic
+needs it to know which ranges it can replay entry by entry; records written
+before it existed have none). `read` takes the witness W, then the last record with the
 learner's key below offset W (read_committed). Why the witness, and why the
 result may be lower than the truth but never higher: kafka_sink.py.
 """
@@ -24,15 +28,22 @@ from learners.sinks.kafka_options import KafkaOptions
 log = logging.getLogger("raftkv.learners.kafka")
 
 
-def record(learner: str, positions: dict[int, int]) -> bytes:
-    return json.dumps({"v": 1, "learner": learner, "positions": {str(p): i for p, i in sorted(positions.items())}},
+Resyncs = dict[int, list[tuple[int, int]]]  # partition -> [(base, index), ...], oldest first
+
+
+def record(learner: str, positions: dict[int, int], resyncs: Resyncs | None = None) -> bytes:
+    return json.dumps({"v": 1, "learner": learner, "positions": {str(p): i for p, i in sorted(positions.items())},
+                       "resyncs": {str(p): [list(r) for r in ranges] for p, ranges in sorted((resyncs or {}).items())}},
                       separators=(",", ":")).encode()
 
 
-def parse_record(value: bytes, learner: str) -> dict[int, int]:
+def parse_record(value: bytes, learner: str) -> tuple[dict[int, int], Resyncs]:
     try:
         doc = json.loads(value)
-        return {int(p): int(i) for p, i in doc["positions"].items()}
+        positions = {int(p): int(i) for p, i in doc["positions"].items()}
+        resyncs = {int(p): [(int(base), int(index)) for base, index in ranges]
+                   for p, ranges in doc.get("resyncs", {}).items()}
+        return positions, resyncs
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StepFailed(f"unreadable positions record for learner {learner!r}: {exc}") from None
 
@@ -42,14 +53,14 @@ def witness(options: KafkaOptions, offset: int) -> list[TopicPartition]:
     return [TopicPartition(options.positions_topic, 0, offset + 1)]
 
 
-def read(options: KafkaOptions, witness_consumer: Consumer) -> dict[int, int]:
-    """The positions of the last committed flush ({} if none ever committed)."""
+def read(options: KafkaOptions, witness_consumer: Consumer) -> tuple[dict[int, int], Resyncs]:
+    """The positions and re-syncs of the last committed flush (empty if none ever committed)."""
     committed = witness_consumer.committed([TopicPartition(options.positions_topic, 0)], timeout=options.timeout)
     end = committed[0].offset if committed else -1
     if end is None or end <= 0:
-        return {}  # no transaction of this transactional.id ever committed
+        return {}, {}  # no transaction of this transactional.id ever committed
     found = _last_record_before(options, end)
-    return {} if found is None else parse_record(found, options.learner)
+    return ({}, {}) if found is None else parse_record(found, options.learner)
 
 
 def _last_record_before(options: KafkaOptions, end: int) -> bytes | None:

@@ -28,8 +28,9 @@ produces the events; `flush` then
 1. waits until every event is acknowledged by the broker;
 2. writes one positions record to partition 0 of the compacted companion topic
    `<topic>.raftkv-positions`: key = learner name, value =
-   {"v": 1, "learner": ..., "positions": {"<partition>": index, ...}} with the
-   positions of EVERY partition this learner has delivered (cumulative);
+   {"v": 1, "learner": ..., "positions": {"<partition>": index, ...}, "resyncs": ...} with the
+   positions of EVERY partition this learner has delivered, and every re-sync from a
+   snapshot it delivered (both cumulative; kafka_positions.py);
 3. commits, in the same transaction, the offset just past that record for the
    consumer group `<transactional.id>.positions` (send_offsets_to_transaction):
    the commit witness;
@@ -95,7 +96,9 @@ class KafkaSink:
         self._witness: Consumer | None = None
         self._in_txn = False
         self._pending: dict[int, int] = {}            # positions delivered in the open transaction
+        self._pending_resyncs: kafka_positions.Resyncs = {}  # re-syncs delivered in it
         self._positions: dict[int, int] | None = None  # last committed (None: not read yet)
+        self._resyncs: kafka_positions.Resyncs = {}    # last committed
         self._errors: list[str] = []                   # delivery-report errors of the open transaction
         self._last_offset: int | None = None           # offset of the positions record just produced
 
@@ -114,7 +117,7 @@ class KafkaSink:
     def recover(self) -> dict[int, int]:
         o = self.options
         try:
-            self._positions = kafka_positions.read(o, self._witness)
+            self._positions, self._resyncs = kafka_positions.read(o, self._witness)
         except (KafkaException, StepFailed) as exc:
             raise Unavailable(f"kafka sink: cannot read positions from {o.positions_topic!r} on "
                               f"{o.bootstrap}: {reason(exc)}") from None
@@ -134,6 +137,8 @@ class KafkaSink:
                 if event.op == "d" and self.options.tombstones:
                     self._produce(event.key, None, headers)
             self._pending.update(batch.positions)
+            for partition, base in batch.resyncs.items():
+                self._pending_resyncs.setdefault(partition, []).append((base, batch.positions[partition]))
             self._producer.poll(0)
         except (KafkaException, BufferError, StepFailed) as exc:
             self._fail("deliver", exc)
@@ -144,12 +149,14 @@ class KafkaSink:
         o = self.options
         try:
             if self._positions is None:  # the record must hold every partition's position: read them first
-                self._positions = kafka_positions.read(o, self._witness)
+                self._positions, self._resyncs = kafka_positions.read(o, self._witness)
             self._wait_acked("events")
             positions = {**self._positions, **self._pending}
+            resyncs = {p: self._resyncs.get(p, []) + self._pending_resyncs.get(p, [])
+                       for p in self._resyncs.keys() | self._pending_resyncs.keys()}
             self._last_offset = None
             self._producer.produce(o.positions_topic, key=o.learner.encode(),
-                                   value=kafka_positions.record(o.learner, positions), partition=0,
+                                   value=kafka_positions.record(o.learner, positions, resyncs), partition=0,
                                    on_delivery=self._on_positions_delivery)
             self._wait_acked("positions record")
             if self._last_offset is None:
@@ -160,8 +167,8 @@ class KafkaSink:
         except (KafkaException, StepFailed) as exc:
             self._fail("flush", exc)
         self._in_txn = False
-        self._positions = positions
-        self._pending = {}
+        self._positions, self._resyncs = positions, resyncs
+        self._pending, self._pending_resyncs = {}, {}
 
     def close(self) -> None:
         producer, self._producer = self._producer, None
@@ -175,7 +182,7 @@ class KafkaSink:
                     producer.purge()
             del producer  # rd_kafka_destroy; nothing is flushed
         self._in_txn = False
-        self._pending = {}
+        self._pending, self._pending_resyncs = {}, {}
         if self._witness is not None:
             self._witness.close()
             self._witness = None
@@ -266,7 +273,7 @@ class KafkaSink:
         if fatal:
             self._producer = None  # a fatal producer error (e.g. fenced) needs a new producer
         self._in_txn = False
-        self._pending = {}
+        self._pending, self._pending_resyncs = {}, {}
         self._errors = []
         raise Unavailable(f"kafka sink: {stage} to {self.options.topic!r} on {self.options.bootstrap} failed ({why}); "
                           f"{outcome}; deliver again") from None

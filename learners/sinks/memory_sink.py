@@ -39,6 +39,7 @@ class MemorySink:
         self.options: MemoryOptions | None = None
         self.durable: dict[tuple[int, int, int], ChangeEvent] = {}
         self.positions: dict[int, int] = {}
+        self.resyncs: dict[int, list[tuple[int, int]]] = {}  # partition -> (base, index) of each re-sync delivered
         self.flushes = 0
         self.fail_next = 0
         self._pending: list[DeliveryBatch] = []
@@ -64,6 +65,8 @@ class MemorySink:
         for batch in self._pending:
             self.durable.update((event.event_id, event) for event in batch.events)
             self.positions.update(batch.positions)
+            for partition, base in batch.resyncs.items():
+                self.resyncs.setdefault(partition, []).append((base, batch.positions[partition]))
         self._pending = []
         self.flushes += 1
 

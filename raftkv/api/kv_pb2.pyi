@@ -352,16 +352,26 @@ class OffsetsRequest(_message.Message):
     def __init__(self, after: _Optional[_Mapping[int, int]] = ..., max_rows: _Optional[int] = ...) -> None: ...
 
 class PartitionOffsets(_message.Message):
-    __slots__ = ("partition", "earliest", "latest", "end")
+    __slots__ = ("partition", "earliest", "latest", "end", "resyncs")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     EARLIEST_FIELD_NUMBER: _ClassVar[int]
     LATEST_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    RESYNCS_FIELD_NUMBER: _ClassVar[int]
     partition: int
     earliest: int
     latest: int
     end: int
-    def __init__(self, partition: _Optional[int] = ..., earliest: _Optional[int] = ..., latest: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
+    resyncs: _containers.RepeatedCompositeFieldContainer[Resync]
+    def __init__(self, partition: _Optional[int] = ..., earliest: _Optional[int] = ..., latest: _Optional[int] = ..., end: _Optional[int] = ..., resyncs: _Optional[_Iterable[_Union[Resync, _Mapping]]] = ...) -> None: ...
+
+class Resync(_message.Message):
+    __slots__ = ("base", "index")
+    BASE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    base: int
+    index: int
+    def __init__(self, base: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class OffsetsResponse(_message.Message):
     __slots__ = ("partitions",)

@@ -3,7 +3,8 @@
 The names under the URL and the manifest are `manifest.py`'s; what an export
 uploads and what a prune deletes, `plan.py`'s. Every storage call goes through
 fsspec; a storage failure becomes `Unavailable` with one line, a file that is
-missing or does not match its manifest `CorruptData`.
+missing or does not match its manifest `CorruptData`. Files move TRANSFERS at a
+time (fsspec calls from a bounded thread pool: an S3 request mostly waits).
 
 Restore builds a fresh cluster's data: each partition's checkpoint is copied
 to `<node data_dir>/p<NNNN>/db` of every node hosting it, with its Raft
@@ -21,6 +22,7 @@ import logging
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -41,6 +43,8 @@ from raftkv.storage.rocks_engine import checkpoint_position
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
+TRANSFERS = 8  # files uploaded or downloaded at once
+_IMMUTABLE = (".sst", ".blob")  # RocksDB never changes these once written: a staged one may be linked, not copied
 _CHUNK = 4 << 20
 _DELETES_PER_CALL = 1000  # S3's DeleteObjects takes at most this many keys
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "az"}  # a PUT stores an object whole, or not at all
@@ -164,10 +168,12 @@ class BackupStore:
     # export
 
     def export(self, cluster: str, checkpoints: Mapping[int, tuple[Path, Position]], created: datetime,
-               cluster_id: str = "", sent: Callable[[int], None] = lambda n: None) -> BackupInfo:
+               cluster_id: str = "", sent: Callable[[int], None] = lambda n: None,
+               planned: Callable[[int], None] = lambda n: None) -> BackupInfo:
         """Make a backup of checkpoints (partition -> (folder, position)): upload the files no stored
-        object holds yet, then the manifest that makes them a backup. `sent(n)` hears of every n bytes
-        uploaded. The order of steps is what keeps a concurrent prune off the files (docs/backup.md)."""
+        object holds yet, then the manifest that makes them a backup. `planned(n)` hears once how many
+        bytes will be uploaded, `sent(n)` of every n bytes uploaded (from the upload threads). The order
+        of steps is what keeps a concurrent prune off the files (docs/backup.md)."""
         backup_id = backup_id_for(created)
         local = {p: sorted(f for f in folder.iterdir() if f.is_file()) for p, (folder, _) in checkpoints.items()}
         digests = self._digests.of([f for files in local.values() for f in files])
@@ -181,10 +187,15 @@ class BackupStore:
         with self._storage("upload to"):
             self._put_whole(info.pending_marker(), self._path(backup_id, PENDING), backup_id)
             self._wait_for_prunes()
-            for sha256 in to_upload(info.objects, self._objects()):
+            missing = to_upload(info.objects, self._objects())
+            planned(sum(info.objects[sha256] for sha256 in missing))
+
+            def upload(sha256: str) -> None:
                 self._put_whole(sources[sha256], self._path(object_path(sha256)), backup_id)
                 sent(info.objects[sha256])
                 failpoints.hit("backup-upload-after")
+
+            _each(upload, missing)
             if self._clock() - info.created > MAX_EXPORT:  # prunes judge the marker's age by the backup's id
                 raise Unavailable(f"backup {backup_id} took longer than {MAX_EXPORT} to upload to {self.url}; "
                                   "a prune may have collected files it reused, so it was not completed")
@@ -313,25 +324,27 @@ class BackupStore:
     # download and verification
 
     def download(self, info: BackupInfo, partition: int, dest: Path,
-                 received: Callable[[int], None] = lambda n: None) -> None:
+                 received: Callable[[int], None] = lambda n: None, staged: Path | None = None) -> None:
         """Fetch a partition's checkpoint into `dest` (which must not exist), checking every file's size and
         SHA-256 against the manifest, then that RocksDB opens it, read-only, at the manifest's position.
-        `received(n)` hears of every n bytes."""
+        `received(n)` hears of every n bytes (from the download threads).
+
+        With `staged`, a folder kept from one attempt to the next, each file is first fetched there, named
+        by its SHA-256 once it checked out, and then linked (a table file) or copied into `dest`: a restore
+        run again after an interruption fetches only what it does not hold yet."""
         dest.mkdir(parents=True)
         copy = info.copy_of(partition)
-        for entry in copy.files:
-            where = f"backup {info.id}: {entry.path} ({self.url}/{info.location(entry)})"
-            with self._storage("download from"):
-                try:
-                    digest, size = self._fetch(self._path(info.location(entry)),
-                                               dest / PurePosixPath(entry.path).name, received)
-                except FileNotFoundError:
-                    raise CorruptData(f"{where} is missing; the backup is damaged, restore another one") from None
-            if (digest, size) != (entry.sha256, entry.size):
-                raise CorruptData(
-                    f"{where}: {size} bytes with sha256 {digest[:12]}…, the manifest says {entry.size} bytes "
-                    f"with sha256 {entry.sha256[:12]}…; the backup is damaged, restore another one"
-                )
+        if staged is None:
+            _each(lambda entry: self._fetch_checked(info, entry, dest / PurePosixPath(entry.path).name, received),
+                  copy.files)
+        else:
+            self.stage([(info, partition)], staged, received)
+            for entry in copy.files:
+                kept, local = staged / entry.sha256, dest / PurePosixPath(entry.path).name
+                if local.suffix in _IMMUTABLE:
+                    local.hardlink_to(kept)
+                else:
+                    shutil.copyfile(kept, local)
         where = f"backup {info.id}: partition {partition}"
         try:
             position = checkpoint_position(dest)
@@ -351,6 +364,38 @@ class BackupStore:
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
 
+    def stage(self, copies: Iterable[tuple[BackupInfo, int]], staged: Path,
+              received: Callable[[int], None] = lambda n: None, planned: Callable[[int], None] = lambda n: None) -> None:
+        """Fetch the files of several partition copies ((backup, partition) pairs) into `staged` at once, each
+        checked and then named by its SHA-256, but for those an earlier attempt left there. `planned(n)` hears
+        once how many bytes that leaves to fetch."""
+        staged.mkdir(parents=True, exist_ok=True)
+        unique = {entry.sha256: (info, entry) for info, p in copies for entry in info.copy_of(p).files}
+        missing = [(info, entry) for info, entry in unique.values()
+                   if not ((kept := staged / entry.sha256).exists() and kept.stat().st_size == entry.size)]
+        planned(sum(entry.size for _, entry in missing))
+
+        def fetch(info: BackupInfo, entry: FileEntry) -> None:
+            part = staged / f"{entry.sha256}.part"
+            self._fetch_checked(info, entry, part, received)
+            part.rename(staged / entry.sha256)
+
+        _each(lambda pair: fetch(*pair), missing)
+
+    def _fetch_checked(self, info: BackupInfo, entry: FileEntry, local: Path, received: Callable[[int], None]) -> None:
+        where = f"backup {info.id}: {entry.path} ({self.url}/{info.location(entry)})"
+        with self._storage("download from"):
+            try:
+                digest, size = self._fetch(self._path(info.location(entry)), local, received)
+            except FileNotFoundError:
+                raise CorruptData(f"{where} is missing; the backup is damaged, restore another one") from None
+        if (digest, size) != (entry.sha256, entry.size):
+            raise CorruptData(
+                f"{where}: {size} bytes with sha256 {digest[:12]}…, the manifest says {entry.size} bytes "
+                f"with sha256 {entry.sha256[:12]}…; the backup is damaged, restore another one"
+            )
+        failpoints.hit("backup-download-after")
+
     def _fetch(self, remote: str, local: Path, received: Callable[[int], None]) -> tuple[str, int]:
         digest, size = hashlib.sha256(), 0
         with self._fs.open(remote, "rb") as src, local.open("wb") as dst:
@@ -360,6 +405,24 @@ class BackupStore:
                 size += len(chunk)
                 received(len(chunk))
         return digest.hexdigest(), size
+
+
+def _each(task: Callable, items: list) -> None:
+    """`task(item)` for every item, TRANSFERS at a time. The first failure is raised once the tasks under way
+    have ended; the ones not started yet never start."""
+    if len(items) <= 1:
+        for item in items:
+            task(item)
+        return
+    with ThreadPoolExecutor(min(TRANSFERS, len(items)), thread_name_prefix="backup-transfer") as pool:
+        futures = [pool.submit(task, item) for item in items]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def list_backups(url: str, storage_options: Mapping | None = None) -> list[BackupInfo]:

@@ -8,14 +8,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from learners.backup_restore import backup_cluster, restore
+from learners.backup_restore import backup_cluster, restore, restore_to
+from learners.feed_history import open_feed
+from learners.restore_plan import parse_index_targets, parse_time
+from raftkv import failpoints
 from raftkv.backup.manifest import BackupInfo
 from raftkv.backup.store import LATEST, BackupStore, list_backups, parse_storage_options
-from raftkv.cli.options import config_option, json_option, tls_files
-from raftkv.cli.output import console
+from raftkv.cli.options import config_option, json_option, parse_key_values, tls_files
+from raftkv.cli.output import console, progress_bars
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import load_spec
@@ -38,6 +40,9 @@ storage_option = click.option(
 
 from_option = click.option("--from", "url", required=True, help="The URL backups were written to.")
 
+progress_option = click.option("--progress/--no-progress", default=None,
+                               help="Progress bars (bytes, rate) on stderr; default: when stderr is a terminal.")
+
 
 @click.group()
 def backup() -> None:
@@ -48,21 +53,34 @@ def backup() -> None:
 @config_option
 @click.option("--to", "url", required=True, help="Where backups go: file:///path, s3://bucket/prefix, any fsspec URL.")
 @storage_option
-def create(config: str, url: str, storage_pairs: tuple[str, ...]) -> None:
+@progress_option
+def create(config: str, url: str, storage_pairs: tuple[str, ...], progress: bool | None) -> None:
     """Back up a running cluster, without a learner.
 
     Each partition is copied as a checkpoint of its leader's database, exactly
     the state after one Raft entry; only the files no backup under the URL
-    holds yet are uploaded. Partitions are copied one after another, so the
-    backup is not a single point in time across partitions. An admin verb.
+    holds yet are uploaded, several at once. Partitions are copied one after
+    another, so the backup is not a single point in time across partitions.
+    An admin verb.
     """
+    failpoints.arm_from_environment()
     spec = load_spec(config)
     store = BackupStore(url, _storage_options(storage_pairs), source="--to")
     uploaded: list[int] = []
     with Client([n.api_address for n in spec.nodes], tls=tls_files(spec)) as kv, \
-            tempfile.TemporaryDirectory(prefix="raftkv-backup-") as tmp:
-        info = backup_cluster(kv, spec.name, store, work=Path(tmp), created=datetime.now(timezone.utc),
-                              sent=uploaded.append)
+            tempfile.TemporaryDirectory(prefix="raftkv-backup-") as tmp, progress_bars(progress) as bars:
+        bar = bars.add("copying from the leaders")
+
+        def sent(count: int) -> None:
+            uploaded.append(count)
+            bar.advance(count)
+
+        def planned(total: int) -> None:
+            bar.describe("uploading")
+            bar.total(total)
+
+        info = backup_cluster(kv, spec.name, store, work=Path(tmp), created=datetime.now(timezone.utc), sent=sent,
+                              planned=planned, copying=lambda p: bar.describe(f"copying partition {p} from its leader"))
     console.print(f"backup {info.id}: {len(info.partitions)} partitions, {_size(info.total_bytes)} "
                   f"({_size(sum(uploaded))} uploaded, the rest already stored) -> {store.url}", soft_wrap=True)
 
@@ -94,22 +112,21 @@ def list_(url: str, storage_pairs: tuple[str, ...], as_json: bool) -> None:
 @click.option("--backup", "backup_id", default=LATEST, show_default=True,
               help=f"A backup id (see `backup list`), or {ALL} for every backup.")
 @storage_option
-def verify(url: str, backup_id: str, storage_pairs: tuple[str, ...]) -> None:
+@progress_option
+def verify(url: str, backup_id: str, storage_pairs: tuple[str, ...], progress: bool | None) -> None:
     """Check a backup: every file's size and SHA-256, and that each partition's checkpoint opens.
 
     Each partition is downloaded to a temporary folder, checked and removed; a missing or damaged file
     is named and the exit code is 2.
     """
+    failpoints.arm_from_environment()
     store = BackupStore(url, _storage_options(storage_pairs), source="--from")
     infos = store.backups() if backup_id == ALL else [store.get(backup_id)]
     if not infos:
         raise ConfigError(f"no backups in {store.url}", source="--backup")
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TimeRemainingColumn())
-    with Progress(*columns, console=console) as progress, tempfile.TemporaryDirectory(prefix="raftkv-verify-") as tmp:
+    with progress_bars(progress) as bars, tempfile.TemporaryDirectory(prefix="raftkv-verify-") as tmp:
         for info in infos:
-            task = progress.add_task(f"backup {info.id}", total=info.total_bytes)
-            store.verify(info, Path(tmp), received=lambda n: progress.advance(task, n))
+            store.verify(info, Path(tmp), received=bars.add(f"backup {info.id}", total=info.total_bytes).advance)
     for info in infos:
         console.print(f"backup {info.id}: {sum(len(c.files) for c in info.copies)} files, "
                       f"{_size(info.total_bytes)}: every size and hash matches, every checkpoint opens", soft_wrap=True)
@@ -138,22 +155,72 @@ def prune(url: str, keep: int, storage_pairs: tuple[str, ...]) -> None:
 
 @backup.command("restore")
 @from_option
-@click.option("--backup", "backup_id", default=LATEST, show_default=True, help="A backup id (see `backup list`).")
+@click.option("--backup", "backup_id", default=None, help="A backup id (see `backup list`); default: the latest.")
+@click.option("--to-index", "to_index", metavar="PARTITION:INDEX,...",
+              help="Restore each partition to exactly the state after this entry of its log: the newest backup at "
+                   "or before it, then the feed's changes up to it. Name every partition.")
+@click.option("--to-time", "to_time", metavar="ISO8601",
+              help="Restore each partition to every change the feed captured by this time (with its zone: "
+                   "2026-01-02T03:04:05Z).")
+@click.option("--feed", "feed_url", metavar="URL",
+              help="Where the changes after a backup come from: changelog://HOST:PORT (a changelog learner's "
+                   "--api-port) or kafka://HOST:PORT[,HOST:PORT...]/TOPIC.")
+@click.option("--feed-option", "feed_pairs", multiple=True, metavar="KEY=VALUE",
+              help="For a Kafka feed, the sink options that find its learner's positions: learner=NAME, and "
+                   "transactional.id=..., producer.ssl.*=... if the learner has them; repeatable.")
 @config_option
 @storage_option
-def restore_(url: str, backup_id: str, config: str, storage_pairs: tuple[str, ...]) -> None:
-    """Build a NEW cluster's data (the nodes of --config) from a backup.
+@progress_option
+def restore_(url: str, backup_id: str | None, to_index: str | None, to_time: str | None, feed_url: str | None,
+             feed_pairs: tuple[str, ...], config: str, storage_pairs: tuple[str, ...], progress: bool | None) -> None:
+    """Build a NEW cluster's data (the nodes of --config) from a backup, or from backups and a change feed
+    up to a point of the log (--to-index, --to-time).
 
     Run it before the new cluster's nodes first start: their data dirs must be
     empty. The spec must have the backup's partition count. The backup is
-    verified (as `backup verify` does) before anything is written. Raft positions
-    are reset, so the new cluster's log starts at index 1 on top of the data.
+    verified (as `backup verify` does), and the feed checked to hold every change
+    up to the point, before anything is written. Raft positions are reset, so the
+    new cluster's log starts at index 1 on top of the data. An interrupted restore
+    finishes when run again, and downloads only what it did not have.
     """
+    failpoints.arm_from_environment()
+    if to_index is not None and to_time is not None:
+        raise click.UsageError("give --to-index or --to-time, not both")
+    point = to_index is not None or to_time is not None
+    if point and backup_id is not None:
+        raise click.UsageError("--to-index and --to-time choose the backups themselves: leave out --backup")
+    if not point and (feed_url or feed_pairs):
+        raise click.UsageError("--feed replays changes after a backup: give --to-index or --to-time too")
     spec = load_spec(config)
-    info = restore(url, backup_id, spec, _storage_options(storage_pairs))
-    console.print(f"restored backup {info.id} ({len(info.partitions)} partitions, {_size(info.total_bytes)}) "
-                  f"into {len(spec.nodes)} nodes; start them with: raftkv node start --config {config} --node <id>",
+    storage = _storage_options(storage_pairs)
+    if not point:
+        with progress_bars(progress) as bars:
+            bar = bars.add("downloading")
+            info = restore(url, backup_id or LATEST, spec, storage, received=bar.advance, planned=bar.total)
+        console.print(f"restored backup {info.id} ({len(info.partitions)} partitions, {_size(info.total_bytes)}) "
+                      f"into {len(spec.nodes)} nodes; {_start_hint(config)}", soft_wrap=True)
+        return
+    with progress_bars(progress) as bars:
+        bar = bars.add("downloading")
+        targets = parse_index_targets(to_index) if to_index is not None else parse_time(to_time)
+        feed = open_feed(feed_url, parse_key_values(feed_pairs, "--feed-option"), tls_files(spec),
+                         click.get_current_context().find_root().params.get("token")) if feed_url else None
+        try:
+            restored = restore_to(url, spec, targets, feed, storage, received=bar.advance, planned=bar.total)
+        finally:
+            if feed is not None:
+                feed.close()
+    for p, (plan, events) in sorted(restored.items()):
+        replayed = "" if not plan.needs_feed else \
+            f", then {events} changes of the feed" if events is not None else ", then the feed's changes (an earlier run)"
+        console.print(f"partition {p}: backup {plan.backup.id} (index {plan.after}){replayed}: "
+                      f"the state after index {plan.until}", soft_wrap=True)
+    console.print(f"restored {len(restored)} partitions into {len(spec.nodes)} nodes; {_start_hint(config)}",
                   soft_wrap=True)
+
+
+def _start_hint(config: str) -> str:
+    return f"start them with: raftkv node start --config {config} --node <id>"
 
 
 def _row(info: BackupInfo) -> dict:

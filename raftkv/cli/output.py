@@ -2,9 +2,59 @@
 
 Markup is off: what they print quotes keys, names and paths users chose, and `[/]` in one would
 be a markup error. A styled part is a rich Text.
+
+Progress bars (`progress_bars`) go to stderr, and only when it is a terminal or when asked: scripts and
+tests read clean output.
 """
 
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
 from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
 
 console = Console(highlight=False, markup=False)
 err_console = Console(stderr=True, highlight=False, markup=False)
+
+
+class Bar:
+    """One transfer's bar: bytes and rate. Safe to advance from several threads (rich locks)."""
+
+    def __init__(self, progress: Progress | None, task: TaskID | None):
+        self._progress, self._task = progress, task
+
+    def total(self, count: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, total=count)
+
+    def advance(self, count: int) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task, count)
+
+    def describe(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=text)
+
+
+class Bars:
+    def __init__(self, progress: Progress | None):
+        self._progress = progress
+
+    def add(self, description: str, total: int | None = None) -> Bar:
+        task = self._progress.add_task(description, total=total) if self._progress is not None else None
+        return Bar(self._progress, task)
+
+
+@contextmanager
+def progress_bars(enabled: bool | None) -> Iterator[Bars]:
+    """Bars on stderr when `enabled`, or, for None, when stderr is a terminal; else bars that show nothing."""
+    if not (err_console.is_terminal if enabled is None else enabled):
+        yield Bars(None)
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=err_console) as progress:
+        yield Bars(progress)

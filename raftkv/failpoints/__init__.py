@@ -37,10 +37,12 @@ POINTS: dict[str, str] = {
     "sink-flush-before": "a learner's sink has the batch and is about to flush it",
     "sink-flush-after": "a learner's sink flushed the batch; the learner has not yet recorded that",
     "backup-upload-after": "a backup uploaded a file; its manifest is not written yet",
+    "backup-download-after": "a restore, a verify or a seed downloaded and checked a file of a backup",
 }
 NAMES = tuple(POINTS)
 LEARNER_POINTS = ("learner-deliver-before", "sink-flush-before", "sink-flush-after")
-BACKUP_POINTS = ("backup-upload-after",)  # reached by a backup sink's learner and `raftkv backup create`
+# reached by a backup sink's learner, `raftkv backup create`, `restore` and `verify` (and rarely, a node's seed)
+BACKUP_POINTS = ("backup-upload-after", "backup-download-after")
 FSYNC_POINTS = ("journal-fsync-before", "journal-fsync-after")  # reached only with durability = "fsync"
 
 
