@@ -14,12 +14,13 @@ import struct
 import zlib
 
 import pytest
+import uvloop
 
 from raftkv.core.spec import Tuning, build_spec
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.raft import hub_frames
 from raftkv.raft.group import Outcome, Role
-from raftkv.raft.hub import Directory, RaftHub
+from raftkv.raft.hub import Connection, Directory, RaftHub
 from raftkv.raft.hub_frames import CONTROL, BadFrame
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.security.certs import init_certs
@@ -301,3 +302,30 @@ def test_a_new_directory_tells_every_group_to_look_at_its_links_again():
             await hub.close()
 
     asyncio.run(scenario())
+
+
+def test_a_frame_sent_after_the_peer_closed_the_connection_is_dropped_not_raised():
+    """A frame queued for a connection the peer has just closed, before `read_frames` hears of it: uvloop
+    (the nodes' loop) raises on a write to a closed transport, inside the flush callback. Found by the
+    chaos suite's disk faults: a traceback in a node's log."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        raised: list[dict] = []
+        loop.set_exception_handler(lambda _, context: raised.append(context))
+        server = await asyncio.start_server(lambda reader, writer: None, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        hub = RaftHub(loop, "n1", Directory, None, retry_seconds=0.5, dead_after=3.5)
+        connection = Connection(hub, reader, writer, peer="n2", dialed=True)
+        try:
+            writer.transport.abort()
+            assert connection.send(hub_frames.encode((CONTROL, "ping", None)))
+            for _ in range(3):
+                await asyncio.sleep(0)  # the flush runs at the next turn of the loop
+            assert not raised, raised
+            assert connection.closed
+        finally:
+            server.close()
+            await hub.close()
+
+    uvloop.run(scenario())

@@ -110,6 +110,9 @@ class Connection:
     def _flush(self) -> None:
         if self.closed or not self._pending:
             return
+        if self._writer.transport.is_closing():  # the peer went away; `read_frames` has not heard yet
+            self.close()  # uvloop raises on a write to a closed transport (asyncio only counts them)
+            return
         self._writer.write(b"".join(self._pending))
         self._pending.clear()
         if self._writer.transport.get_write_buffer_size() > HIGH_WATER_BYTES:
