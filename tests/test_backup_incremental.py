@@ -349,3 +349,12 @@ def test_a_learner_killed_mid_backup_leaves_nothing_listed_and_the_next_prune_co
     kept = {name for info in backups for name in info.objects}
     assert set(stored_objects(url, options)) == kept
     assert uploaded - kept, "the crashed export uploaded nothing the next one did not need: the test proves nothing"
+
+
+def test_a_failed_backup_with_progress_bars_ends_in_one_error_line(make_cluster, tmp_path):
+    """`--progress` draws bars on stderr even when it is not a terminal; a failure removes them, so what is
+    left is the one line that says what went wrong (found by the CLI fuzzer)."""
+    cluster = make_cluster(nodes=3, partitions=2, start=False)
+    failed = run("backup", "create", "--config", str(cluster.spec_path), "--to", (tmp_path / "b").as_uri(),
+                 "--progress", timeout=60)
+    assert_one_line_error(failed, "no node could answer")

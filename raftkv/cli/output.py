@@ -57,4 +57,8 @@ def progress_bars(enabled: bool | None) -> Iterator[Bars]:
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=err_console) as progress:
-        yield Bars(progress)
+        try:
+            yield Bars(progress)
+        except BaseException:
+            progress.live.transient = True  # a failure ends in its one error line, with no bar left above it
+            raise
