@@ -75,13 +75,8 @@ async def _write_all(client: AsyncClient, batches: Iterator[pa.RecordBatch], opt
         finally:
             slots.release()
 
-    def counted() -> Iterator[pa.RecordBatch]:
-        nonlocal rows
-        for record_batch in batches:
-            rows += record_batch.num_rows
-            yield record_batch
-
-    for keys, values in _groups(counted(), partitions, options.write_batch_rows):
+    for keys, values in _groups(batches, partitions, options.write_batch_rows):
+        rows += len(keys)  # every row is in exactly one group
         await slots.acquire()
         if errors:
             raise errors[0]  # stop early: the task fails and Spark reports why
