@@ -13,6 +13,12 @@ outcome), `put-async n1 KEY VALUE` (propose, don't wait), `stop n2`,
 `stabilize` (until every running member applied everything the leader
 has), `state` (role and data of each running member) and `check` (every
 applied put is on every running member, and they all hold the same data).
+Membership, as a node drives it: `learner n4` (open n4, on what its folder
+holds, as a learner of the voters as they are now), `add n1 n4` (n1 adds
+learner n4, which then reopens as a voter on the same data), `remove n1 n2`
+(n1 removes n2, which is stopped) and `wipe n2` (its data goes). After each
+change every running member is told the voters (`name_members`), as the
+cluster metadata tells a node's replicas.
 Outputs name no terms or indexes: how many elections a real group needs
 depends on timing, what it holds must not.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +43,7 @@ from tests.loopback_hubs import LoopbackHubs
 from raftkv.storage.engine import Position
 
 DEADLINE = 30.0
+MEMBERS = 9  # names n1 to n9, each on a port of its own
 
 
 class DictStateMachine:
@@ -82,6 +90,7 @@ class Driver:
     folder: Path
     members: dict[str, Member] = field(default_factory=dict)
     outcomes: dict[str, Outcome] = field(default_factory=dict)  # "key=value" -> outcome
+    voters: list[str] = field(default_factory=list)  # as the cluster metadata has them
 
     def running(self) -> dict[str, Member]:
         return {name: m for name, m in sorted(self.members.items()) if m.running}
@@ -120,6 +129,37 @@ class Driver:
     async def restart(self, name: str) -> None:
         self._open(name)
 
+    async def learner(self, name: str) -> None:
+        self._open_learner(name)
+        self._name_members()
+
+    async def change(self, leader: str, action: str, name: str) -> Outcome | None:
+        outcome: list[Outcome] = []
+        group = self.members[leader].group
+        change = group.add_member if action == "add" else group.remove_member
+        change(self._address(name), lambda result, o: outcome.append(o))
+        self._deliver()
+        await self.until(lambda: outcome)
+        if outcome == [Outcome.APPLIED]:
+            if action == "add":
+                self.voters.append(name)
+                await self.stop(name)
+                self._open(name)
+            else:
+                self.voters.remove(name)
+                if self.members[name].running:
+                    await self.stop(name)
+            self._name_members()
+        return outcome[0] if outcome else None
+
+    def _name_members(self) -> None:
+        addresses = frozenset(self._address(n) for n in self.voters)
+        for member in self.running().values():
+            member.group.name_members(addresses)
+
+    async def wipe(self, name: str) -> None:
+        shutil.rmtree(self.folder / name, ignore_errors=True)
+
     async def compact(self, name: str) -> None:
         group = self.members[name].group
         group.compact()
@@ -154,6 +194,7 @@ class TwinDriver(Driver):
         self.disks: dict[str, Disk] = {}
 
     async def start(self, names: list[str]) -> None:
+        self.voters = list(names)
         for name in names:
             (self.folder / name).mkdir()
             self.disks[name] = Disk(self.folder / name, voters=frozenset(names))
@@ -162,6 +203,15 @@ class TwinDriver(Driver):
     def _open(self, name: str) -> None:
         machine = DictStateMachine()
         self.members[name] = Member(MemoryGroup(name, self.disks[name], machine, self.net), machine)
+
+    def _open_learner(self, name: str) -> None:
+        if not (self.folder / name).exists():
+            (self.folder / name).mkdir()
+            self.disks[name] = Disk(self.folder / name, voters=frozenset(self.voters))
+        self._open(name)
+
+    def _address(self, name: str) -> str:
+        return name
 
     async def until(self, condition) -> bool:
         for _ in range(200):
@@ -191,20 +241,27 @@ class RealDriver(Driver):
         self.hubs: LoopbackHubs | None = None
 
     async def start(self, names: list[str]) -> None:
-        port = free_port_block(len(names))
-        addresses = {name: f"127.0.0.1:{port + i}" for i, name in enumerate(names)}
+        self.voters = list(names)
+        self._port = free_port_block(MEMBERS)
         self.hubs = LoopbackHubs()
-        self.hubs.know(*addresses.values())
         for name in names:
-            self.configs[name] = GroupConfig(
-                partition=0, hub=self.hubs.hub(addresses[name]), self_address=addresses[name], peers=tuple(a for n, a in addresses.items() if n != name),
-                folder=self.folder / name, fsync=False, tuning=Tuning())
             self._open(name)
 
-    def _open(self, name: str) -> None:
+    def _address(self, name: str) -> str:
+        return f"127.0.0.1:{self._port + int(name.lstrip('n')) - 1}"
+
+    def _open(self, name: str, voter: bool = True) -> None:
+        address = self._address(name)
+        self.hubs.know(address)
+        config = self.configs[name] = GroupConfig(
+            partition=0, hub=self.hubs.hub(address), self_address=address if voter else None,
+            peers=tuple(self._address(n) for n in self.voters if n != name), folder=self.folder / name,
+            fsync=False, tuning=Tuning(), membership_changes=True)
         machine = DictStateMachine()
-        group = SyncObjGroup(self.configs[name], machine, asyncio.get_running_loop())
-        self.members[name] = Member(group, machine)
+        self.members[name] = Member(SyncObjGroup(config, machine, asyncio.get_running_loop()), machine)
+
+    def _open_learner(self, name: str) -> None:
+        self._open(name, voter=False)
 
     async def until(self, condition) -> bool:
         deadline = asyncio.get_running_loop().time() + DEADLINE
@@ -272,6 +329,13 @@ async def _run_command(driver: Driver, command: str) -> list[str]:
         await driver.stop(args[0])
     elif verb == "restart":
         await driver.restart(args[0])
+    elif verb == "learner":
+        await driver.learner(args[0])
+    elif verb in ("add", "remove"):
+        outcome = await driver.change(args[0], verb, args[1])
+        return [outcome.value if outcome else "pending"]
+    elif verb == "wipe":
+        await driver.wipe(args[0])
     elif verb == "compact":
         await driver.compact(args[0])
     elif verb == "stabilize":

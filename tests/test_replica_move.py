@@ -331,3 +331,32 @@ def test_a_wiped_voter_follows_a_leader_that_moved_in_while_it_was_away_without_
         assert (now.role, now.term) == ("leader", leader.term), f"{wiped} deposed the leader of partition {p}"
         with Client([cluster.spec.node(wiped).api_address], timeout=5.0) as local:
             assert all(local.get(key, consistency="follower") == value for key, value in written.items())
+
+
+def test_a_replica_that_reopens_on_a_folder_whose_journal_removed_the_leader_still_hears_from_it(make_cluster):
+    """Issue 32: n4's leftover journal holds the entry that removed n1 but not the one that added n1 back.
+    Replaying it dropped n1, the leader now, and the learner opened for the next move to n4 never heard
+    from it: the move waited in catching_up until leadership happened to move (docs/pysyncobj.md)."""
+    cluster = make_cluster(nodes=4, partitions=1, replication=3, rebalance_interval=0)
+    config = ("--config", str(cluster.spec_path), "--partition", "0")
+    with Client(cluster.endpoints[:3], timeout=10.0) as kv, Writer(cluster.endpoints[:3]) as writer:
+        wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
+        assert kv.topology().meta.placement[0] == ("n1", "n2", "n3")
+        wait_until(lambda: len(writer.acked) > 50, 30, "the writer to get going")
+        assert run("replica", "move", *config, "--from", "n1", "--to", "n4", timeout=120).returncode == 0
+        back = run("replica", "move", *config, "--from", "n4", "--to", "n1", "--no-wait")
+        assert back.returncode == 0, back.stderr
+        wait_until(lambda: kv.topology().meta.moves, 10, "the move back to be recorded")
+        cluster.kill("n4")  # while n1 catches up: n4 never hears that n1 is back
+        wait_until(lambda: _moved(kv), 60, "the move back to end without n4")
+        assert kv.topology().meta.placement[0] == ("n1", "n2", "n3")
+        assert run("leader", "transfer", *config, "--to", "n1").returncode == 0
+        cluster.start("n4")  # on its old p0000 folder
+        moved = run("replica", "move", *config, "--from", "n2", "--to", "n4", "--timeout", "60", timeout=120)
+        assert moved.returncode == 0, moved.stderr + moved.stdout
+        assert kv.topology().meta.placement[0] == ("n1", "n4", "n3")
+        acked = writer.stop()
+        assert all(kv.get(key) == value for key, value in acked.items())
+    cluster.stop_all()
+    contents = [_contents(cluster.spec.node(node_id).data_dir / "p0000") for node_id in ("n1", "n3", "n4")]
+    assert contents[0] == contents[1] == contents[2]

@@ -129,6 +129,15 @@ class ClusterMeta:
             voters += (move.target,)
         return tuple(v for v in voters if v != move.source) if move.step == MoveStep.LEAVING else voters
 
+    def linked_voters(self, group: int) -> tuple[str, ...]:
+        """The members every replica of the group must hear from, whatever its own log says: the group's
+        voters, less a move's source once the target was added. The source is removed next, and a
+        removed member, which Raft does not tell, campaigns against the others until its node closes it."""
+        move = self.move_of(group)
+        voters = self.group_voters(group)
+        return voters if move is None or move.step == MoveStep.CATCHING_UP else tuple(
+            v for v in voters if v != move.source)
+
     def voter_partitions(self, node_id: str) -> list[int]:
         """The partitions `node_id` runs as a voter."""
         return [p for p in range(len(self.placement)) if node_id in self.group_voters(p)]

@@ -361,6 +361,17 @@ class Node:
         for p in sorted(self.learning.keys() - learners - voters):
             self.learning.pop(p).close()
             self._delete(p)
+        self._name_members(topology)
+
+    def _name_members(self, topology: ClusterMeta) -> None:
+        """Tell each replica its group's members as the metadata has them: a replica whose journal replays
+        an old removal of a member that was added back since would otherwise never hear from it."""
+        def addresses(group: int) -> frozenset[str]:
+            return frozenset(topology.node(n).raft_address(group) for n in topology.linked_voters(group))
+
+        replicas = [f.replica for f in self.frontends.values()] + list(self.learning.values())
+        for replica in replicas + ([self.meta] if self.meta is not None else []):
+            replica.group.name_members(addresses(replica.partition))
 
     def _folder(self, p: int) -> Path:
         return self.me.data_dir / f"p{p:04d}"

@@ -174,4 +174,8 @@ class RaftGroup(Protocol):
 
     def remove_member(self, address: str, callback: ProposalCallback) -> None: ...
 
+    def name_members(self, addresses: frozenset[str]) -> None:
+        """The group's members as the cluster metadata has them now: this member keeps hearing from
+        each, even while its own log (an old snapshot, a journal it replays) counts one out."""
+
     def close(self) -> None: ...

@@ -152,6 +152,9 @@ class MemoryGroup:
         if target is not None:
             self._send(target, type="timeout_now")
 
+    def name_members(self, addresses: frozenset[str]) -> None:
+        """Nothing to do: the twin hears from every member of its network, as Raft asks."""
+
     def close(self) -> None:
         """A crash: the connections go, and what was in flight on them with them."""
         self.closed = True

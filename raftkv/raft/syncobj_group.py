@@ -5,8 +5,8 @@ This is where our parts are wired into pysyncobj (docs/pysyncobj.md lists every 
   through pysyncobj's module-level `createJournal`;
 - the transport (`GroupTransport`) carries the group's messages over the node's
   Raft hub (one connection per pair of nodes, mutual TLS with the cluster's),
-  syncs the journal before any message leaves in fsync mode, and keeps the peers
-  named at open while a snapshot (whose members may be older) is loaded;
+  syncs the journal before any message leaves in fsync mode, and keeps the members
+  the cluster metadata names linked whatever a snapshot or the journal replays;
 - log compaction writes the state machine's checkpoint into a snapshot file
   (`syncobj_snapshots`), never pysyncobj's pickle of the whole object, and
   never with fork;
@@ -179,8 +179,7 @@ class _Member(PatchedSyncObj):
         else:
             snapshots.settle_kept_aside()
             snapshots.compact_journal_to_snapshot()
-        with self._SyncObj__transport.loading_snapshot():
-            PatchedSyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        PatchedSyncObj._SyncObj__loadDumpFile(self, clearJournal)
 
     def _snapshotLastEntry(self):
         """The received snapshot's last entry, read without installing it (see PatchedSyncObj)."""
@@ -385,6 +384,9 @@ class SyncObjGroup:
         journal = self._journal
         after = self.commit_index + 1 - journal[0][1]
         return any(membership_change(command) is not None for command, _, _ in journal[max(after, 0):])
+
+    def name_members(self, addresses: frozenset[str]) -> None:
+        self._member._SyncObj__transport.name_members(addresses - {self.config.self_address})
 
     def close(self) -> None:
         self.quiet.close()

@@ -17,17 +17,16 @@ And, as before the hub:
 - every append-entries message sent is counted (entry and snapshot bytes);
 - in fsync mode a dirty journal is synced before any message leaves, so an entry is durable
   before a follower acknowledges it or a leader counts itself, at one fsync per group commit;
-- the peers the cluster metadata named when the replica opened stay members while a snapshot is
-  loaded: pysyncobj takes the members from the snapshot, which may predate a member that joined
-  since, and would drop it until the log's membership entries add it back.
+- the members the cluster metadata names for the group (`name_members`) stay linked whatever
+  pysyncobj drops: it takes its members from a snapshot, which may predate a member that joined
+  since, and replays the membership entries of a journal, which may remove a member that a later
+  entry, one this replica has not received yet, added back. Without the link it would never hear
+  from that member, even when it leads (docs/pysyncobj.md).
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
-from pysyncobj.node import Node
+from pysyncobj.node import Node, TCPNode
 from pysyncobj.transport import Transport
 
 from raftkv.raft.hub import Connection, RaftHub
@@ -42,8 +41,7 @@ class GroupTransport(Transport):
         self._group = config.partition
         self._poller = syncObj._group.poller
         self._read_only = selfNode is None
-        self._named = frozenset(node.address for node in otherNodes)
-        self._loading_snapshot = False
+        self._named = frozenset(node.address for node in otherNodes)  # the metadata's members, this one aside
         self._nodes: dict[str, Node] = {}  # address -> the member's pysyncobj node
         self._connected: set[Node] = set()
         self._subscribers: dict[Connection, Node] = {}  # read-only members, by the connection they joined on
@@ -57,14 +55,18 @@ class GroupTransport(Transport):
         syncObj.addOnTickCallback(self._follow_links)
         self._hub.attach(self._group, self)
 
-    @contextlib.contextmanager
-    def loading_snapshot(self) -> Iterator[None]:
-        """While a snapshot is loaded, its members do not drop the peers named at open."""
-        self._loading_snapshot = True
-        try:
-            yield
-        finally:
-            self._loading_snapshot = False
+    def name_members(self, addresses: frozenset[str]) -> None:
+        """The group's members as the cluster metadata has them now (this one's own address aside):
+        each stays linked whatever pysyncobj drops; one no longer named goes unless pysyncobj counts it."""
+        if addresses == self._named:
+            return
+        gone, self._named = self._named - addresses, addresses
+        members = {node.address for node in self._syncObj._SyncObj__otherNodes}
+        for address in gone - members:
+            if address in self._nodes:
+                self._unlink(self._nodes[address])
+        for address in addresses - self._nodes.keys():
+            self.addNode(TCPNode(address))
 
     # -- pysyncobj's Transport ------------------------------------------------
 
@@ -74,13 +76,8 @@ class GroupTransport(Transport):
         self._joined_changed()
 
     def dropNode(self, node):
-        if self._loading_snapshot and node.address in self._named:
-            return
-        if self._nodes.pop(node.address, None) is not None and node in self._connected:
-            self._connected.discard(node)
-            self._onNodeDisconnected(node)
-        self._links_moved = True
-        self._joined_changed()
+        if node.address not in self._named:
+            self._unlink(node)
 
     def send(self, node, message):
         self._syncObj.sync_journal()
@@ -169,6 +166,13 @@ class GroupTransport(Transport):
             node = self._subscribers[connection] = Node(f"learner-{self._subscriber_count}")
             self._joined_over[node] = connection
             self._onReadonlyNodeConnected(node)
+
+    def _unlink(self, node: Node) -> None:
+        if self._nodes.pop(node.address, None) is not None and node in self._connected:
+            self._connected.discard(node)
+            self._onNodeDisconnected(node)
+        self._links_moved = True
+        self._joined_changed()
 
     def _first_tick_done(self) -> bool:
         self._ticked = not self._syncObj._SyncObj__needLoadDumpFile
