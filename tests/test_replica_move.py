@@ -12,7 +12,11 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
+import grpc
+
 from raftkv import Client, CorruptData
+from raftkv.api import kv_pb2 as pb
+from raftkv.api import kv_pb2_grpc
 from raftkv.backup.manifest import backup_id_for
 from raftkv.backup.store import list_backups
 from raftkv.core.partitioning import partition_for_key
@@ -360,3 +364,33 @@ def test_a_replica_that_reopens_on_a_folder_whose_journal_removed_the_leader_sti
     cluster.stop_all()
     contents = [_contents(cluster.spec.node(node_id).data_dir / "p0000") for node_id in ("n1", "n3", "n4")]
     assert contents[0] == contents[1] == contents[2]
+
+
+def test_a_learner_started_afresh_during_its_move_copies_a_checkpoint_again_and_the_move_ends(make_cluster):
+    """What the mover asks of a learner that makes no progress while its group commits (`Reseed`): its
+    node drops the learner and its data, copies a voter's checkpoint again, and the move goes on."""
+    cluster = make_cluster(nodes=4, partitions=1, replication=3, rebalance_interval=0)
+    config = ("--config", str(cluster.spec_path), "--partition", "0")
+    cluster.stop("n4")
+    cluster.start("n4", env={"RAFTKV_FAILPOINTS": "apply-before=400*delay(25)"})  # a slow learner, for a while
+    with Client(cluster.endpoints[:3], timeout=10.0) as kv, Writer(cluster.endpoints[:3]) as writer:
+        wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
+        for i in range(300):
+            kv.put(b"pre-%05d" % i, b"x" * 200)
+        wait_until(lambda: len(writer.acked) > 50, 30, "the writer to get going")
+        assert run("replica", "move", *config, "--from", "n1", "--to", "n4", "--no-wait").returncode == 0
+        with grpc.insecure_channel(cluster.spec.node("n4").api_address) as channel:
+            admin = kv_pb2_grpc.AdminStub(channel)
+            wait_until(lambda: admin.ReplicaProgress(pb.ReplicaRequest(group=0)).mode == "learner", 60,
+                       "n4 to run partition 0 as a learner")
+            assert admin.Reseed(pb.ReplicaRequest(group=0)).done
+        wait_until(lambda: _moved(kv), 60, "the move to end")
+        assert kv.topology().meta.placement[0] == ("n4", "n2", "n3")
+        acked = writer.stop()
+        assert all(kv.get(key) == value for key, value in acked.items())
+    log = cluster.log_path("n4").read_text()
+    assert "starting it again from a voter's checkpoint" in log
+    assert log.count("copied a checkpoint at index") == 2
+    cluster.stop_all()
+    contents = [_contents(cluster.spec.node(node_id).data_dir / "p0000") for node_id in ("n2", "n3", "n4")]
+    assert contents[0] == contents[1] == contents[2] and len(contents[0]) > 300

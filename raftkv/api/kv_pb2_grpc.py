@@ -447,6 +447,11 @@ class AdminStub:
                 request_serializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
                 response_deserializer=raftkv_dot_api_dot_kv__pb2.CheckpointChunk.FromString,
                 _registered_method=True)
+        self.Reseed = channel.unary_unary(
+                '/raftkv.v1.Admin/Reseed',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -506,6 +511,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reseed(self, request, context):
+        """On a move's target: its learner of the partition made no progress while the leader went on; drop
+        it and its data, and start again from a voter's checkpoint. done = false: no learner here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -543,6 +556,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Checkpoint,
                     request_deserializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.FromString,
                     response_serializer=raftkv_dot_api_dot_kv__pb2.CheckpointChunk.SerializeToString,
+            ),
+            'Reseed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reseed,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -738,6 +756,33 @@ class Admin:
             '/raftkv.v1.Admin/Checkpoint',
             raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
             raftkv_dot_api_dot_kv__pb2.CheckpointChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reseed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.Admin/Reseed',
+            raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
             options,
             channel_credentials,
             insecure,

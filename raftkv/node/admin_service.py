@@ -44,6 +44,8 @@ class AdminHost(Protocol):
 
     def meta_leader_id(self) -> str | None: ...
 
+    def reseed(self, group: int) -> bool: ...
+
     def node_at(self, group: int, raft_address: str | None) -> str | None: ...
 
     async def change_topology(self, command: MetaCommand) -> ClusterMeta: ...
@@ -176,7 +178,6 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         replica.group.transfer_leadership(address)  # best effort: the new leader shows in Status when it took over
         return pb.ChangeMembershipResponse(done=True, leader=node.me_id)
 
-
     async def Compact(self, request: pb.ReplicaRequest, context) -> pb.ChangeMembershipResponse:
         await self._node.gate.admit(context, Request.admin("compact"))
         frontend = self._node.frontends.get(request.group)
@@ -185,6 +186,10 @@ class AdminService(kv_pb2_grpc.AdminServicer):
             return pb.ChangeMembershipResponse(done=False, leader=hint or "")
         frontend.replica.maybe_compact(eager=True)
         return pb.ChangeMembershipResponse(done=True, leader=self._node.me_id)
+
+    async def Reseed(self, request: pb.ReplicaRequest, context) -> pb.ChangeMembershipResponse:
+        await self._node.gate.admit(context, Request.admin("reseed"))
+        return pb.ChangeMembershipResponse(done=self._node.reseed(request.group), leader=self._node.me_id)
 
 
 def _outcome_of(change: Callable, address: str) -> asyncio.Future:

@@ -19,6 +19,7 @@ from raftkv.core.durable import fsync_directory, fsync_path
 from raftkv.core.errors import CorruptData
 from raftkv.meta.records import ClusterMeta, group_name
 from raftkv.node.peers import Peers
+from raftkv.node.tasks import background
 from raftkv.raft.vote_guard import VoteFloor, VoteGuard
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class LostData:
         guard = self.guards[group] = VoteGuard(
             folder, guarded=self._had_data and (not folder.exists() or not any(folder.iterdir())))
         if guard.waiting:
-            self._tasks.append(asyncio.get_running_loop().create_task(self._learn_vote_floor(group, guard)))
+            self._tasks.append(background(self._learn_vote_floor(group, guard), f"{group_name(group)}: the vote floor"))
             log.warning("%s: this replica's data is gone; it votes again once its peers say what was committed",
                         group_name(group))
         return guard

@@ -27,11 +27,13 @@ from raftkv.core.errors import Unavailable
 from raftkv.meta.records import META, AdvanceMove, ClusterMeta, EndMove, Move, MoveStep, NodeState, group_name
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.peers import Peers
+from raftkv.node.tasks import background
 
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.2
 CATCH_UP_ENTRIES = 64  # a replica this close to the leader's commit index counts as caught up
+RESEED_SECONDS = 5.0  # a learner with no progress this long while the leader commits starts afresh
 RPC_TIMEOUT = 5.0
 MEMBERSHIP_TIMEOUT = 30.0
 
@@ -48,23 +50,32 @@ class MoveSuperseded(Exception):
 class _Stall:
     """MoveStalled once the target has made no progress (entries applied, checkpoint or snapshot bytes
     received) for `timeout`: a target that is up but cannot catch up (a full or failing disk, a process
-    stopped) would otherwise hold its move, and the moves queued behind it, forever."""
+    stopped) would otherwise hold its move, and the moves queued behind it, forever.
 
-    def __init__(self, target: str, timeout: float):
+    Before that, `check` answers True once the target has made no progress for RESEED_SECONDS while
+    the group committed more: a learner that hears nothing from its leader (issue 32: a journal it
+    replayed had dropped the leader) is started afresh rather than waited for."""
+
+    def __init__(self, target: str, timeout: float, now: float):
         self._target = target
         self._timeout = timeout
         self._progress = None
-        self._since = time.monotonic()
+        self._since = now
+        self._commit = None  # the group's commit index when the target last made progress
 
-    def check(self, state: pb.ReplicaState | None, commit: int) -> None:
-        now = time.monotonic()
+    def check(self, state: pb.ReplicaState | None, commit: int, now: float) -> bool:
         progress = None if state is None else (state.mode, state.applied_index, state.snapshot_bytes_received)
         if progress is not None and progress != self._progress:
-            self._progress, self._since = progress, now
-        elif now - self._since > self._timeout:
+            self._progress, self._since, self._commit = progress, now, commit
+            return False
+        if now - self._since > self._timeout:
             applied = self._progress[1] if self._progress else "?"
             raise MoveStalled(f"{self._target} made no progress for {self._timeout:g}s "
                               f"(applied index {applied} of {commit})")
+        if self._commit is not None and commit > self._commit and now - self._since > RESEED_SECONDS:
+            self._commit = commit  # once more only after another RESEED_SECONDS of the same
+            return True
+        return False
 
 
 class ReplicaMover:
@@ -83,7 +94,7 @@ class ReplicaMover:
         for move in self._topology().moves:
             task = self._tasks.get(move.group)
             if task is None or task.done():
-                self._tasks[move.group] = asyncio.ensure_future(self._run(move.group))
+                self._tasks[move.group] = background(self._run(move.group), f"{group_name(move.group)}: the move")
 
     async def close(self) -> None:
         for task in self._tasks.values():
@@ -157,19 +168,19 @@ class ReplicaMover:
 
     async def _until_open(self, move: Move) -> pb.ReplicaState:
         """Until the target runs the group (its copy of a voter's checkpoint, if any, is in)."""
-        stall = _Stall(move.target, self._move_timeout)
+        stall = _Stall(move.target, self._move_timeout, time.monotonic())
         while True:
             self._still_current(move)
             target = await self._progress(move.target, move.group)
             if target is not None and target.mode in ("learner", "voter"):
                 return target
-            stall.check(target, 0)
+            stall.check(target, 0, time.monotonic())
             await asyncio.sleep(POLL_SECONDS)
 
     async def _until_caught_up(self, move: Move, mode: str) -> None:
         """Until the target runs the group in `mode`, within CATCH_UP_ENTRIES of the leader's commit index."""
         reported = time.monotonic()
-        stall = _Stall(move.target, self._move_timeout)
+        stall = _Stall(move.target, self._move_timeout, reported)
         while True:
             self._still_current(move)
             voters = [v for v in self._topology().group_voters(move.group) if v != move.target]
@@ -180,12 +191,22 @@ class ReplicaMover:
             if target is not None and target.mode == mode and commit and \
                     target.applied_index + CATCH_UP_ENTRIES >= commit:
                 return
-            stall.check(target, commit)
+            if stall.check(target, commit, time.monotonic()) and mode == "learner" and move.group != META:
+                await self._reseed(move)
             if time.monotonic() - reported > 5:
                 reported = time.monotonic()
                 log.info("%s: %s catching up as %s: %s of %d", group_name(move.group), move.target, mode,
                          target.applied_index if target is not None else "?", commit)
             await asyncio.sleep(POLL_SECONDS)
+
+    async def _reseed(self, move: Move) -> None:
+        """Have the target drop its learner and copy a voter's checkpoint again (best effort)."""
+        log.warning("%s: %s made no progress as a learner while the group committed on; starting it afresh",
+                    group_name(move.group), move.target)
+        try:
+            await self._peers.admin(move.target).Reseed(pb.ReplicaRequest(group=move.group), timeout=RPC_TIMEOUT)
+        except grpc.aio.AioRpcError as exc:
+            log.info("%s: %s could not start afresh: %s", group_name(move.group), move.target, exc.details())
 
     async def _compact(self, move: Move) -> None:
         """Have the leader snapshot its log, so that the target installs checkpoint files (best effort)."""

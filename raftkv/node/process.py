@@ -41,6 +41,7 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.node.backup_seed import BackupCatalog, seed_from_backup
 from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replica
 from raftkv.node.service import KVService
+from raftkv.node.tasks import background
 from raftkv.raft.group import Role
 from raftkv.raft.hub import Directory, RaftHub
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
@@ -186,10 +187,11 @@ class Node:
             raise ConfigError(f"cannot serve metrics on port {self.me.metrics_port}: {exc.strerror}",
                               source=f"node {self.me.id} metrics_port") from None
         await self._server.start()
-        self._tasks += [loop.create_task(self._housekeeping()), loop.create_task(self._metadata_loop())]
+        self._tasks += [background(self._housekeeping(), "housekeeping"),
+                        background(self._metadata_loop(), "metadata duties")]
         self.lost_data.remember()
         if self.backups is not None:
-            self._tasks.append(loop.create_task(self.backups.watch(self.spec.tuning.backup_poll_seconds)))
+            self._tasks.append(background(self.backups.watch(self.spec.tuning.backup_poll_seconds), "backup watch"))
         log.info("node %s serving %s; partitions %s", self.me.id, self.me.api_address, sorted(self.frontends))
 
     async def _metadata_caught_up(self, timeout: float) -> bool:
@@ -349,7 +351,7 @@ class Node:
             if p not in self._copy_tried and self._empty(p):
                 self._copy_tried.add(p)
                 copying = self.copying[p] = ReplicaCopying()
-                copying.task = asyncio.ensure_future(self._copy(p, copying))
+                copying.task = background(self._copy(p, copying), f"partition {p}: the copy of a checkpoint")
                 continue
             self._copy_tried.discard(p)
             self.learning[p] = self._open_partition(p, voter=False)
@@ -372,6 +374,20 @@ class Node:
         replicas = [f.replica for f in self.frontends.values()] + list(self.learning.values())
         for replica in replicas + ([self.meta] if self.meta is not None else []):
             replica.group.name_members(addresses(replica.partition))
+
+    def reseed(self, p: int) -> bool:
+        """Drop the learner of a move here and its data; `_reconcile` then copies a checkpoint afresh.
+        Asked by the mover when the learner made no progress while its leader went on."""
+        replica = self.learning.pop(p, None)
+        if replica is None:
+            return False
+        log.warning("partition %d: the learner here made no progress while its leader went on; "
+                    "starting it again from a voter's checkpoint", p)
+        replica.close()
+        self._delete(p)
+        self._copy_tried.discard(p)
+        self._on_meta_change()
+        return True
 
     def _folder(self, p: int) -> Path:
         return self.me.data_dir / f"p{p:04d}"

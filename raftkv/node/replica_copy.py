@@ -24,7 +24,7 @@ from raftkv.api.checkpoint_stream import receive_checkpoint
 from raftkv.core.errors import CorruptData, Unavailable
 from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
-from raftkv.raft.syncobj_seed import seed
+from raftkv.raft.syncobj_seed import base_problem, seed
 from raftkv.storage.engine import Position
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,11 @@ async def checkpoint_chunks(replica: Replica) -> AsyncIterator[pb.CheckpointChun
     work = Path(tempfile.mkdtemp(dir=replica.folder, prefix="copy-"))
     try:
         # No await between these: the entries applied since the database's position changed nothing in it.
+        # A replica still replaying its journal after a restart has applied less than its database holds
+        # (issue 32): the base is then the log's entries at the database's position.
         position = replica.engine.checkpoint(work / "db")
-        base = [pb.LogEntry(command=c, index=i, term=t)
-                for c, i, t in replica.group.log_base_at(replica.group.last_applied) or ()]
+        at = max(position.index, replica.group.last_applied)
+        base = [pb.LogEntry(command=c, index=i, term=t) for c, i, t in replica.group.log_base_at(at) or ()]
         root = work / "db"
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
             name = path.relative_to(root).as_posix()
@@ -82,12 +84,13 @@ async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, fol
             call = peers.admin(node_id).Checkpoint(pb.ReplicaRequest(group=partition))
             try:
                 position, base = await receive_checkpoint(call, scratch, received)
-                if position.index and len(base) != 2:
-                    raise CorruptData("the checkpoint came without the two log entries a seeded replica's log "
-                                      "starts with")
+                if position.index and (problem := base_problem(position, base)) is not None:
+                    raise CorruptData(problem)
             except (grpc.aio.AioRpcError, asyncio.TimeoutError, CorruptData) as exc:
                 call.cancel()
                 failures.append(f"{node_id}: {_reason(exc)}")
+                log.warning("partition %d: no checkpoint from %s (%s); trying another voter", partition, node_id,
+                            _reason(exc))
                 continue
             if position.index:  # an empty state: there is nothing to seed with
                 await asyncio.to_thread(seed, folder, partition, scratch, position, base, members)

@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from raftkv.raft import snapshot_file
 from raftkv.core.durable import fsync_directory, make_dirs
 from raftkv.raft.syncobj_snapshots import SNAPSHOT_FILE
 from raftkv.raft.syncobj_patches import LogEntry
 from raftkv.storage.engine import Position
+
+
+def base_problem(position: Position, base: Sequence[LogEntry]) -> str | None:
+    """Why `base` cannot start the log of a replica seeded at `position`; None if it can."""
+    if len(base) != 2:
+        return "a seed's base must be two log entries (the checkpoint came without them)"
+    prev, last = base
+    if prev[1] != last[1] - 1 or last[1] < position.index:
+        return f"a seed's base must be two consecutive entries at or after {position.index}, not {prev[1]} and {last[1]}"
+    return None
 
 
 def seed(folder: Path, partition: int, checkpoint: Path, position: Position, base: tuple[LogEntry, LogEntry],
@@ -33,10 +43,10 @@ def seed(folder: Path, partition: int, checkpoint: Path, position: Position, bas
     next index is past the first: made-up entries there would reach a follower that stopped just
     before them, in place of the real ones, if this replica ever leads.
     """
+    problem = base_problem(position, base)
+    if problem is not None:
+        raise ValueError(problem)
     prev, last = base
-    if prev[1] != last[1] - 1 or last[1] < position.index:
-        raise ValueError(f"a seed's base must be two consecutive entries at or after {position.index}, "
-                         f"not {prev[1]} and {last[1]}")
     if folder.exists() and any(folder.iterdir()):
         raise FileExistsError(f"{folder} is not empty: a replica is seeded into an empty folder only")
     make_dirs(folder)
