@@ -217,7 +217,8 @@ class FaultInjector:
                 self._start(node_id)
         return crashed
 
-    # a replica of the step's partition moves to a node without one, or its leadership to a follower
+    # a replica of the step's partition moves to a node without one (and back, with a kill on the way),
+    # or its leadership to a follower
     def _inject_membership(self, step: FaultStep, record: FaultRecord) -> None:
         pick = random.Random(step.seed)
         p = step.partition
@@ -225,6 +226,10 @@ class FaultInjector:
         try:
             with Client(self.cluster.endpoints, timeout=10.0) as kv:
                 spare = [n for n in self.spec.node_ids if n not in voters and n not in self.down | self.paused]
+                if step.variant in ("kill-source", "stale-return") and spare:
+                    self._move_and_return(kv, p, pick.choice(list(voters)), pick.choice(spare),
+                                          step.variant == "stale-return", pick, record)
+                    return
                 if step.variant == "move" and spare:
                     source, target = pick.choice(list(voters)), pick.choice(spare)
                     kv.move_replica(p, source, target)
@@ -240,18 +245,52 @@ class FaultInjector:
         except RaftKVError as exc:  # refused (a move under way) or unavailable (other faults): noted, not a bug
             record.notes.append(f"partition {p}: {exc}")
 
+    def _move_and_return(self, kv: Client, p: int, a: str, b: str, stale: bool, pick: random.Random,
+                         record: FaultRecord) -> None:
+        """kill-source: partition p moves from a to b and a is killed at once; the move ends without it,
+        a restarts on its old folder and the partition moves back to it.
+
+        stale-return (issue 32's six steps): p moves from a to b, then back, and b is killed while a
+        catches up, so b's journal keeps the entry that removed a but not the one that added a back;
+        leadership goes to a; b restarts on that journal and p moves to it again. The moves back must
+        finish (the heal waits for them)."""
+        source, target = a, b
+        if stale:
+            kv.move_replica(p, a, b)
+            record.notes.append(f"partition {p}: moving {a} -> {b}")
+            if not self._moves_done(record):
+                return
+            source, target = b, a
+        kv.move_replica(p, source, target)
+        self._kill(source)
+        record.notes.append(f"partition {p}: moving {source} -> {target}; killed {source}")
+        try:
+            if not self._moves_done(record):
+                return
+            if stale:
+                kv.transfer_leadership(p, target)
+        finally:
+            self._start(source)
+        back_from = pick.choice([v for v in self.placement()[p] if v != target]) if stale else target
+        kv.move_replica(p, back_from, source)
+        record.notes.append(f"partition {p}: {source} restarted on its old folder; moving {back_from} -> {source}")
+
     def _heal_membership(self, record: FaultRecord) -> None:
+        self._moves_done(record)
+
+    def _moves_done(self, record: FaultRecord) -> bool:
         """Until no move is under way (a move that never ends is a problem)."""
         deadline = time.monotonic() + MOVE_TIMEOUT
         while time.monotonic() < deadline:
             try:
                 with Client(self.cluster.endpoints, timeout=5.0) as kv:
                     if not kv.topology().meta.moves:
-                        return
+                        return True
             except RaftKVError:
                 pass
             time.sleep(0.5)
         record.problems.append(f"a replica move did not finish within {MOVE_TIMEOUT:.0f}s")
+        return False
 
     # restarted with a fail point armed to crash there after a few passes; started plainly when healed
     def _inject_failpoint(self, step: FaultStep, record: FaultRecord) -> None:

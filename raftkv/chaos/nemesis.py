@@ -14,7 +14,9 @@ Faults and their variants (`kind:variant` on the command line):
     restart    clean | wipe                           SIGTERM and start; or kill -9, wipe the data dir, start
     diskfull   fill                                   the disk node's tmpfs filled by a ballast file, then freed
     corrupt    journal | snapshot | rocksdb           bytes flipped in a file of a stopped node, then started
-    membership move | transfer                        a replica moved to a node without one, or a leadership handed on
+    membership move | transfer | kill-source          a replica moved to a node without one, or a leadership handed on;
+               | stale-return                         or a move's source killed, then the replica moved back to it; or
+                                                      issue 32's six steps (docs/chaos.md)
     failpoint  leader | follower | all                restarted with a random fail point armed to crash there after a
                                                       few passes; started plainly when healed (docs/chaos.md)
     powerloss  cut | torn                             every node killed and its disk's unsynced writes dropped (torn: the
@@ -36,7 +38,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "restart": ("clean", "wipe"),
     "diskfull": ("fill",),
     "corrupt": ("journal", "snapshot", "rocksdb"),
-    "membership": ("move", "transfer"),
+    "membership": ("move", "transfer", "kill-source", "stale-return"),
     "failpoint": ("leader", "follower", "all"),
     "powerloss": ("cut", "torn"),
     "disk": ("fsync-50ms", "fsync-500ms", "fsync-5s", "eio-read", "eio-fsync"),
