@@ -74,6 +74,29 @@ def test_node_errors_name_the_problem(make_cluster):
                               f"127.0.0.1:{n1.raft_port_base + 1}", "raft port of partition 1")
 
 
+def _values_round_trip_byte_for_byte(config: list[str], tmp: Path) -> None:
+    """Issue 25: a 100,000-byte value came back as 101,250 (wrapped at 80 columns), tabs as spaces;
+    `put K -` stored a literal '-'; values that were not UTF-8 were refused."""
+    raw = subprocess.run
+    big = bytes(range(256)) * 390 + b"a\tb\n" * 10  # not UTF-8, tabs, line breaks: 99,880 bytes
+    (tmp / "value.bin").write_bytes(big)
+    assert run("put", "from-file", "--value-file", str(tmp / "value.bin"), *config).returncode == 0
+    assert raw([*RAFTKV, "put", "from-stdin", "-", *config], input=b"a\tb", capture_output=True).returncode == 0
+    assert raw([*RAFTKV, "put", "from-argv", b"\xff\tz", *config], capture_output=True).returncode == 0
+    for key, value in (("from-file", big), ("from-stdin", b"a\tb"), ("from-argv", b"\xff\tz")):
+        got = raw([*RAFTKV, "get", key, *config], capture_output=True)
+        assert got.returncode == 0 and got.stdout == value, (key, len(got.stdout))
+    scan = raw([*RAFTKV, "scan", "--prefix", "from-", *config], capture_output=True)
+    assert scan.stdout == b"from-argv\t\xff\tz\nfrom-file\t" + big + b"\nfrom-stdin\ta\tb\n"
+    as_json = [json.loads(line) for line in run("scan", "--prefix", "from-", "--json", "--text", *config).stdout.splitlines()]
+    assert [(item["encoding"], item["value"]) for item in as_json] == [
+        ("base64", base64.b64encode(b"\xff\tz").decode()), ("base64", base64.b64encode(big).decode()),
+        ("utf-8", "a\tb")]
+    assert json.loads(run("get", "from-stdin", "--json", *config).stdout)["value"] == base64.b64encode(b"a\tb").decode()
+    assert_one_line_error(run("put", "k", *config), "give the value as VALUE, as - to read it from stdin")
+    assert_one_line_error(run("put", "k", "--value-file", str(tmp / "missing"), *config), "cannot read")
+
+
 def test_unreachable_cluster_is_one_line():
     assert_one_line_error(run("get", "x", "--endpoints", "127.0.0.1:1", "--timeout", "1"), "no node answered")
 
@@ -87,8 +110,10 @@ def test_cli_data_commands_status_and_limits(make_cluster):
     missing = run("get", "nope", *config)
     assert missing.returncode == 1 and "not found" in missing.stderr
     assert_one_line_error(run("put", "k" * 5000, "v", *config), "5000 bytes", "cluster.max_key_bytes")
-    scan = run("scan", "--prefix", "greet", "--json", *config)
-    assert [json.loads(line) for line in scan.stdout.splitlines()] == [{"key": "greeting", "value": "hello"}]
+    scan = run("scan", "--prefix", "greet", "--json", "--text", *config)
+    assert [json.loads(line) for line in scan.stdout.splitlines()] == [
+        {"key": "greeting", "value": "hello", "encoding": "utf-8"}]
+    _values_round_trip_byte_for_byte(config, cluster.spec.node("n1").data_dir.parent)
     assert run("delete", "greeting", *config).returncode == 0
     assert run("get", "greeting", *config).returncode == 1
     status = json.loads(run("status", "--json", *config).stdout)

@@ -9,6 +9,7 @@ tests read clean output.
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -18,6 +19,17 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColu
 
 console = Console(highlight=False, markup=False)
 err_console = Console(stderr=True, highlight=False, markup=False)
+
+
+def print_bytes(data: bytes) -> None:
+    """Stored bytes to stdout as they are, when it is a pipe or a file (rich would wrap long lines and
+    expand tabs); to a terminal as text, undecodable bytes escaped, with a line break."""
+    if console.is_terminal:
+        console.print(data.decode("utf-8", errors="backslashreplace"), soft_wrap=True, end="\n")
+    else:
+        sys.stdout.flush()  # what went through the text layer first
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
 
 
 class Bar:
