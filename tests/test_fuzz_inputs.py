@@ -520,7 +520,7 @@ def captured() -> Iterator[tuple[io.TextIOWrapper, io.TextIOWrapper]]:
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace")
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-            mock.patch.object(sys, "stdin", io.StringIO()):
+            mock.patch.object(sys, "stdin", io.TextIOWrapper(io.BytesIO())):
         yield out, err
 
 
