@@ -51,6 +51,10 @@ def test_cluster_init_writes_a_spec_and_refuses_to_overwrite(tmp_path):
     assert_one_line_error(run("cluster", "init", "-o", "cluster.toml", cwd=tmp_path), "exists", "--force")
     assert run("cluster", "init", "--no-tls", "--force", "-o", "cluster.toml", cwd=tmp_path).returncode == 0
     assert load_spec(tmp_path / "cluster.toml").tls is None
+    deep = tmp_path / ("a-long-folder-name-" * 4)  # past 80 columns, where rich wrapped lines into pipes
+    deep.mkdir()
+    said = run("cluster", "init", "--no-tls", "-o", str(deep / "cluster.toml"), cwd=tmp_path).stdout
+    assert f"start each node with: raftkv node start --config {deep / 'cluster.toml'} --node <id>" in said.splitlines()[-1]
 
 
 def test_bad_specs_get_one_clear_line(tmp_path):

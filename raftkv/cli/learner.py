@@ -52,8 +52,8 @@ def add(name, sink_name, sink_options, partitions, config, endpoints) -> None:
     with open_client(config, endpoints) as kv:
         chosen = parse_partitions(partitions, kv.partitions)
         kv.register_learner(name, sink_name, parse_key_values(sink_options, "--sink-option"), chosen)
-    console.print(f"registered learner {name} ({sink_name}) on partitions {chosen}; "
-                  f"run it with: raftkv learner start --name {name} --config {config}")
+    console.print(f"registered learner {name} ({sink_name}) on partitions {chosen}; run it with:\n"
+                  f"  raftkv learner start --name {name} --config {config}")
 
 
 @learner.command(name="list")

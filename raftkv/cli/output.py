@@ -17,15 +17,17 @@ from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
 
-console = Console(highlight=False, markup=False)
-err_console = Console(stderr=True, highlight=False, markup=False)
+# soft_wrap: a line is never broken at the console's width, which for a pipe is 80 columns: a command
+# printed for the user to copy must stay one command (tables still fit themselves to the width)
+console = Console(highlight=False, markup=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
 
 
 def print_bytes(data: bytes) -> None:
     """Stored bytes to stdout as they are, when it is a pipe or a file (rich would wrap long lines and
     expand tabs); to a terminal as text, undecodable bytes escaped, with a line break."""
     if console.is_terminal:
-        console.print(data.decode("utf-8", errors="backslashreplace"), soft_wrap=True, end="\n")
+        console.print(data.decode("utf-8", errors="backslashreplace"))
     else:
         sys.stdout.flush()  # what went through the text layer first
         sys.stdout.buffer.write(data)
