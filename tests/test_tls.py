@@ -153,6 +153,9 @@ def test_the_cli_finds_the_certificates_in_the_spec_or_is_told_in_one_line(make_
                           "does not trust the node's certificate")
     assert_one_line_error(raftkv("--cert", str(other / "user-eve.pem"), "get", "k", *config),
                           "give --cert and --key together")
+    admin = cluster.spec.tls.client_cert  # with another user's key: gRPC's core only logged a failed handshake
+    assert_one_line_error(raftkv("--cert", str(admin), "--key", str(other / "user-eve.key"), "get", "k", *config),
+                          f"{other / 'user-eve.key'} is not the key of {admin}")
 
 
 def test_a_node_with_an_expired_certificate_does_not_start(make_cluster, strangers):

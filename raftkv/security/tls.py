@@ -19,6 +19,7 @@ from typing import Sequence
 import grpc
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import ClusterSpec
@@ -43,6 +44,7 @@ class Tls:
     def _pems(self) -> tuple[bytes, bytes, bytes]:
         ca, cert, key = (_read(p) for p in (self.ca, self.cert, self.key))
         check_certificate(cert, ca, self.cert, self.ca)
+        check_key(key, cert, self.key, self.cert)
         return ca, cert, key
 
     def server_credentials(self) -> grpc.ServerCredentials:
@@ -146,6 +148,19 @@ def check_certificate(cert_pem: bytes, ca_pem: bytes, cert_path: Path, ca_path: 
     except (ValueError, TypeError, InvalidSignature):
         raise ConfigError(f"{cert_path} was not issued by the CA in {ca_path}; use the certificates of one "
                           "cluster together", source="tls") from None
+
+
+def check_key(key_pem: bytes, cert_pem: bytes, key_path: Path, cert_path: Path) -> None:
+    """The key is the private half of the certificate's public key (gRPC's core would only log that the
+    handshake failed, and the client would say no node answered)."""
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{key_path} is not an unencrypted PEM private key; {_REMEDY}", source="tls") from None
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if key.public_key().public_bytes(*spki) != x509.load_pem_x509_certificate(cert_pem).public_key().public_bytes(*spki):
+        raise ConfigError(f"{key_path} is not the key of {cert_path}: give the key file that was made with "
+                          "that certificate", source="tls")
 
 
 def _read(path: Path) -> bytes:
