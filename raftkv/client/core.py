@@ -167,12 +167,15 @@ class ClientCore:
     async def administer(self, what: str, call: Callable[[kv_pb2_grpc.AdminStub], Awaitable[T]],
                          on_any_error: bool = False) -> T:
         """`call` on the first node that answers (with `on_any_error`, that `call` does not raise
-        Unavailable for), again until the timeout; a refusal is final."""
+        Unavailable for), again until the timeout; a refusal is final, and so is a first round in which
+        no node could be connected to (as for reads and writes: the nodes are down or the endpoints wrong)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
+        first = True
         while True:
-            refused = []
-            for address in self.routing.known_addresses():
+            refused, unreached = [], 0
+            addresses = self.routing.known_addresses()
+            for address in addresses:
                 try:
                     return await call(self.admin(address))
                 except grpc.aio.AioRpcError as exc:
@@ -183,12 +186,17 @@ class ClientCore:
                     last = f"{address}: {exc.code().name} {exc.details()}"
                     if why := refusal(exc.details() or "", self.tls):
                         refused.append(f"{address}: {why}")
+                    unreached += never_sent(exc)
                 except Unavailable as exc:
                     if not on_any_error:
                         raise
                     last = f"{address}: {exc}"
-            if refused and len(refused) == len(self.routing.known_addresses()):
+            if refused and len(refused) == len(addresses):
                 raise Unauthenticated(refused[0])
+            if first and unreached == len(addresses):
+                raise Unavailable(f"{what}: no node answered at {', '.join(addresses)}; check the endpoints and "
+                                  "that the nodes are running")
+            first = False
             if loop.time() >= deadline:
                 raise Unavailable(f"{what}: no node could answer (last: {last}); check that the nodes are running")
             await asyncio.sleep(0.2)
