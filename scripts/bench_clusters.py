@@ -37,6 +37,7 @@ class Running:
     endpoints: tuple[str, ...]
     pids: tuple[int, ...]
     tls: Tls | None = None  # what a client presents and trusts; None: plaintext
+    metrics: tuple[str, ...] = ()  # raftkv: each node's Prometheus endpoint (host:port)
 
 
 # -- raftkv -------------------------------------------------------------------------
@@ -59,7 +60,8 @@ def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "default",
     try:
         cluster.start_all()
         cluster.wait_ready(timeout=ready_timeout)
-        yield Running(tuple(cluster.endpoints), tuple(p.pid for p in cluster.procs.values()), cluster.tls)
+        yield Running(tuple(cluster.endpoints), tuple(p.pid for p in cluster.procs.values()), cluster.tls,
+                      tuple(f"{n.host}:{n.metrics_port}" for n in spec.nodes))
     finally:
         cluster.stop_all()
 

@@ -12,6 +12,7 @@ from rich.console import Console
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 import bench  # noqa: E402
+import bench_steps  # noqa: E402
 from bench_clusters import raftkv_cluster  # noqa: E402
 from bench_load import Figures, fill  # noqa: E402
 
@@ -22,7 +23,16 @@ FIGURES = Figures(ops=100, ops_per_s=50.0, p50_ms=2.0, p99_ms=4.0, errors=0, fir
 
 def test_raftkv_scenarios_report_sane_figures(tmp_path: Path):
     with raftkv_cluster(tmp_path, TINY.partitions) as cluster:
+        before = bench_steps.scrape(cluster.metrics)
         _assert_sane(cluster, "raftkv", ("seq_put", "put", "get_linearizable", "batch"))
+        steps = bench_steps.scrape(cluster.metrics) - before
+    entries = steps[bench_steps.ENTRIES]  # bench_steps.py's counters moved, in the proportions Raft implies
+    assert steps[bench_steps.PUTS] > entries > 0
+    assert steps["raftkv_journal_writes_total"] >= 3 * entries  # every member journals every entry
+    assert steps["raftkv_apply_seconds_count"] >= 3 * entries
+    assert steps["raftkv_raft_messages_total"] >= 4 * entries  # an append and its answer to each follower
+    assert steps["raftkv_raft_ticks_total"] > 0 and 0 < steps["raftkv_raft_socket_writes_total"] <= steps[
+        "raftkv_raft_messages_total"]
 
 
 def test_raftkv_with_tls_reports_sane_figures(tmp_path: Path):

@@ -33,6 +33,15 @@ CHECKPOINT_BYTES_SENT = Counter("raftkv_checkpoint_bytes_sent_total",
                                 ["partition"])
 GROUP_RESTING = Gauge("raftkv_group_resting",
                       "1 while this replica's Raft group rests: idle, it neither ticks nor heartbeats", ["partition"])
+# What a put costs, step by step, summed over the node's groups (scripts/bench_steps.py divides them by
+# the puts and the Raft entries of a load; docs/raft-engine.md): cheap to count, no partition label.
+RAFT_TICKS = Counter("raftkv_raft_ticks_total", "Ticks of this node's Raft groups (pysyncobj's _onTick)")
+RAFT_MESSAGES = Counter("raftkv_raft_messages_total", "Raft messages of this node's groups", ["direction"])
+RAFT_MESSAGES_SENT = RAFT_MESSAGES.labels("sent")
+RAFT_MESSAGES_RECEIVED = RAFT_MESSAGES.labels("received")
+RAFT_SOCKET_WRITES = Counter("raftkv_raft_socket_writes_total",
+                             "Writes to the Raft hub's connections (each carries the frames of one loop turn)")
+JOURNAL_WRITES = Counter("raftkv_journal_writes_total", "Log entries written to this node's Raft journals")
 API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")
 API_OPS = Counter("raftkv_api_ops_total", "Operations received in Execute requests (several per request)")
 

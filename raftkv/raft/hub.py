@@ -37,6 +37,7 @@ from typing import Callable, Mapping, Protocol
 
 from raftkv.raft import hub_frames
 from raftkv.raft.hub_frames import CONTROL, BadFrame
+from raftkv.core import metrics
 from raftkv.core.errors import ConfigError
 from raftkv.security.certs import Identity
 from raftkv.security.tls import Tls, peer_identity
@@ -115,6 +116,7 @@ class Connection:
             return
         self._writer.write(b"".join(self._pending))
         self._pending.clear()
+        metrics.RAFT_SOCKET_WRITES.inc()
         if self._writer.transport.get_write_buffer_size() > HIGH_WATER_BYTES:
             log.warning("%r is not reading its Raft messages; closing it", self)
             self.close()
@@ -224,10 +226,11 @@ class RaftHub:
 
     def send(self, node_id: str, group: int, message: object) -> bool:
         connection = self._links.get(node_id)
-        return connection is not None and connection.send(hub_frames.encode((group, message), self._compression))
+        return connection is not None and self.reply(connection, group, message)
 
     def reply(self, connection: Connection, group: int, message: object) -> bool:
-        """To a read-only subscriber, on the connection it joined over."""
+        """To a read-only subscriber, on the connection it joined over (and, through `send`, to a node)."""
+        metrics.RAFT_MESSAGES_SENT.inc()
         return connection.send(hub_frames.encode((group, message), self._compression))
 
     def join(self, group: int, node_ids: frozenset[str]) -> None:
@@ -335,6 +338,7 @@ class RaftHub:
             self._on_control(connection, body[1], body[2])
             return
         group, message = body
+        metrics.RAFT_MESSAGES_RECEIVED.inc()
         endpoint = self._groups.get(group)
         if endpoint is not None and (connection.peer is not None or group in connection.joined):
             endpoint.deliver(connection.peer, connection, message)

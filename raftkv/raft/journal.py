@@ -54,6 +54,7 @@ from pathlib import Path
 from pysyncobj.journal import Journal
 
 from raftkv import failpoints
+from raftkv.core import metrics
 from raftkv.core.durable import fsync_directory, fsync_failed, fsync_file, make_dirs
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull
 
@@ -137,6 +138,7 @@ class RaftJournal(Journal):
         self._offsets.append(self._end)
         self._end += len(record)
         self._dirty = True
+        metrics.JOURNAL_WRITES.inc()
         failpoints.hit("journal-append-after")
 
     def __getitem__(self, item: int | slice) -> Entry | list[Entry]:

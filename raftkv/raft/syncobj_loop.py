@@ -32,6 +32,7 @@ from typing import Callable
 import pysyncobj.syncobj
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 
+from raftkv.core import metrics
 from raftkv.core.errors import CorruptData, StorageFull
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,7 @@ class Ticker:
         self._scheduled = False
         if self._stopped:
             return
+        metrics.RAFT_TICKS.inc()
         try:
             self._syncobj._onTick(0.0)
         except StorageFull as exc:  # retried on every tick until there is room again
