@@ -12,7 +12,7 @@ from rich.table import Table
 
 from raftkv import failpoints
 from raftkv.cli.options import config_option, endpoints_option, json_option, open_client, tls_files
-from raftkv.cli.output import console, err_console
+from raftkv.cli.output import console, err_console, progress_bars
 from raftkv.cli.replica import wait_for
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import load_spec
@@ -75,11 +75,17 @@ def decommission(config: str, endpoints: str | None, node_id: str, force: bool, 
         if force:
             err_console.print(f"warning: --force: partitions may be left with fewer replicas than the "
                               f"replication factor once {node_id!r} is gone", soft_wrap=True)
-        kv.decommission(node_id, force)
-        console.print(f"{node_id} is draining")
+        replicas = len(kv.decommission(node_id, force).meta.voter_partitions(node_id))
+        console.print(f"{node_id} is draining: {replicas} replicas to move")
         if wait:
-            wait_for(kv, lambda meta: meta.node(node_id).state.value == "removed", timeout,
-                     lambda meta: f"{node_id}: {len(meta.voter_partitions(node_id))} replicas left to move")
+            with progress_bars(None, counts=True) as bars:
+                bar = bars.add(f"{node_id}: replicas moved", total=replicas)
+
+                def left(meta) -> str:
+                    bar.at(replicas - len(meta.voter_partitions(node_id)))
+                    return f"{node_id}: {len(meta.voter_partitions(node_id))} replicas left to move"
+
+                wait_for(kv, lambda meta: meta.node(node_id).state.value == "removed", timeout, left, quiet=True)
     console.print(f"{node_id} is removed from the cluster")
 
 

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskID, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 
 # soft_wrap: a line is never broken at the console's width, which for a pipe is 80 columns: a command
 # printed for the user to copy must stay one command (tables still fit themselves to the width)
@@ -48,6 +48,10 @@ class Bar:
         if self._progress is not None:
             self._progress.advance(self._task, count)
 
+    def at(self, count: int) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=count)
+
     def describe(self, text: str) -> None:
         if self._progress is not None:
             self._progress.update(self._task, description=text)
@@ -63,13 +67,15 @@ class Bars:
 
 
 @contextmanager
-def progress_bars(enabled: bool | None) -> Iterator[Bars]:
-    """Bars on stderr when `enabled`, or, for None, when stderr is a terminal; else bars that show nothing."""
+def progress_bars(enabled: bool | None, counts: bool = False) -> Iterator[Bars]:
+    """Bars on stderr when `enabled`, or, for None, when stderr is a terminal; else bars that show nothing.
+    They count bytes and their rate, or with `counts`, things done of a total (replicas moved)."""
     if not (err_console.is_terminal if enabled is None else enabled):
         yield Bars(None)
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-               TimeRemainingColumn())
+    columns = (TextColumn("{task.description}"), BarColumn(),
+               *((MofNCompleteColumn(), TimeElapsedColumn()) if counts else
+                 (DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())))
     with Progress(*columns, console=err_console) as progress:
         try:
             yield Bars(progress)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable
 
@@ -20,15 +21,18 @@ from raftkv.meta.records import ClusterMeta, group_name
 
 
 def wait_for(kv: Client, done: Callable[[ClusterMeta], bool], timeout: float,
-             describe: Callable[[ClusterMeta], str]) -> ClusterMeta:
-    """Poll the topology until `done`, showing `describe` on a status line."""
+             describe: Callable[[ClusterMeta], str], quiet: bool = False) -> ClusterMeta:
+    """Poll the topology until `done`, showing `describe` on a status line (unless `quiet`: the caller
+    shows progress its own way, and `describe` only names what is left if the time runs out)."""
     deadline = time.monotonic() + timeout
-    with console.status("") as status:
+    with contextlib.nullcontext() if quiet else console.status("") as status:
         while not done(meta := kv.topology().meta):
             if time.monotonic() > deadline:
                 raise Unavailable(f"still not done after {timeout:.0f}s ({describe(meta)}); it goes on: see "
                                   "`raftkv node list`")
-            status.update(Text(describe(meta)))  # quotes node ids: never markup
+            text = describe(meta)
+            if status is not None:
+                status.update(Text(text))  # quotes node ids: never markup
             time.sleep(0.5)
     return meta
 
