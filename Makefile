@@ -18,10 +18,10 @@ demo: install
 	$(VENV)/bin/raftkv dev up
 
 # The network-partition tests drive nftables on loopback, and the power-loss tests mount a FUSE
-# filesystem (root; Debian's nftables and fuse3 packages).
+# filesystem (root; Debian's nftables and fuse3 packages). A change-feed test runs Debian's kcat.
 system-deps:
-	@{ command -v nft && command -v fusermount3; } >/dev/null || \
-		{ apt-get update -qq && apt-get install -y -qq nftables fuse3 >/dev/null; }
+	@{ command -v nft && command -v fusermount3 && command -v kcat; } >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq nftables fuse3 kcat >/dev/null; }
 
 test: install system-deps
 	$(PY) -m pytest -q

@@ -85,6 +85,21 @@ class ChangeEvent:
         return cls.from_dict(json.loads(data))
 
 
+def max_json_bytes(cluster: str, max_key_bytes: int, max_value_bytes: int) -> int:
+    """The longest `to_json()` of any event of a cluster with these key and value limits: an update
+    carries the value twice, before and after, base64 (4 bytes for every 3)."""
+    frame = ChangeEvent("u", b"", b"", b"", cluster, _LARGEST, _LARGEST, _LARGEST, _LARGEST, False,
+                        _LARGEST).to_json()
+    return len(frame) + _b64_bytes(max_key_bytes) + 2 * _b64_bytes(max_value_bytes)
+
+
+_LARGEST = 2 ** 63 - 1  # no index, term, seq or time is wider
+
+
+def _b64_bytes(length: int) -> int:
+    return 4 * -(-length // 3)
+
+
 def _b64(value: bytes | None) -> str | None:
     return None if value is None else base64.b64encode(value).decode()
 

@@ -35,12 +35,15 @@ Consumers without `group_id` assign all partitions of the topic themselves
 beginning (or the end); `events(to_end=True)` then stops once every partition
 reached its end (partition EOF: tansu's watermarks cannot be trusted). With
 `group_id` they subscribe, resume from the group's committed offsets
-(`commit()` stores them; auto-commit is off).
+(`commit()` stores them; auto-commit is off), with session.timeout.ms 6000
+(Kafka's smallest by default; librdkafka's 45000 makes a tansu join take 23 s).
+librdkafka's own log goes to the `raftkv.feed.kafka` logger at DEBUG.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 import uuid
@@ -50,6 +53,16 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 
 from learners.change_event import ChangeEvent
 from raftkv.core.errors import Unavailable
+
+_log = logging.getLogger("raftkv.feed.kafka")
+
+
+class _LibrdkafkaLog:
+    """librdkafka's own log (a wrong address: a line every few ms) goes to our logger at DEBUG; what a caller
+    needs comes back as one Unavailable."""
+
+    def log(self, level: int, message: str, *args: object, **kwargs: object) -> None:
+        _log.debug(message, *args)
 
 
 class FeedConsumer:
@@ -70,6 +83,8 @@ class FeedConsumer:
             "auto.offset.reset": "earliest" if from_beginning else "latest",
             "fetch.wait.max.ms": 100,
             "enable.partition.eof": True,
+            "session.timeout.ms": 6000,  # tansu answers a group join after session.timeout.ms / 2
+            "logger": _LibrdkafkaLog(),
             **(config or {}),
         })
         try:

@@ -14,7 +14,11 @@ Events at or below the position the sink recovered at start-up are computed
 (their mutations are needed) but not delivered again: they were flushed just
 before a crash that hit before the copy was written. A sink failure leaves
 the copies untouched; the step is retried with backoff, and the journal
-holds the entries meanwhile.
+holds the entries meanwhile. A sink that refuses one event for good
+(`Undeliverable`: retrying cannot help) stops that partition's feed only: it
+is logged once, kept in `stopped` with its reason (`raftkv learner list` shows
+it), and the other partitions' step is retried at once. A restarted learner
+tries the partition again.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from learners.entry_events import EntryEvents, EventRows
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import DeliveryBatch, Sink
 from raftkv import failpoints
+from raftkv.core.errors import Undeliverable
 from raftkv.core.learner_registry import only_progress
 from raftkv.core.overlay import Overlay
 from raftkv.raft import snapshot_file
@@ -63,6 +68,7 @@ class FeedPump:
         self.last_data_delivered: dict[int, int] = {}  # per partition: see `learner_registry.only_progress`
         self.failures = 0
         self.resyncs = 0
+        self.stopped: dict[int, str] = {}  # partitions no longer fed, and why
         self._caught_up_at = {p: clock() for p in replicas}
 
     async def run(self, stop: asyncio.Event, idle_wait: float = 0.005) -> None:
@@ -75,6 +81,11 @@ class FeedPump:
                     recovered = True
                 progressed = await self.step()
                 backoff = 0.1
+            except Undeliverable as exc:
+                self.failures += 1
+                self.stopped[exc.partition] = str(exc)
+                log.error("stopped feeding %s; the other partitions go on", exc)
+                continue
             except Exception as exc:  # the sink is down or refused: retry, the journal holds the entries
                 self.failures += 1
                 log.warning("delivery failed (%s); retrying in %.1fs", exc, backoff)
@@ -97,7 +108,7 @@ class FeedPump:
         return {p: now - t for p, t in self._caught_up_at.items()}
 
     async def step(self) -> bool:
-        for replica in self.replicas.values():
+        for replica in self._fed():
             if replica.pending_snapshot is not None:
                 await self._resync(replica)
                 return True
@@ -115,8 +126,8 @@ class FeedPump:
     def _prepare(self) -> tuple[list[_Prepared], list[EntryEvents]]:
         prepared, captured = [], []
         now_ms = int(self.clock() * 1000)
-        for partition, replica in self.replicas.items():
-            position = replica.engine.position
+        for replica in self._fed():
+            partition, position = replica.partition, replica.engine.position
             entries = replica.committed_entries(position.index, self.max_entries)
             if not entries:
                 continue
@@ -132,6 +143,9 @@ class FeedPump:
             last_index, last_term, _ = entries[-1]
             prepared.append(_Prepared(replica, view, Position(last_index, last_term), last_data))
         return prepared, captured
+
+    def _fed(self) -> list[LearnerReplica]:
+        return [r for p, r in self.replicas.items() if p not in self.stopped]
 
     async def _resync(self, replica: LearnerReplica) -> None:
         """Install the snapshot the leader sent; the sink gets its differences from the copy as `r`

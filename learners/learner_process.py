@@ -16,10 +16,12 @@ from typing import Callable, Mapping
 import grpc
 from prometheus_client import Counter, Gauge
 
+from learners import learner_status
 from learners.changelog_service import ChangeLogService, ChangeSource
 from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import Sink, load_sink
+from learners.sinks.options import limits
 from raftkv.core import metrics
 from raftkv.api import kv_pb2_grpc
 from raftkv.node.gatekeeper import Gatekeeper
@@ -126,7 +128,8 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
                       dead_after=max(3.5, spec.tuning.election_timeout_max), compression=spec.tuning.wire_compression)
         hub.start()
         tasks.append(loop.create_task(_follow_meta(client, spec, current, stop)))
-        await _open_sink(sink, {"learner": name, "cluster_id": topology.cluster_id, **sink_options}, stop)
+        await _open_sink(sink, {"learner": name, "cluster_id": topology.cluster_id, **sink_options,
+                                **limits(spec.name, spec.max_key_bytes, spec.max_value_bytes)}, stop)
         for p in partitions:
             voters = [topology.node(n).raft_address(p) for n in topology.group_voters(p)]
             config = GroupConfig(partition=p, hub=hub, self_address=None, peers=tuple(voters),
@@ -140,7 +143,8 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         if api_port:
             server = await _serve_reads(spec, topology, name, replicas, api_port, loop, sink, lambda: current[0])
         pump = FeedPump(spec.name, replicas, sink)
-        tasks += [loop.create_task(_publish(pump, stop)), loop.create_task(_report_progress(client, name, pump, stop))]
+        learner_status.write(folder, {})
+        tasks += [loop.create_task(_publish(pump, folder, stop)), loop.create_task(_report_progress(client, name, pump, stop))]
         print(f"raftkv learner {name} ready: partitions {partitions}, sink {sink_name}", flush=True)
         await pump.run(stop)
     finally:
@@ -190,9 +194,13 @@ async def _open_sink(sink: Sink, options: dict[str, str], stop: asyncio.Event) -
                 backoff = min(backoff * 2, 10.0)
 
 
-async def _publish(pump: FeedPump, stop: asyncio.Event) -> None:
+async def _publish(pump: FeedPump, folder: Path, stop: asyncio.Event) -> None:
     failures = resyncs = 0
+    stopped: dict[int, str] = {}
     while not stop.is_set():
+        if pump.stopped != stopped:
+            stopped = dict(pump.stopped)
+            learner_status.write(folder, stopped)
         for p, lag in pump.lag().items():
             LAG_ENTRIES.labels(p).set(lag)
         for p, seconds in pump.lag_seconds().items():

@@ -196,7 +196,7 @@ def test_dev_up_starts_serves_and_stops_everything_even_with_its_stdout_gone(tmp
         got = run("get", "dev", "--config", str(tmp_path / "devdata" / "cluster.toml"))
         assert got.stdout.strip() == "works"
         tail_command = next(line for line in output if "raftkv feed tail" in line).split("watch the feed:")[1].split()
-        tail = run(*tail_command[1:], "--max-events", "1", "--timeout", "30", timeout=90)
+        tail = run(*tail_command[1:], "--max-events", "1", "--timeout", "30", cwd=tmp_path, timeout=90)
         event = json.loads(tail.stdout.splitlines()[0])
         assert event["op"] == "c" and base64.b64decode(event["key"]) == b"dev", tail.stdout + tail.stderr
     finally:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
 import time
 from collections import Counter
 
@@ -13,7 +15,10 @@ from learners.change_event import ChangeEvent
 from learners.consumer import FeedConsumer, tail
 from learners.sinks.base import DeliveryBatch
 from learners.sinks.kafka_sink import KafkaSink
-from raftkv.core.errors import Unavailable
+from raftkv.cli.feed import check_bootstrap, kafka_feed
+from raftkv.client.sync_client import LearnerView
+from raftkv.core.errors import ConfigError, Unavailable
+from raftkv.dev.local_cluster import free_port_block
 from tests.kafka_broker import FAST_CONSUMER, VALIDATOR, History, new_topic, read_raw, sink_options, tansu_fixture
 
 broker = tansu_fixture()
@@ -157,3 +162,58 @@ def test_tail_prints_valid_json_lines(broker, duplicated_feed):
 def test_a_missing_topic_is_unavailable(broker):
     with pytest.raises(Unavailable, match="not found"):
         FeedConsumer(broker.bootstrap, new_topic("absent"), timeout=5)
+
+
+# -- issue 25: a wrong address, third-party clients of the demo broker ------------------------------------------
+
+def test_a_broker_that_does_not_answer_is_one_error_and_no_librdkafka_lines(capfd):
+    closed = f"127.0.0.1:{free_port_block(1)}"
+    with pytest.raises(Unavailable) as error:
+        FeedConsumer(closed, "raftkv-feed", timeout=1.0)
+    assert f"cannot read feed 'raftkv-feed' from {closed}" in str(error.value)
+    out, err = capfd.readouterr()
+    assert "rdkafka" not in out + err
+
+
+@pytest.mark.parametrize("bootstrap", ["127.0.0.1", "127.0.0.1:port", "127.0.0.1:99999", "a:1,b"])
+def test_a_malformed_bootstrap_is_a_config_error_naming_it(bootstrap):
+    with pytest.raises(ConfigError) as error:
+        check_bootstrap(bootstrap)
+    assert str(error.value).startswith("--bootstrap: ")
+
+
+def test_feed_tail_without_an_address_reads_the_one_kafka_learner_registered():
+    def view(sink, **options):
+        return LearnerView("x", sink, options, {}, {}, {})
+    demo = {"feed": view("kafka", **{"bootstrap.servers": "127.0.0.1:7033", "topic": "raftkv-feed"}),
+            "nightly": view("backup", url="file:///b")}
+    assert kafka_feed(demo, None) == ("127.0.0.1:7033", "raftkv-feed")
+    assert kafka_feed(demo, "raftkv-feed") == ("127.0.0.1:7033", "raftkv-feed")
+    with pytest.raises(ConfigError, match="kafka learners registered: raftkv-feed on 127.0.0.1:7033"):
+        kafka_feed(demo, "other")
+
+
+def test_a_subscribing_consumer_gets_its_first_event_within_5_seconds(broker):
+    """tansu answers a group join after session.timeout.ms / 2: librdkafka's default (45 s) made it 23 s."""
+    topic = new_topic()
+    sink = open_sink(broker.bootstrap, topic)
+    try:
+        sink.deliver(DeliveryBatch(History().entries(0, 1), {0: 1}))
+        sink.flush()
+    finally:
+        sink.close()
+    started = time.monotonic()
+    with FeedConsumer(broker.bootstrap, topic, group_id=f"g-{topic}", config=FAST_CONSUMER) as feed:
+        first = next(feed.events(timeout=10), None)
+    assert first is not None and time.monotonic() - started < 5
+
+
+def test_debian_kcat_cannot_read_tansu_0_6_0(broker):
+    """A broker fault, no client setting gets round it (README, "Other Kafka clients"): librdkafka 2.0.2 cannot
+    parse tansu 0.6.0's ApiVersion v3 reply and, since librdkafka 2.0, api.version.request=false is ignored.
+    Pinned so that a tansu that fixes it is noticed."""
+    kcat = shutil.which("kcat")
+    assert kcat, "kcat is missing: `make system-deps` installs it"
+    result = subprocess.run([kcat, "-b", broker.bootstrap, "-L", "-m", "2"], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode != 0 and "ApiVersionRequest failed: Local: Read underflow" in result.stderr

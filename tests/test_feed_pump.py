@@ -12,7 +12,7 @@ from learners.learner_replica import LearnerReplica
 from learners.sinks.memory_sink import MemorySink
 from raftkv.core.commands import Delete, DeleteRange, Put, PutMany
 from raftkv.core.log_codec import encode_proposal
-from raftkv.core.errors import Unavailable
+from raftkv.core.errors import Unavailable, Undeliverable
 from raftkv.core.spec import Tuning
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
@@ -24,13 +24,14 @@ from raftkv.storage.engine import KeyRange
 class Feed:
     """One voter (n1) and one learner (l1) of partition 0, and the learner's pump into a MemorySink."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, partition: int = 0):
         self.tmp_path = tmp_path
+        self.partition = partition
         self.net = MemoryNetwork(seed=0)
         self.disks = {name: Disk(tmp_path / name, voters=frozenset({"n1"})) for name in ("n1", "l1")}
         for disk in self.disks.values():
             disk.folder.mkdir()
-        self.voter = PartitionReplica(0, tmp_path / "n1", Tuning(), open_group=self._group("n1"))
+        self.voter = PartitionReplica(partition, tmp_path / "n1", Tuning(), open_group=self._group("n1"))
         self.voter.group.campaign()
         assert self.voter.role == Role.LEADER
         self.sink = MemorySink()
@@ -41,8 +42,8 @@ class Feed:
         return lambda state_machine: MemoryGroup(name, self.disks[name], state_machine, self.net)
 
     def open_learner(self) -> None:
-        self.learner = LearnerReplica(0, self.tmp_path / "l1", open_group=self._group("l1"))
-        self.pump = FeedPump("test", {0: self.learner}, self.sink, clock=lambda: 1.0)
+        self.learner = LearnerReplica(self.partition, self.tmp_path / "l1", open_group=self._group("l1"))
+        self.pump = FeedPump("test", {self.partition: self.learner}, self.sink, clock=lambda: 1.0)
         self.pump.delivered_before_start = self.sink.recover()
 
     def write(self, *commands) -> None:
@@ -151,3 +152,54 @@ def test_a_learner_restarted_with_an_empty_disk_skips_a_snapshot_its_sink_is_pas
     assert not [e for e in feed.sink.events if e.snapshot]  # a journal sink would append them after b=2
     assert ops(feed.sink)[delivered:] == [("c", b"c", None, b"1")]
     assert feed.learner.engine.get(b"b") == b"2" and feed.learner.engine.get(b"a") == b"1"
+
+
+class RefusingSink(MemorySink):
+    """Refuses every event of one key for good, as Kafka refuses a record over its size limit."""
+
+    def deliver(self, batch):
+        for event in batch.events:
+            if event.key == b"too-big":
+                self._pending = []
+                raise Undeliverable(event.partition, event.index, "Broker: Message size too large")
+        super().deliver(batch)
+
+
+def test_an_undeliverable_event_stops_its_partition_once_and_the_others_keep_flowing(tmp_path, caplog):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    a, b = Feed(tmp_path / "a", partition=0), Feed(tmp_path / "b", partition=1)
+    sink = RefusingSink()
+    sink.open({"learner": "l1"})
+    pump = FeedPump("test", {0: a.learner, 1: b.learner}, sink, clock=lambda: 1.0)
+    a.write(Put(b"too-big", b"x"))
+    a.write(Put(b"after", b"1"))
+    b.write(Put(b"b1", b"1"))
+
+    async def run_until(condition) -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(pump.run(stop, idle_wait=0.001))
+        deadline = asyncio.get_running_loop().time() + 10
+        while not condition():
+            assert asyncio.get_running_loop().time() < deadline, "the pump never got there"
+            a.net.tick()
+            b.net.tick()
+            await asyncio.sleep(0.001)
+        stop.set()
+        await task
+
+    async def scenario() -> None:
+        await run_until(lambda: 0 in pump.stopped and sink.positions.get(1) == b.learner.engine.position.index > 0)
+        b.write(Put(b"b2", b"2"))   # partition 1 goes on after partition 0 stopped
+        await run_until(lambda: b"b2" in {e.key for e in sink.events})
+
+    caplog.set_level("ERROR", logger="learners.feed_pump")
+    try:
+        asyncio.run(scenario())
+    finally:
+        a.close()
+        b.close()
+    assert [(e.key, e.after) for e in sink.events] == [(b"b1", b"1"), (b"b2", b"2")]
+    assert "cannot be delivered: Broker: Message size too large" in pump.stopped[0]
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+    assert pump.lag()[0] > 0

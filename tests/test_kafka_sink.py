@@ -12,15 +12,18 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from learners.change_event import ChangeEvent
 from learners.consumer import FeedConsumer
 from learners.kafka_history import KafkaHistory
 from learners.restore_plan import Coverage, Resync
 from learners.sinks.base import DeliveryBatch, load_sink
 from learners.sinks.kafka_options import POSITIONS_SUFFIX, KafkaOptions
 from learners.sinks.kafka_sink import EVENT_ID_HEADER, KafkaSink
-from raftkv.core.errors import ConfigError, Unavailable
+from learners.sinks.options import limits
+from raftkv.core.errors import ConfigError, Unavailable, Undeliverable
+from raftkv.core.spec import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
 from tests.kafka_broker import (FAST_CONSUMER, History, TansuBroker, new_topic, read_raw, sink_options,
                                 tansu_fixture, validate)
 
@@ -326,3 +329,65 @@ def test_tls_and_sasl_settings_reach_every_client_of_the_broker():
                                           "sasl.username": "feed", "sasl.password": "secret",
                                           "ssl.endpoint.identification.algorithm": "none"}
     assert options.producer_config(logger)["linger.ms"] == "20"
+
+
+# -- large events (issue 25: one large value stopped the whole feed) -------------------------------------------
+
+CLUSTER_LIMITS = limits("test", DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES)
+
+
+def test_the_largest_event_the_cluster_allows_is_delivered_once_into_a_topic_sized_for_it(broker, sinks):
+    """A 1 MiB value, before and after: a 2.8 MB event, over librdkafka's and Kafka's 1 MB defaults. It arrives
+    once, even to a plain read_committed consumer (no deduplication): no transaction was aborted and retried."""
+    topic = new_topic()
+    sink = sinks(sink_options(broker.bootstrap, topic, **CLUSTER_LIMITS))
+    big = b"x" * DEFAULT_MAX_VALUE_BYTES
+    widest = 2 ** 63 - 1  # every number at its widest: the bound is exact
+    events = [ChangeEvent("u", b"k" * DEFAULT_MAX_KEY_BYTES, big, big, "test", widest, widest, widest, widest,
+                          False, widest),
+              ChangeEvent("c", b"a", None, b"b", "test", 1, 1, 1, 0, False, 1)]
+    assert len(events[0].to_json()) == int(CLUSTER_LIMITS["max_event_bytes"])
+    sink.deliver(DeliveryBatch(events, {widest: widest, 1: 1}))
+    sink.flush()
+    assert sink.recover() == {widest: widest, 1: 1}
+    records = [r for r in read_raw(broker.bootstrap, topic) if r.value is not None]
+    assert sorted(validate(r.value).event_id for r in records) == sorted(e.event_id for e in events)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    configs = next(iter(admin.describe_configs([ConfigResource("topic", topic)]).values())).result(10)
+    assert int(configs["max.message.bytes"].value) == sink.options.record_bytes >= len(events[0].to_json())
+    assert sink.options.producer_config(logging.getLogger())["compression.type"] == "lz4"
+
+
+def test_an_existing_topic_too_small_for_the_largest_event_is_refused_in_one_line(broker):
+    topic = new_topic()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, -1, config={"max.message.bytes": "1048588"})])[topic].result(10)
+    for attempt in (KafkaSink().check, KafkaSink().open):   # learner add, learner start
+        with pytest.raises(ConfigError) as error:
+            attempt(sink_options(broker.bootstrap, topic, **CLUSTER_LIMITS))
+        assert f"topic '{topic}': max.message.bytes is 1048588 bytes" in str(error.value)
+        assert "\n" not in str(error.value)
+
+
+def test_a_producer_limit_too_small_for_the_largest_event_is_a_config_error():
+    with pytest.raises(ConfigError) as error:
+        KafkaOptions.parse({"bootstrap.servers": "127.0.0.1:1", "topic": "t", "producer.message.max.bytes": "1000000",
+                            **CLUSTER_LIMITS})
+    assert "'producer.message.max.bytes' is 1000000 bytes" in str(error.value)
+
+
+def test_an_event_the_producer_refuses_is_undeliverable_and_names_its_partition(broker, sinks):
+    """Limits the cluster does not keep to (here: the sink was told events are tiny) must not hold the other
+    partitions' events back: the learner stops only the named partition."""
+    topic = new_topic()
+    sink = sinks(sink_options(broker.bootstrap, topic, max_event_bytes="1000"))
+    big = b"x" * DEFAULT_MAX_VALUE_BYTES
+    small = ChangeEvent("c", b"a", None, b"b", "test", 1, 1, 1, 0, False, 1)
+    with pytest.raises(Undeliverable) as error:
+        sink.deliver(DeliveryBatch([small, ChangeEvent("u", b"k", big, big, "test", 3, 7, 1, 0, False, 1)],
+                                   {1: 1, 3: 7}))
+    assert (error.value.partition, error.value.index) == (3, 7)
+    assert "Message size too large" in str(error.value)
+    sink.deliver(DeliveryBatch([small], {1: 1}))
+    sink.flush()
+    assert sink.recover() == {1: 1}

@@ -7,7 +7,7 @@ resumes at index + 1 after any crash. Progress moves only after `flush`.
 A sink reads its options (text, from `--sink-option KEY=VALUE`) into a frozen
 dataclass of its own with `learners.sinks.options.OptionReader`, which names
 every bad option in one ConfigError. Every sink also receives `learner`, its
-learner's name. `memory_sink.MemorySink` is the in-memory twin for tests.
+learner's name, and the cluster's size limits (`options.limits`). `memory_sink.MemorySink` is the in-memory twin for tests.
 
 Sinks register under the entry-point group `raftkv.sinks`:
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Mapping, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from learners.change_event import ChangeEvent
 from learners.entry_events import EntryEvents, EventRows, entries_of
@@ -67,6 +67,14 @@ class Sink(Protocol):
         """Make everything delivered durable, with its positions, atomically."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class CheckedSink(Protocol):
+    """A sink that can check its options against its backend before any learner runs (`learner add`)."""
+
+    def check(self, config: Mapping[str, str]) -> None:
+        """Raise ConfigError naming what cannot work, Unavailable if the backend does not answer."""
 
 
 def available_sinks() -> list[str]:

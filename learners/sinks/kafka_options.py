@@ -10,8 +10,9 @@ from typing import Mapping
 from confluent_kafka import KafkaException, Producer
 
 from learners.sinks.kafka_errors import reason
-from learners.sinks.options import OptionReader
+from learners.sinks.options import OptionReader, limits
 from raftkv.core.errors import ConfigError
+from raftkv.core.spec import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES
 
 POSITIONS_SUFFIX = ".raftkv-positions"
 _KNOWN = {"bootstrap.servers", "topic", "tombstones", "transactional.id", "topic.partitions",
@@ -20,6 +21,9 @@ _PRODUCER = "producer."
 _RESERVED_PRODUCER = {"bootstrap.servers", "transactional.id", "enable.idempotence"}
 _CONNECTION = ("security.", "ssl.", "sasl.")  # producer settings every client of the broker needs
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_DEFAULT_LIMITS = limits("", DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES)
+_RECORD_OVERHEAD = 1024  # headers, record and batch framing, a cluster name longer than the default's ""
+_LIBRDKAFKA_MESSAGE_MAX = 1_000_000  # librdkafka's default message.max.bytes; never set lower
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,13 @@ class KafkaOptions:
     replication: int = -1  # of the topics it creates; -1: the broker's default
     timeout: float = 30.0  # seconds, for every blocking Kafka call
     producer: tuple[tuple[str, str], ...] = ()  # producer.<property> pass-through
+    max_key_bytes: int = DEFAULT_MAX_KEY_BYTES  # the cluster's limits, from the learner
+    max_event_bytes: int = int(_DEFAULT_LIMITS["max_event_bytes"])
+
+    @property
+    def record_bytes(self) -> int:
+        """The largest record this sink can produce: the raw key, the event, the headers."""
+        return max(self.max_key_bytes + self.max_event_bytes + _RECORD_OVERHEAD, _LIBRDKAFKA_MESSAGE_MAX)
 
     @property
     def positions_topic(self) -> str:
@@ -53,6 +64,8 @@ class KafkaOptions:
             "partitioner": "murmur2_random",
             "acks": "all",
             "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.max.bytes": self.record_bytes,
             **dict(self.producer),
             "bootstrap.servers": self.bootstrap,
             "enable.idempotence": True,
@@ -88,7 +101,13 @@ class KafkaOptions:
             replication=replication,
             timeout=read.integer("timeout.ms", 30000, 1) / 1000.0,
             producer=tuple(sorted(producer.items())),
+            max_key_bytes=read.integer("max_key_bytes", DEFAULT_MAX_KEY_BYTES, 1),
+            max_event_bytes=read.integer("max_event_bytes", int(_DEFAULT_LIMITS["max_event_bytes"]), 1),
         )
+        problem = too_small("option 'producer.message.max.bytes'", producer.get("message.max.bytes"),
+                            options.record_bytes)
+        if problem:
+            read.problem(problem)
         read.done()
         options._check_producer_properties()
         return options
@@ -102,3 +121,14 @@ class KafkaOptions:
             match = re.search(r'property[: ]+"?([\w.]+)"?', text)
             name = f"producer.{match.group(1)}" if match else "producer.*"
             raise ConfigError([f"option {name!r}: {text}"], source="kafka sink") from None
+
+
+def too_small(setting: str, value: str | None, needed: int) -> str | None:
+    """Why `setting` (None: not set, no limit of its own) cannot carry a record of `needed` bytes, or None."""
+    try:
+        if value is None or int(value) >= needed:
+            return None
+    except ValueError:
+        return None  # not a number: librdkafka or the broker names it
+    return (f"{setting} is {value} bytes, but the cluster's largest change event (its largest key, and its "
+            f"largest value before and after, in base64) needs {needed}: set it to at least {needed}")

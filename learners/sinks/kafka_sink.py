@@ -67,24 +67,28 @@ events twice; consumers deduplicate (learners/consumer.py).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from learners.sinks import kafka_positions
 from learners.sinks.base import DeliveryBatch
 from learners.sinks.kafka_errors import StepFailed, reason
-from learners.sinks.kafka_options import KafkaOptions
-from raftkv.core.errors import Unavailable
+from learners.sinks.kafka_options import KafkaOptions, too_small
+from raftkv.core.errors import ConfigError, Unavailable, Undeliverable
 
 log = logging.getLogger("raftkv.learners.kafka")
 
 EVENT_ID_HEADER = "raftkv-event-id"
 OP_HEADER = "raftkv-op"
 _ABORT_TIMEOUT = 2.0  # a healthy broker aborts in milliseconds; past this the producer is dropped instead
+_CHECK_TIMEOUT = 5.0  # `learner add` waits no longer for the broker
+# What Kafka answers for ONE record it will never take, however often it is sent
+_REFUSED = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD}
 
 
 class KafkaSink:
@@ -100,6 +104,7 @@ class KafkaSink:
         self._positions: dict[int, int] | None = None  # last committed (None: not read yet)
         self._resyncs: kafka_positions.Resyncs = {}    # last committed
         self._errors: list[str] = []                   # delivery-report errors of the open transaction
+        self._refused: tuple[int, int, KafkaError] | None = None  # (partition, index, error): an event refused
         self._last_offset: int | None = None           # offset of the positions record just produced
 
     # -- Sink protocol ---------------------------------------------------------------------------
@@ -108,11 +113,26 @@ class KafkaSink:
         self.options = o = KafkaOptions.parse(config)
         self._witness = Consumer({**o.connection(log), "group.id": o.witness_group, "enable.auto.commit": False})
         try:
-            self._ensure_topics()
+            self._ensure_topics(AdminClient(o.connection(log)), create=True)
             self._ensure_producer()
         except StepFailed as exc:
             self.close()
             raise Unavailable(f"kafka sink: cannot open {o.topic!r} on {o.bootstrap}: {exc}") from None
+        except ConfigError:
+            self.close()
+            raise
+
+    def check(self, config: Mapping[str, str]) -> None:
+        """What `learner add` asks: the options, and an existing topic's record size limit. Unavailable if the
+        broker does not answer within a few seconds."""
+        o = KafkaOptions.parse(config)
+        admin = AdminClient({**o.connection(log), "log_level": 0})
+        checker = KafkaSink()
+        checker.options = dataclasses.replace(o, timeout=min(o.timeout, _CHECK_TIMEOUT))
+        try:
+            checker._ensure_topics(admin, create=False)
+        except StepFailed as exc:
+            raise Unavailable(f"kafka sink: cannot check {o.topic!r} on {o.bootstrap}: {exc}") from None
 
     def recover(self) -> dict[int, int]:
         o = self.options
@@ -129,11 +149,16 @@ class KafkaSink:
             if not self._in_txn:
                 self._producer.begin_transaction()
                 self._in_txn = True
-                self._errors = []
+                self._errors, self._refused = [], None
             for event in batch.events:
                 headers = [(EVENT_ID_HEADER, f"{event.partition}/{event.index}/{event.seq}".encode()),
                            (OP_HEADER, event.op.encode())]
-                self._produce(event.key, event.to_json(), headers)
+                try:
+                    self._produce(event.key, event.to_json(), headers)
+                except KafkaException as exc:
+                    if exc.args[0].code() not in _REFUSED:
+                        raise
+                    self._refuse(event.partition, event.index, exc)
                 if event.op == "d" and self.options.tombstones:
                     self._produce(event.key, None, headers)
             self._pending.update(batch.positions)
@@ -189,16 +214,21 @@ class KafkaSink:
 
     # -- Kafka plumbing ----------------------------------------------------------------------------
 
-    def _ensure_topics(self) -> None:
+    def _ensure_topics(self, admin: AdminClient, create: bool) -> None:
+        """Create the topics (the feed's sized for the largest record), or check the feed's limit."""
         o = self.options
-        admin = AdminClient(o.connection(log))
         try:
             existing = admin.list_topics(timeout=o.timeout).topics
         except KafkaException as exc:
             raise StepFailed(f"metadata request failed: {reason(exc)}") from None
+        if o.topic in existing:
+            self._check_topic_limit(admin)
+        if not create:
+            return
         wanted = []
         if o.topic not in existing:
-            wanted.append(NewTopic(o.topic, o.partitions, o.replication))
+            wanted.append(NewTopic(o.topic, o.partitions, o.replication,
+                                   config={"max.message.bytes": str(o.record_bytes)}))
         if o.positions_topic not in existing:
             wanted.append(NewTopic(o.positions_topic, 1, o.replication, config={"cleanup.policy": "compact"}))
         if not wanted:
@@ -210,6 +240,20 @@ class KafkaSink:
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise StepFailed(f"cannot create topic {name!r}: {reason(exc)}") from None
+
+    def _check_topic_limit(self, admin: AdminClient) -> None:
+        o = self.options
+        future = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, o.topic)],
+                                        request_timeout=o.timeout)
+        try:
+            entries = next(iter(future.values())).result(o.timeout)
+        except KafkaException as exc:
+            raise StepFailed(f"cannot read the configuration of topic {o.topic!r}: {reason(exc)}") from None
+        entry = entries.get("max.message.bytes")
+        problem = too_small(f"topic {o.topic!r}: max.message.bytes", None if entry is None else entry.value,
+                            o.record_bytes)
+        if problem:
+            raise ConfigError(problem, source="kafka sink")
 
     def _ensure_producer(self) -> None:
         if self._producer is not None:
@@ -239,6 +283,11 @@ class KafkaSink:
     def _on_delivery(self, err, msg) -> None:
         if err is not None:
             self._errors.append(f"{msg.topic()}: {err.str()}")
+            if err.code() in _REFUSED and self._refused is None:
+                event_id = dict(msg.headers() or []).get(EVENT_ID_HEADER, b"")
+                partition, index, _ = (event_id.decode().split("/") + ["", "", ""])[:3]
+                if partition.isdigit() and index.isdigit():
+                    self._refused = (int(partition), int(index), err)
 
     def _on_positions_delivery(self, err, msg) -> None:
         self._on_delivery(err, msg)
@@ -249,12 +298,27 @@ class KafkaSink:
         remaining = self._producer.flush(self.options.timeout)
         if remaining:
             raise StepFailed(f"{remaining} record(s) ({what}) not acknowledged within {self.options.timeout:g}s")
+        if self._refused is not None:
+            partition, index, err = self._refused
+            self._refuse(partition, index, KafkaException(err))
         if self._errors:
             raise StepFailed(f"{len(self._errors)} record(s) failed ({what}): {self._errors[0]}")
 
+    def _refuse(self, partition: int, index: int, exc: KafkaException):
+        """The broker (or librdkafka) will never take this event: end the transaction and name its partition."""
+        self._end_transaction(exc)
+        o = self.options
+        raise Undeliverable(partition, index, f"{reason(exc)} (kafka sink, topic {o.topic!r} on {o.bootstrap}; "
+                                              f"records up to {o.record_bytes} bytes)") from None
+
     def _fail(self, stage: str, exc: BaseException):
         """Abort the open transaction (or drop the producer) and raise Unavailable."""
-        why = reason(exc)
+        outcome = self._end_transaction(exc)
+        raise Unavailable(f"kafka sink: {stage} to {self.options.topic!r} on {self.options.bootstrap} failed "
+                          f"({reason(exc)}); {outcome}; deliver again") from None
+
+    def _end_transaction(self, exc: BaseException) -> str:
+        """Abort the open transaction (or drop the producer), forget the pending batch; say which."""
         producer = self._producer
         outcome = "no transaction was open"
         if producer is not None and self._in_txn:
@@ -274,6 +338,5 @@ class KafkaSink:
             self._producer = None  # a fatal producer error (e.g. fenced) needs a new producer
         self._in_txn = False
         self._pending, self._pending_resyncs = {}, {}
-        self._errors = []
-        raise Unavailable(f"kafka sink: {stage} to {self.options.topic!r} on {self.options.bootstrap} failed ({why}); "
-                          f"{outcome}; deliver again") from None
+        self._errors, self._refused = [], None
+        return outcome

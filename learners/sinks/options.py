@@ -14,11 +14,19 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
+from learners.change_event import max_json_bytes
 from raftkv.core.errors import ConfigError
 
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
-# Every learner passes its name and its cluster's id (made at bootstrap) to its sink; a sink may use them or not.
-COMMON = frozenset({"learner", "cluster_id"})
+# Every learner passes its name, its cluster's id (made at bootstrap) and the size limits of the cluster's
+# events (`limits`) to its sink; a sink may use them or not.
+COMMON = frozenset({"learner", "cluster_id", "max_key_bytes", "max_event_bytes"})
+
+
+def limits(cluster: str, max_key_bytes: int, max_value_bytes: int) -> dict[str, str]:
+    """The common options that tell a sink how large the cluster's keys and events can be."""
+    return {"max_key_bytes": str(max_key_bytes),
+            "max_event_bytes": str(max_json_bytes(cluster, max_key_bytes, max_value_bytes))}
 
 
 class OptionReader:

@@ -12,7 +12,7 @@ from rich.text import Text
 from raftkv.cli.output import console, err_console
 from raftkv.dev.local_cluster import LocalCluster
 from raftkv.dev.local_feed import LocalFeed
-from raftkv.cli.options import topology_options
+from raftkv.cli.options import DEFAULT_CONFIG, topology_options
 from raftkv.core.spec import build_spec, load_spec, save_spec
 from raftkv.security.certs import with_certificates
 
@@ -82,11 +82,15 @@ def up(nodes, partitions, replication, base_port, data_dir, durability, tls, lea
             signal.signal(signal.SIGINT, previous)
 
 
+def _config_flag(spec) -> str:
+    """` --config PATH` unless the spec is where every command looks by default."""
+    return "" if spec.path.resolve() == Path(DEFAULT_CONFIG).resolve() else f" --config {spec.path}"
+
+
 def _start_feed(spec) -> LocalFeed:
     """A tansu broker on the port after the nodes' blocks, and the `feed` learner writing to it."""
     feed = LocalFeed(spec, DEMO_LEARNER, DEMO_TOPIC,
                      broker_port=max(n.meta_port(spec.partitions) for n in spec.nodes) + 1).start()
     console.print(f"  learner {DEMO_LEARNER}: kafka topic {DEMO_TOPIC} on {feed.bootstrap}  log {feed.log_path}\n"
-                  f"  watch the feed:  raftkv feed tail --bootstrap {feed.bootstrap} --topic {DEMO_TOPIC} "
-                  "--from-beginning", soft_wrap=True)
+                  f"  watch the feed:  raftkv feed tail --from-beginning{_config_flag(spec)}", soft_wrap=True)
     return feed

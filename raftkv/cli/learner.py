@@ -10,11 +10,13 @@ import click
 import uvloop
 from rich.table import Table
 
-from learners import learner_process
+from learners import learner_process, learner_status
 from raftkv import failpoints
 from raftkv.cli.options import config_option, endpoints_option, json_option, open_client, parse_key_values
-from raftkv.cli.output import console
-from raftkv.core.errors import ConfigError
+from learners.sinks.base import CheckedSink, available_sinks, load_sink
+from learners.sinks.options import limits
+from raftkv.cli.output import console, err_console
+from raftkv.core.errors import ConfigError, Unavailable
 from raftkv.core.spec import load_spec
 
 
@@ -49,11 +51,29 @@ sink_option = click.option("--sink-option", "sink_options", multiple=True, metav
 @endpoints_option
 def add(name, sink_name, sink_options, partitions, config, endpoints) -> None:
     """Register a learner through the Raft log of each chosen partition."""
+    options = parse_key_values(sink_options, "--sink-option")
+    spec = load_spec(config) if Path(config).exists() else None
+    _check_sink(name, sink_name, options, spec)
     with open_client(config, endpoints) as kv:
         chosen = parse_partitions(partitions, kv.partitions)
-        kv.register_learner(name, sink_name, parse_key_values(sink_options, "--sink-option"), chosen)
+        kv.register_learner(name, sink_name, options, chosen)
     console.print(f"registered learner {name} ({sink_name}) on partitions {chosen}; run it with:\n"
                   f"  raftkv learner start --name {name} --config {config}")
+
+
+def _check_sink(name: str, sink_name: str, options: dict[str, str], spec) -> None:
+    """Refuse what the sink, if installed here, says cannot work; a backend that does not answer is only noted
+    (the learner checks again when it starts)."""
+    if sink_name not in available_sinks():
+        return
+    sink = load_sink(sink_name)
+    if not isinstance(sink, CheckedSink):
+        return
+    cluster = limits(spec.name, spec.max_key_bytes, spec.max_value_bytes) if spec else {}
+    try:
+        sink.check({"learner": name, **options, **cluster})
+    except Unavailable as exc:
+        err_console.print(f"note: {exc}; the learner checks again when it starts")
 
 
 @learner.command(name="list")
@@ -61,22 +81,29 @@ def add(name, sink_name, sink_options, partitions, config, endpoints) -> None:
 @endpoints_option
 @json_option
 def list_(config, endpoints, as_json) -> None:
-    """Registered learners, their sinks and how far each partition's feed has got."""
+    """Registered learners, their sinks and how far each partition's feed has got.
+
+    A partition a learner stopped feeding shows why, when the learner runs here (its folder is next to
+    the spec in --config)."""
     with open_client(config, endpoints) as kv:
         learners = kv.learners()
+    spec = load_spec(config) if Path(config).exists() else None
+    stopped = {name: learner_status.read(learner_process.learner_folder(spec, name)) if spec else {}
+               for name in learners}
     if as_json:
         console.print_json(json.dumps({
             name: {"sink": v.sink, "options": v.options,
-                   "partitions": {p: {"delivered": v.progress[p], "lag": v.lag(p)}
+                   "partitions": {p: {"delivered": v.progress[p], "lag": v.lag(p),
+                                      **({"stopped": stopped[name][p]} if p in stopped[name] else {})}
                                   for p in sorted(v.progress)}}
             for name, v in learners.items()}))
         return
     table = Table(title="raftkv learners")
-    for column in ("learner", "sink", "partition", "delivered", "lag (entries)"):
+    for column in ("learner", "sink", "partition", "delivered", "lag (entries)", "stopped"):
         table.add_column(column)
     for name, v in learners.items():
         for p in sorted(v.progress):
-            table.add_row(name, v.sink, str(p), str(v.progress[p]), str(v.lag(p)))
+            table.add_row(name, v.sink, str(p), str(v.progress[p]), str(v.lag(p)), stopped[name].get(p, ""))
     console.print(table)
 
 

@@ -13,8 +13,9 @@ from raftkv.core.errors import ConfigError
 from raftkv.core.spec import DURABILITY_MODES, ClusterSpec, load_spec
 from raftkv.security.tls import Tls, client_tls
 
+DEFAULT_CONFIG = "raftkv-data/cluster.toml"
 config_option = click.option(
-    "--config", "-c", "config", type=click.Path(dir_okay=False), default="raftkv-data/cluster.toml",
+    "--config", "-c", "config", type=click.Path(dir_okay=False), default=DEFAULT_CONFIG,
     show_default=True, help="Cluster spec (TOML) written by `raftkv cluster init` or `raftkv dev up`.",
 )
 endpoints_option = click.option(

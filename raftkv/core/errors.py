@@ -39,6 +39,17 @@ class Unavailable(RaftKVError):
     """No replica could be reached, or no leader was elected before the deadline; nothing was written."""
 
 
+class Undeliverable(RaftKVError):
+    """The sink refuses an event for good (e.g. larger than its backend accepts): retrying cannot help, so
+    the learner stops feeding `partition` and keeps feeding the others."""
+
+    def __init__(self, partition: int, index: int, reason: str):
+        self.partition = partition
+        self.index = index
+        self.reason = reason
+        super().__init__(f"partition {partition}: the event at index {index} cannot be delivered: {reason}")
+
+
 class Unauthenticated(RaftKVError):
     """The TLS set-up with every node failed: a certificate one side does not trust, or TLS on one
     side only; nothing was sent."""
