@@ -81,7 +81,7 @@ def up(nodes, partitions, replication, base_port, data_dir, durability, tls, lea
                               f"log {cluster.log_path(n.id)}", soft_wrap=True)
         if learner:
             feed = _start_feed(spec, broker_port)
-        keeper.tend()  # what answered on each port was the process started for it: it is still running
+        keeper.tend()  # a node that exited while the feed started is dealt with before `ready`
         console.print(Text.assemble(("ready", "bold green"), f": try  raftkv put hello world --config {spec_path}   "
                                     "(Ctrl-C stops the cluster)"), soft_wrap=True)
         while not stop:
