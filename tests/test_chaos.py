@@ -9,6 +9,7 @@ leader's term are stale (docs/architecture.md), and the history check must say s
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from raftkv import Client
-from raftkv.chaos.config import CHAOS_TUNING, ChaosConfig
+from raftkv.chaos.config import CHAOS_TUNING, ChaosConfig, runnable_faults
 from raftkv.chaos.convergence import replica_differences, scan_any, scan_replica
 from raftkv.chaos.nemesis import FAULTS, VARIANTS, FaultChoice, FaultStep
 from raftkv.chaos.netcut import cgroup2_mount
@@ -147,6 +148,49 @@ def test_the_checker_reports_stale_leader_reads_from_an_isolated_leader(tmp_path
 def test_bad_flags_get_one_line_and_exit_2():
     assert_one_line_error(run("chaos", "run", "--faults", "kill,flood"), "--faults", "unknown fault 'flood'")
     assert_one_line_error(run("chaos", "run", "--faults", "pause:all"), "unknown variant 'all' of pause")
+
+
+def test_the_default_faults_are_the_ones_this_machine_can_inject_and_the_rest_are_named_once():
+    choices = tuple(FaultChoice(f) for f in FAULTS)
+    unavailable = {"partition": "no cgroup v2 hierarchy is mounted", "powerloss": "no /dev/fuse",
+                   "disk": "no /dev/fuse"}
+    kept, skipped = runnable_faults(choices, unavailable)
+    assert [c.fault for c in kept] == [f for f in FAULTS if f not in unavailable]
+    assert skipped == {"no cgroup v2 hierarchy is mounted": ["partition"], "no /dev/fuse": ["powerloss", "disk"]}
+    assert runnable_faults(choices, {}) == (choices, {})
+
+
+def test_without_cgroup_v2_the_default_run_skips_partitions_and_an_explicit_one_is_one_line(tmp_path):
+    """As on a machine without cgroup v2: a mount namespace of its own, with the hierarchy unmounted."""
+    mount = cgroup2_mount()
+    hide = f"umount {mount} && " if mount else ""
+    def without_cgroup2(*args):
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide + 'exec "$@"', "sh", *RAFTKV,
+                "chaos", "run", *args]
+    explicit = subprocess.run(without_cgroup2("--faults", "kill,partition"), capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=60)
+    assert_one_line_error(explicit, "--faults partition: network partitions are not possible here",
+                          "no cgroup v2 hierarchy is mounted")
+    chaos = subprocess.Popen(without_cgroup2("--duration", "5", "--seed", "1", "--out", str(tmp_path)),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                             env={**os.environ, "COLUMNS": "300"})
+    output = []
+    def started():
+        output.append(chaos.stdout.readline())
+        return "chaos run: seed" in output[-1] or chaos.poll() is not None
+    try:
+        wait_until(started, 60, "the run to start")
+        chaos.send_signal(signal.SIGINT)
+        output.append(chaos.communicate(timeout=60)[0])
+    finally:
+        if chaos.poll() is None:
+            chaos.kill()
+    text = "".join(output)
+    assert chaos.returncode == 130, text
+    skipped = [line for line in text.splitlines() if line.startswith("skipping")]
+    assert len(skipped) == 1 and "partition (no cgroup v2 hierarchy is mounted)" in skipped[0], text
+    faults = next(line for line in text.splitlines() if line.startswith("chaos run: seed"))
+    assert "partition" not in faults and "kill" in faults and "restart" in faults, faults
 
 
 def test_ctrl_c_leaves_no_process_cgroup_rule_or_mount_behind(tmp_path):

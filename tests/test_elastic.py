@@ -15,9 +15,10 @@ import pytest
 
 from raftkv import Client, Unavailable, Undetermined
 from raftkv.core.partitioning import partition_for_key
-from raftkv.core.spec import ports_per_node
+from raftkv.core.spec import NodeSpec, ports_per_node
 from raftkv.dev.local_cluster import free_port_block
-from raftkv.meta.records import NodeState
+from raftkv.meta.bootstrap import node_record
+from raftkv.meta.records import AddNode, NodeState
 from tests.conftest import wait_until
 from tests.test_cli import assert_one_line_error, run
 
@@ -82,8 +83,8 @@ class Joiner:
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: list = []
 
-    def join(self, node_id: str, seed: str, tls: tuple[Path, Path, Path] | None = None) -> str:
-        """`tls`: the CA, and this node's certificate and key."""
+    def join(self, node_id: str, seed: str, tls: tuple[Path, Path, Path] | None = None, cwd: Path | None = None) -> str:
+        """`tls`: the CA, and this node's certificate and key (relative to `cwd`, if given)."""
         base = free_port_block(ports_per_node(self.partitions))
         files = ["--cacert", str(tls[0]), "--cert", str(tls[1]), "--key", str(tls[2])] if tls else []
         data_dir = self.root / node_id
@@ -93,7 +94,7 @@ class Joiner:
         self.procs[node_id] = subprocess.Popen(
             [sys.executable, "-m", "raftkv", *files, "node", "start", "--join", seed, "--node", node_id, "--host", "127.0.0.1",
              "--base-port", str(base), "--data-dir", str(data_dir)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
         return f"127.0.0.1:{base}"
 
     def close(self) -> None:
@@ -147,13 +148,16 @@ def test_two_nodes_join_under_load_and_the_cluster_balances_itself(make_cluster,
 
 
 def test_a_node_joins_a_tls_cluster_with_its_own_certificate_and_one_without_is_told(make_cluster, joiner, tmp_path):
+    """n4's files are named relative to the current directory, as README's demo user did: its data dir's
+    spec once named them relative to the data dir instead, and it could not read them."""
     cluster = make_cluster(nodes=3, partitions=4, replication=3, tls=True, **FAST)
     certs = cluster.spec.tls.ca.parent
     assert run("certs", "init", "--out", str(certs), "--node", "n4=127.0.0.1").returncode == 0
     stranger = run("node", "start", "--join", cluster.endpoints[0], "--node", "n5", "--host", "127.0.0.1",
                    "--base-port", str(free_port_block(ports_per_node(4))), "--data-dir", str(tmp_path / "n5"))
     assert_one_line_error(stranger, "cannot join through", "requires TLS")
-    joiner(4).join("n4", cluster.endpoints[0], tls=(certs / "ca.pem", certs / "node-n4.pem", certs / "node-n4.key"))
+    joiner(4).join("n4", cluster.endpoints[0], tls=(Path("certs/ca.pem"), Path("certs/node-n4.pem"),
+                                                    Path("certs/node-n4.key")), cwd=certs.parent)
     with Client(cluster.endpoints, timeout=10.0, tls=cluster.tls) as kv:
         wait_until(lambda: _balanced(kv, ["n1", "n2", "n3", "n4"]), 120, "n4 to take its share of replicas")
         assert [n.id for n in kv.topology().meta.nodes] == ["n1", "n2", "n3", "n4"]
@@ -244,6 +248,12 @@ def test_bad_membership_commands_are_one_line_and_change_nothing(make_cluster, t
         assert kv.topology().meta == before
         planned = run("rebalance", "--dry-run", *config)
         assert planned.returncode == 0 and ("balanced" in planned.stdout or "plan" in planned.stdout), planned
+        stuck = NodeSpec("n9", "127.0.0.1", int(base), int(base) + 1, int(base) + 2, tmp_path / "n9")
+        kv.change_topology(AddNode(node_record(cluster.spec, stuck)))  # registered, and never served
+        assert kv.topology().meta.node("n9").state == NodeState.JOINING
+        removed = run("node", "decommission", "n9", "--timeout", "30", *config)
+        assert removed.returncode == 0 and "n9 is removed from the cluster" in removed.stdout, removed
+        assert kv.topology().meta.node("n9").state == NodeState.REMOVED
 
 
 def test_a_dead_metadata_voter_that_comes_back_learns_the_topology_from_the_others(make_cluster):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 from raftkv.chaos import netcut, small_disk
 from raftkv.chaos.nemesis import FAULTS, POWER_LOSS_DISK_FAULTS, FaultChoice
@@ -56,11 +57,33 @@ class ChaosConfig:
         if self.client_timeout <= 0:
             problems.append("client_timeout: must be positive")
         problems += self.tuning.problems()
-        if "partition" in self.fault_kinds and (why := netcut.unavailable_reason()):
-            problems.append(f"--faults partition: network partitions are not possible here: {why}")
-        if "diskfull" in self.fault_kinds and (why := small_disk.unavailable_reason()):
-            problems.append(f"--faults diskfull: not possible here: {why}")
-        for fault in sorted(self.fault_kinds & set(POWER_LOSS_DISK_FAULTS)):
-            if why := power_loss_disk.unavailable_reason():
-                problems.append(f"--faults {fault}: not possible here: {why}")
+        unavailable = unavailable_faults(self.fault_kinds)
+        for fault in sorted(self.fault_kinds & set(unavailable)):
+            what = "network partitions are not possible" if fault == "partition" else "not possible"
+            problems.append(f"--faults {fault}: {what} here: {unavailable[fault]}")
         return problems
+
+
+def unavailable_faults(kinds: Iterable[str]) -> dict[str, str]:
+    """Each of these fault kinds that this machine cannot inject, and why (README.md#fault-injection
+    lists what each needs). Only the kinds asked about are probed."""
+    kinds = set(kinds)
+    found = {}
+    if "partition" in kinds and (why := netcut.unavailable_reason()):
+        found["partition"] = why
+    if "diskfull" in kinds and (why := small_disk.unavailable_reason()):
+        found["diskfull"] = why
+    if kinds & set(POWER_LOSS_DISK_FAULTS) and (why := power_loss_disk.unavailable_reason()):
+        found.update((fault, why) for fault in sorted(kinds & set(POWER_LOSS_DISK_FAULTS)))
+    return found
+
+
+def runnable_faults(choices: tuple[FaultChoice, ...],
+                    unavailable: dict[str, str]) -> tuple[tuple[FaultChoice, ...], dict[str, list[str]]]:
+    """The choices this machine can inject, and the kinds left out grouped by why (for the default set
+    of faults: an explicit --faults that cannot run is a problem instead)."""
+    skipped: dict[str, list[str]] = {}
+    for choice in choices:
+        if choice.fault in unavailable:
+            skipped.setdefault(unavailable[choice.fault], []).append(choice.fault)
+    return tuple(c for c in choices if c.fault not in unavailable), skipped

@@ -19,6 +19,10 @@ import click
 from raftkv.cli.output import err_console
 from raftkv.core.errors import RaftKVError, one_line
 
+# Made absolute here, where the current directory is the user's: a node that joins records them in its
+# data dir's spec, whose relative paths are read against that dir.
+_ABSOLUTE_FILE = click.Path(dir_okay=False, resolve_path=True)
+
 COMMANDS = {  # command -> the module of raftkv.cli that defines it
     "backup": "backup", "certs": "certs", "chaos": "chaos", "cluster": "cluster", "dev": "dev", "feed": "feed",
     "learner": "learner", "node": "node", "status": "status", "user": "access", "role": "access",
@@ -39,11 +43,11 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="raftkv")
-@click.option("--cacert", envvar="RAFTKV_CACERT", type=click.Path(dir_okay=False), default=None,
+@click.option("--cacert", envvar="RAFTKV_CACERT", type=_ABSOLUTE_FILE, default=None,
               help="The cluster CA (PEM); default: the spec's [tls] ca.")
-@click.option("--cert", envvar="RAFTKV_CERT", type=click.Path(dir_okay=False), default=None,
+@click.option("--cert", envvar="RAFTKV_CERT", type=_ABSOLUTE_FILE, default=None,
               help="Client certificate (PEM) to present; default: the spec's [tls] client_cert.")
-@click.option("--key", envvar="RAFTKV_KEY", type=click.Path(dir_okay=False), default=None,
+@click.option("--key", envvar="RAFTKV_KEY", type=_ABSOLUTE_FILE, default=None,
               help="Its private key (PEM).")
 @click.option("--token", envvar="RAFTKV_TOKEN", default=None, show_envvar=True,
               help="Act as the user this bearer token belongs to (`raftkv user add --token`); prefer the "

@@ -9,12 +9,13 @@ from collections import Counter
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from raftkv.chaos.config import LEARNERS, ChaosConfig
+from raftkv.chaos.config import LEARNERS, ChaosConfig, runnable_faults, unavailable_faults
 from raftkv.chaos.nemesis import FAULTS, VARIANTS, parse_faults
 from raftkv.chaos.runner import ChaosReport, RunStatus, run_chaos
 from raftkv.cli.output import console, err_console
@@ -54,12 +55,19 @@ _FAULT_HELP = "Comma-separated faults, each KIND or KIND:VARIANT. " + "; ".join(
 def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_consistency, durability) -> None:
     """Run a workload against a fresh local cluster under faults; exit 1 on any violation.
 
-    Needs root for partitions (cgroups and nftables) and disk full (a tmpfs).
+    Needs root for partitions (cgroup v2 and nftables) and disk full (a tmpfs), and FUSE for powerloss
+    and disk. Without --faults, the faults this machine cannot inject are skipped (and named).
     """
     try:
         fault_choices = parse_faults(faults)
     except ValueError as exc:
         raise ConfigError(str(exc), source="--faults") from None
+    if click.get_current_context().get_parameter_source("faults") is ParameterSource.DEFAULT:
+        fault_choices, skipped = runnable_faults(fault_choices, unavailable_faults(f.fault for f in fault_choices))
+        if skipped:
+            console.print("skipping faults this machine cannot inject: " + "; ".join(
+                f"{', '.join(kinds)} ({why})" for why, kinds in skipped.items())
+                + " (README.md, Fault injection, lists what each needs)", soft_wrap=True, markup=False)
     config = ChaosConfig(nodes=nodes, partitions=partitions, duration=duration, clients=clients,
                          faults=fault_choices, learner=learner,
                          seed=seed if seed is not None else random.randrange(1 << 31), out=out,

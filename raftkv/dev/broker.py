@@ -50,7 +50,8 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from raftkv.dev.local_cluster import free_port_block
+from raftkv.core.errors import Unavailable
+from raftkv.dev.local_cluster import die_with_parent, free_port_block
 
 _log = logging.getLogger(__name__)
 
@@ -72,8 +73,9 @@ class TansuBroker:
     """One tansu process at a time, always on the same loopback port."""
 
     def __init__(self, port: int | None = None, log_path: str | os.PathLike | None = None,
-                 ready_timeout: float = 20.0):
+                 ready_timeout: float = 20.0, die_with_parent: bool = False):
         self.port = port or free_port_block(1)
+        self._die_with_parent = die_with_parent  # local_cluster.die_with_parent
         self.log_path = Path(log_path) if log_path else None
         self.ready_timeout = ready_timeout
         self.proc: subprocess.Popen | None = None
@@ -99,7 +101,8 @@ class TansuBroker:
         try:
             self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True,
-                                         env=self._env())
+                                         env=self._env(),
+                                         preexec_fn=die_with_parent() if self._die_with_parent else None)
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
@@ -126,15 +129,20 @@ class TansuBroker:
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                code = None if self.proc is None else self.proc.returncode
-                raise RuntimeError(f"tansu exited with {code} before it was ready (log: {self.log_path})")
+            self._check_alive()
             try:
                 admin.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
-                return
             except Exception as exc:  # not listening yet
                 last = exc
-        raise RuntimeError(f"tansu on {self.bootstrap} not ready after {timeout}s ({last})")
+                continue
+            self._check_alive()  # what answered may be another broker on the port, and this one failed to bind
+            return
+        raise Unavailable(f"tansu on {self.bootstrap} not ready after {timeout}s ({last})")
+
+    def _check_alive(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            code = None if self.proc is None else self.proc.returncode
+            raise Unavailable(f"tansu on {self.bootstrap} exited with {code} before it was ready (log: {self.log_path})")
 
     def stop(self, grace: float = 1.0) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds; the port is free again afterwards."""

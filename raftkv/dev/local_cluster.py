@@ -3,11 +3,13 @@
 Each node is a real `python -m raftkv node start` process with its output in
 `<data_dir>/node.log` (or `<log_dir>/<node id>/node.log`, for data dirs on a
 disk that a chaos run cuts the power of). Only the PIDs started here are ever
-signalled.
+signalled. With `die_with_parent`, the nodes get SIGTERM when the process that
+started them ends, however it ends (dev up closed with its terminal, or kill -9).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import signal
@@ -26,13 +28,29 @@ from raftkv.security.tls import client_tls
 
 CommandWrapper = Callable[[str, Sequence[str]], list[str]]
 
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork: the child only calls it
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
+    """A `preexec_fn`: the child gets `sig` when the thread that starts it ends. So only for children
+    started from a thread that lives as long as its process (dev up's main thread)."""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        _prctl(_PR_SET_PDEATHSIG, int(sig))
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+    return preexec
+
 
 class LocalCluster:
     """`wrap_command(node_id, command)`, when given, returns the command that actually starts a node
     (e.g. one that first moves itself into a cgroup and then execs `command`, keeping its PID)."""
 
     def __init__(self, spec: ClusterSpec, spec_path: Path, env: dict[str, str] | None = None,
-                 wrap_command: CommandWrapper | None = None, log_dir: Path | None = None):
+                 wrap_command: CommandWrapper | None = None, log_dir: Path | None = None,
+                 die_with_parent: bool = False):
         self.spec = spec
         self.tls = client_tls(spec)  # what its clients present: the spec's client certificate
         self.spec_path = Path(spec_path)
@@ -40,6 +58,7 @@ class LocalCluster:
         self.procs: dict[str, subprocess.Popen] = {}
         self._env = {**os.environ, **(env or {})}
         self.wrap_command = wrap_command
+        self._die_with_parent = die_with_parent
 
     @property
     def endpoints(self) -> list[str]:
@@ -64,6 +83,7 @@ class LocalCluster:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**self._env, **(env or {})},
+                preexec_fn=die_with_parent() if self._die_with_parent else None,
             )
         self.procs[node_id] = proc
         return proc
@@ -111,13 +131,21 @@ class LocalCluster:
     def exited(self) -> dict[str, int]:
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        """Until every partition has a leader that all running replicas agree on."""
+    def forget(self, node_id: str) -> None:
+        """Stop tracking a node that exited and stays down."""
+        del self.procs[node_id]
+
+    def wait_ready(self, timeout: float = 60.0, tend: Callable[[], None] | None = None) -> None:
+        """Until every partition has a leader that all running replicas agree on. A node that exits
+        meanwhile fails the wait, unless `tend` is given: it is called every turn instead, and deals
+        with such nodes itself (dev up restarts them, or lets them go)."""
         deadline = time.monotonic() + timeout
         last = "no status yet"
         with Client(self.endpoints, timeout=2.0, tls=self.tls) as client:
             while time.monotonic() < deadline:
-                if dead := self.exited():
+                if tend is not None:
+                    tend()
+                elif dead := self.exited():
                     raise Unavailable(
                         f"node(s) exited during start-up: {dead}; see {self.log_path(next(iter(dead)))}"
                     )

@@ -19,19 +19,22 @@ from pathlib import Path
 from learners.learner_process import learner_folder
 from raftkv.client.sync_client import Client
 from raftkv.dev.broker import TansuBroker
+from raftkv.dev.local_cluster import die_with_parent
 from raftkv.core.spec import ClusterSpec
 from raftkv.security.tls import client_tls
 
 
 class LocalFeed:
     def __init__(self, spec: ClusterSpec, name: str, topic: str, broker_port: int | None = None,
-                 sink_options: dict[str, str] | None = None):
+                 sink_options: dict[str, str] | None = None, die_with_parent: bool = False):
         if spec.path is None:
             raise ValueError("the spec must come from a file (load_spec): the learner process reads it")
         self.spec = spec
         self.name = name
         self.topic = topic
-        self.broker = TansuBroker(port=broker_port, log_path=self.log_path.with_name("tansu.log"))
+        self.broker = TansuBroker(port=broker_port, log_path=self.log_path.with_name("tansu.log"),
+                                  die_with_parent=die_with_parent)
+        self._die_with_parent = die_with_parent  # local_cluster.die_with_parent, for the learner too
         self.sink_options = sink_options or {}
         self.learner: subprocess.Popen | None = None
 
@@ -55,7 +58,8 @@ class LocalFeed:
                 self.learner = subprocess.Popen(
                     [sys.executable, "-m", "raftkv", "learner", "start", "--name", self.name,
                      "--config", str(self.spec.path)],
-                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    preexec_fn=die_with_parent() if self._die_with_parent else None)
         except BaseException:
             self.stop()
             raise

@@ -261,7 +261,8 @@ def _add_node(meta: ClusterMeta, node: NodeRecord) -> ClusterMeta:
 
 _ALLOWED = {  # state -> the states it may be set from
     NodeState.UP: (NodeState.JOINING, NodeState.UP, NodeState.DEAD),
-    NodeState.DRAINING: (NodeState.UP, NodeState.DRAINING, NodeState.DEAD),  # a dead node decommissioned
+    # a dead node decommissioned, or one that registered and never served (nothing to move: removed at once)
+    NodeState.DRAINING: (NodeState.JOINING, NodeState.UP, NodeState.DRAINING, NodeState.DEAD),
     NodeState.DEAD: (NodeState.JOINING, NodeState.UP, NodeState.DRAINING, NodeState.DEAD),
     NodeState.REMOVED: (NodeState.DRAINING, NodeState.REMOVED),
 }
