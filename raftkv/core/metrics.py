@@ -35,7 +35,7 @@ GROUP_RESTING = Gauge("raftkv_group_resting",
                       "1 while this replica's Raft group rests: idle, it neither ticks nor heartbeats", ["partition"])
 # What a put costs, step by step, summed over the node's groups (scripts/bench_steps.py divides them by
 # the puts and the Raft entries of a load; docs/raft-engine.md): cheap to count, no partition label.
-RAFT_TICKS = Counter("raftkv_raft_ticks_total", "Ticks of this node's Raft groups (pysyncobj's _onTick)")
+RAFT_TICKS = Counter("raftkv_raft_ticks_total", "Ticks of this node's Raft groups (each a turn of its Raft state machine)")
 RAFT_MESSAGES = Counter("raftkv_raft_messages_total", "Raft messages of this node's groups", ["direction"])
 RAFT_MESSAGES_SENT = RAFT_MESSAGES.labels("sent")
 RAFT_MESSAGES_RECEIVED = RAFT_MESSAGES.labels("received")
