@@ -166,13 +166,24 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
 async def _follow_meta(client: AsyncClient, spec: ClusterSpec, current: list, stop: asyncio.Event,
                        every: float = 1.0) -> None:
     """Keep `current` ([the metadata, the hub's directory of its nodes]) up to date: the voters of a
-    partition may move to a node that joined since the learner started, and a user's roles change."""
+    partition may move to a node that joined since the learner started, and a user's roles change.
+
+    It is also how the learner notices that no node answers, and says so once, not at every retry."""
+    answered = True
     while not stop.is_set():
         await asyncio.sleep(every)
         try:
             meta = (await client.topology()).meta
+        except Unavailable as exc:
+            if answered:
+                log.warning("no node of the cluster answers; retrying (%s)", exc)
+                answered = False
+            continue
         except RaftKVError:
             continue
+        if not answered:
+            log.info("the cluster answers again")
+            answered = True
         if meta.epoch:
             directory = current[1] if meta.nodes == current[0].nodes else raft_directory(meta.nodes, spec.partitions)
             current[:] = [meta, directory]
@@ -217,8 +228,10 @@ async def _report_progress(client: AsyncClient, name: str, pump: FeedPump, stop:
 
     Once per partition after the start, then only when more than progress reports was delivered since
     the last report: a report is an entry the learner delivers, and reporting that would keep every
-    partition's log moving forever, learners lagging by one entry, with no client writing."""
+    partition's log moving forever, learners lagging by one entry, with no client writing.
+    A failure is logged when reports start failing, not at each retry (every second)."""
     reported: dict[int, int] = {}
+    failing = False
     while not stop.is_set():
         delivered = {p: r.engine.position.index for p, r in pump.replicas.items()}
         changed = {p: i for p, i in delivered.items()
@@ -227,6 +240,9 @@ async def _report_progress(client: AsyncClient, name: str, pump: FeedPump, stop:
             try:
                 await client.report_progress(name, changed)
                 reported.update(changed)
+                failing = False
             except RaftKVError as exc:
-                log.warning("could not report progress (%s); will retry", exc)
+                if not failing:
+                    log.warning("could not report progress (%s); retrying", exc)
+                failing = True
         await asyncio.sleep(every)

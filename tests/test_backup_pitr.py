@@ -1,5 +1,6 @@
-"""Point-in-time restore and an interrupted restore (issue 15), with real processes: nodes, a changelog learner, a
-Kafka learner on tansu, `raftkv backup restore`, file:// and S3 (moto's server, the `s3` fixture)."""
+"""Point-in-time restore and an interrupted restore (issue 15), with real processes: nodes with TLS, a changelog
+learner, a Kafka learner on tansu, `raftkv backup restore` (into a new cluster with its own CA, too), file:// and
+S3 (moto's server, the `s3` fixture)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from raftkv import Client, failpoints
 from raftkv.backup.store import BackupStore, list_backups
 from raftkv.core.commands import Delete, Put
 from raftkv.core.partitioning import partition_for_key
-from raftkv.core.spec import build_spec, load_spec, save_spec
+from raftkv.core.spec import build_spec, load_spec, ports_per_node, save_spec
+from raftkv.dev.local_cluster import LocalCluster, free_port_block
 from raftkv.dev.local_feed import LocalFeed
 from tests.conftest import BUCKET, wait_until
 from tests.test_backup import contents, open_sink
@@ -30,6 +32,16 @@ def new_cluster_spec(folder: Path) -> Path:
     """The spec of a fresh one-node cluster with empty data dirs, for a restore to write into."""
     spec = build_spec(nodes=1, partitions=PARTITIONS, replication=1, base_port=40000, data_dir=folder)
     return save_spec(spec, folder / "cluster.toml")
+
+
+def cluster_init(folder: Path) -> Path:
+    """A new one-node cluster as the README makes one: `raftkv cluster init`, with a CA of its own."""
+    spec_path = folder / "cluster.toml"
+    done = run("cluster", "init", "--nodes", "1", "--partitions", str(PARTITIONS), "--replication", "1",
+               "--base-port", str(free_port_block(ports_per_node(PARTITIONS))), "--data-dir", str(folder / "data"),
+               "-o", str(spec_path))
+    assert done.returncode == 0, done.stderr
+    return spec_path
 
 
 def restored(spec_path: Path) -> dict[int, dict[bytes, bytes]]:
@@ -76,13 +88,15 @@ def backup_to(kv: Client, urls: list[tuple[str, dict]]) -> None:
 
 def test_point_in_time_restore_between_two_backups_gives_the_contents_at_that_index(
         make_cluster, changelog_learner, s3, tmp_path):
-    cluster = make_cluster(nodes=3, partitions=PARTITIONS)
+    cluster = make_cluster(nodes=3, partitions=PARTITIONS, tls=True)
     changelog = changelog_learner(cluster)
+    old = cluster.spec.tls
+    feed_tls = ("--feed-cacert", str(old.ca), "--feed-cert", str(old.client_cert), "--feed-key", str(old.client_key))
     kafka = LocalFeed(load_spec(cluster.spec_path), name="feed", topic="pitr", sink_options={"timeout.ms": "5000"})
     kafka.start()
     urls = [((tmp_path / "backups").as_uri(), {}), (f"s3://{BUCKET}/pitr", {"endpoint_url": s3})]
     try:
-        with Client(cluster.endpoints, timeout=30) as kv:
+        with Client(cluster.endpoints, timeout=30, tls=cluster.tls) as kv:
             write(kv, 1)
             backup_to(kv, urls)
             write(kv, 2)
@@ -100,12 +114,12 @@ def test_point_in_time_restore_between_two_backups_gives_the_contents_at_that_in
         to_index = ",".join(f"{p}:{i}" for p, i in target.items())
         bootstrap = kafka.bootstrap
 
-        def restore(name: str, *args: str) -> tuple[subprocess.CompletedProcess, Path]:
-            spec_path = new_cluster_spec(tmp_path / name)
+        def restore(name: str, *args: str, spec_path: Path | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+            spec_path = spec_path or new_cluster_spec(tmp_path / name)
             return run("backup", "restore", "--config", str(spec_path), *args, timeout=120), spec_path
 
         done, spec_path = restore("from-changelog", "--from", urls[0][0], "--to-index", to_index,
-                                  "--feed", f"changelog://{changelog}")
+                                  "--feed", f"changelog://{changelog}", *feed_tls)
         assert done.returncode == 0, done.stderr
         assert restored(spec_path) == expected
         assert f"partition 0: backup {first.id} (index {first.positions[0].index}), then " in done.stdout
@@ -116,14 +130,27 @@ def test_point_in_time_restore_between_two_backups_gives_the_contents_at_that_in
         assert done.returncode == 0, done.stderr
         assert restored(spec_path) == expected
 
-        done, spec_path = restore("by-time", "--from", urls[0][0], "--to-time", at.isoformat(),
-                                  "--feed", f"changelog://{changelog}")
+        # issue 25, item 7: into a new cluster with its own CA, the feed read with the old cluster's certificates
+        by_time = ("--from", urls[0][0], "--to-time", at.isoformat(), "--feed", f"changelog://{changelog}")
+        new_spec = cluster_init(tmp_path / "by-time")
+        refused, _ = restore("by-time", *by_time, spec_path=new_spec)
+        assert_one_line_error(refused, "does not trust the node's certificate", "--feed-cacert, --feed-cert, --feed-key")
+        done, _ = restore("by-time", *by_time, *feed_tls, spec_path=new_spec)
         assert done.returncode == 0, done.stderr
-        assert restored(spec_path) == expected
+        assert restored(new_spec) == expected
+        new = LocalCluster(load_spec(new_spec), new_spec)
+        try:
+            new.start_all()
+            new.wait_ready()
+            assert new.tls.ca != old.ca
+            with Client(new.endpoints, timeout=30, tls=new.tls) as kv:
+                assert dict(kv.scan()) == {k: v for state in expected.values() for k, v in state.items()}
+        finally:
+            new.stop_all()
 
         beyond = ",".join(f"{p}:{i + 1000}" for p, i in after_second.items())
         refused, spec_path = restore("beyond", "--from", urls[0][0], "--to-index", beyond,
-                                     "--feed", f"changelog://{changelog}")
+                                     "--feed", f"changelog://{changelog}", *feed_tls)
         assert_one_line_error(refused, "partition 0: from the backup at index", "the feed has delivered only up to",
                               "partition 1:", "nothing was restored")
         assert not any((tmp_path / "beyond" / "n1").glob("*"))  # nothing written, not even the staging folder

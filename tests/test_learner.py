@@ -283,7 +283,10 @@ def test_a_leader_change_during_streaming_loses_and_duplicates_nothing(make_clus
     assert_in_index_order(events)
 
 
-def test_a_learner_serves_follower_reads_from_its_copy_even_with_every_voter_down(make_cluster, learner_factory):
+def test_a_learner_serves_follower_reads_from_its_copy_even_with_every_voter_down_and_says_so_once(
+        make_cluster, learner_factory):
+    """Issue 25, item 11e: the learner said nothing while no node answered; now one warning, and one line
+    when the cluster is back, not a line per retry."""
     cluster = make_cluster(nodes=3, partitions=2)
     learner = learner_factory(cluster)
     learner.kill()
@@ -301,6 +304,19 @@ def test_a_learner_serves_follower_reads_from_its_copy_even_with_every_voter_dow
         assert list(kv.scan(prefix=b"k", consistency="stale")) == [(b"k%02d" % i, b"v%d" % i) for i in range(30)]
         with pytest.raises((Unavailable, Timeout)):
             kv.get(b"k07")  # linearizable needs a leader
+    log = learner.feed.parent / f"{learner.name}.log"
+    down, back = "WARNING learners.learner_process: no node of the cluster answers; retrying", \
+        "INFO learners.learner_process: the cluster answers again"
+    wait_until(lambda: down in log.read_text(), 30, "the learner to say that no node answers")
+    down_since = time.monotonic()
+    wait_until(lambda: time.monotonic() - down_since > 3, 5, "the learner to retry a few times (once a second)")
+    cluster.start_all()
+    cluster.wait_ready()
+    wait_until(lambda: back in log.read_text(), 30, "the learner to say that the cluster answers again")
+    lines = log.read_text().splitlines()
+    said = [line for line in lines if down in line or back in line]
+    assert len(said) == 2 and down in said[0] and back in said[1], said
+    assert len([line for line in lines if "could not report progress" in line]) <= 1, lines[-20:]
 
 
 def test_a_learner_whose_journal_fsync_fails_stops_with_one_line(make_cluster, learner_factory):

@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from learners.backup_restore import backup_cluster, restore, restore_to
-from learners.feed_history import open_feed
+from learners.feed_history import FeedHistory, open_feed
 from learners.restore_plan import parse_index_targets, parse_time
 from raftkv import failpoints
 from raftkv.backup.manifest import BackupInfo
@@ -19,8 +19,9 @@ from raftkv.backup.store import LATEST, BackupStore, list_backups, parse_storage
 from raftkv.cli.options import config_option, json_option, parse_key_values, tls_files
 from raftkv.cli.output import console, progress_bars
 from raftkv.client.sync_client import Client
-from raftkv.core.errors import ConfigError
-from raftkv.core.spec import load_spec
+from raftkv.core.errors import ConfigError, Unauthenticated
+from raftkv.core.spec import ClusterSpec, load_spec
+from raftkv.security.tls import Tls
 
 ALL = "all"
 
@@ -168,11 +169,18 @@ def prune(url: str, keep: int, storage_pairs: tuple[str, ...]) -> None:
 @click.option("--feed-option", "feed_pairs", multiple=True, metavar="KEY=VALUE",
               help="For a Kafka feed, the sink options that find its learner's positions: learner=NAME, and "
                    "transactional.id=..., producer.ssl.*=... if the learner has them; repeatable.")
+@click.option("--feed-cacert", type=click.Path(dir_okay=False), metavar="PEM",
+              help="For a changelog feed of a cluster with TLS: that cluster's CA. A new cluster made by "
+                   "`cluster init` has a CA of its own, so give the old cluster's here. Used only to read the feed.")
+@click.option("--feed-cert", type=click.Path(dir_okay=False), metavar="PEM",
+              help="A client certificate the feed's CA issued (the old cluster's certs/user-admin.pem).")
+@click.option("--feed-key", type=click.Path(dir_okay=False), metavar="PEM", help="The key of --feed-cert.")
 @config_option
 @storage_option
 @progress_option
 def restore_(url: str, backup_id: str | None, to_index: str | None, to_time: str | None, feed_url: str | None,
-             feed_pairs: tuple[str, ...], config: str, storage_pairs: tuple[str, ...], progress: bool | None) -> None:
+             feed_pairs: tuple[str, ...], feed_cacert: str | None, feed_cert: str | None, feed_key: str | None,
+             config: str, storage_pairs: tuple[str, ...], progress: bool | None) -> None:
     """Build a NEW cluster's data (the nodes of --config) from a backup, or from backups and a change feed
     up to a point of the log (--to-index, --to-time).
 
@@ -182,6 +190,9 @@ def restore_(url: str, backup_id: str | None, to_index: str | None, to_time: str
     up to the point, before anything is written. Raft positions are reset, so the
     new cluster's log starts at index 1 on top of the data. An interrupted restore
     finishes when run again, and downloads only what it did not have.
+
+    The feed is read with --feed-cacert/--feed-cert/--feed-key when given (the old cluster's certificates),
+    else with what the CLI presents to a cluster (--cacert/--cert/--key, or the spec's client_cert).
     """
     failpoints.arm_from_environment()
     if to_index is not None and to_time is not None:
@@ -189,8 +200,12 @@ def restore_(url: str, backup_id: str | None, to_index: str | None, to_time: str
     point = to_index is not None or to_time is not None
     if point and backup_id is not None:
         raise click.UsageError("--to-index and --to-time choose the backups themselves: leave out --backup")
+    feed_files = (feed_cacert, feed_cert, feed_key)
     if not point and (feed_url or feed_pairs):
         raise click.UsageError("--feed replays changes after a backup: give --to-index or --to-time too")
+    if any(feed_files) and not (feed_url or "").startswith("changelog://"):
+        raise click.UsageError("--feed-cacert, --feed-cert and --feed-key are for a --feed changelog://...; "
+                               "a Kafka feed takes its TLS settings as --feed-option producer.ssl.*=...")
     spec = load_spec(config)
     storage = _storage_options(storage_pairs)
     if not point:
@@ -203,8 +218,8 @@ def restore_(url: str, backup_id: str | None, to_index: str | None, to_time: str
     with progress_bars(progress) as bars:
         bar = bars.add("downloading")
         targets = parse_index_targets(to_index) if to_index is not None else parse_time(to_time)
-        feed = open_feed(feed_url, parse_key_values(feed_pairs, "--feed-option"), tls_files(spec),
-                         click.get_current_context().find_root().params.get("token")) if feed_url else None
+        feed = _open_feed(feed_url, parse_key_values(feed_pairs, "--feed-option"), _feed_tls(spec, *feed_files)) \
+            if feed_url else None
         try:
             restored = restore_to(url, spec, targets, feed, storage, received=bar.advance, planned=bar.total)
         finally:
@@ -217,6 +232,23 @@ def restore_(url: str, backup_id: str | None, to_index: str | None, to_time: str
                       f"the state after index {plan.until}", soft_wrap=True)
     console.print(f"restored {len(restored)} partitions into {len(spec.nodes)} nodes; {_start_hint(config)}",
                   soft_wrap=True)
+
+
+def _feed_tls(spec: ClusterSpec, cacert: str | None, cert: str | None, key: str | None) -> Tls | None:
+    if not (cacert or cert or key):
+        return tls_files(spec)
+    if not (cacert and cert and key):
+        raise ConfigError("give --feed-cacert, --feed-cert and --feed-key together: the CA of the feed's "
+                          "cluster and a client certificate it issued, with its key", source="--feed-cert")
+    return Tls(cacert, cert, key)
+
+
+def _open_feed(url: str, options: dict[str, str], tls: Tls | None) -> FeedHistory:
+    try:
+        return open_feed(url, options, tls, click.get_current_context().find_root().params.get("token"))
+    except Unauthenticated as exc:
+        raise Unauthenticated(f"{exc}. If the feed is another cluster's (a restore into a new cluster), give its "
+                              "CA and a client certificate it issued: --feed-cacert, --feed-cert, --feed-key") from None
 
 
 def _start_hint(config: str) -> str:
