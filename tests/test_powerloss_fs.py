@@ -4,11 +4,15 @@ injected faults, the process's command protocol, and a model test of random oper
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -364,6 +368,49 @@ def test_a_crash_with_a_file_still_open_cuts_its_holder_off(disk):
             os.close(fd)
         except OSError:
             pass  # its flush cannot reach the dead disk
+
+
+def test_only_the_loop_thread_can_take_the_signal_that_ends_the_loop(disk):
+    """Issue 32: a crash on a busy mount ends libfuse's loop with a SIGTERM to its own process.
+    Libfuse 3.14's handler only sets a flag, which the loop sees only if the signal interrupted
+    its own (the main) thread. The kernel may hand a process's signal to any thread that does not
+    block it: given to the command thread, the crash waited for a request that never came."""
+    sigterm = 1 << (signal.SIGTERM - 1)
+    blocked = {}
+    for task in Path(f"/proc/{disk.pid}/task").iterdir():
+        status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line)
+        blocked[int(task.name)] = int(status["SigBlk"], 16) & sigterm
+    assert blocked.pop(disk.pid) == 0, "the loop's thread must take SIGTERM"
+    assert len(blocked) >= 2 and all(blocked.values()), "the command thread and libfuse's workers block it"
+
+
+def test_a_crash_whose_process_dies_says_so_with_its_last_words(disk):
+    """Never a silent wait: the crash names the exit, not a timeout that may or may not have passed."""
+    os.kill(disk.pid, signal.SIGSTOP)
+    failed: list[ConfigError] = []
+    asking = threading.Thread(target=lambda: failed.extend(_raised(disk.crash)))
+    asking.start()
+    deadline = time.monotonic() + 10
+    while _unread(disk) == 0:  # the command is in the pipe: the process dies before reading it
+        assert time.monotonic() < deadline, "the crash command was never sent"
+        time.sleep(0.01)
+    os.kill(disk.pid, signal.SIGKILL)
+    asking.join(30)
+    assert not asking.is_alive() and len(failed) == 1
+    assert "did not answer 'crash': its process ended with code -9" in str(failed[0])
+
+
+def _raised(call) -> list[ConfigError]:
+    try:
+        call()
+    except ConfigError as error:
+        return [error]
+    return []
+
+
+def _unread(disk: PowerLossDisk) -> int:
+    """Bytes written to the disk process's stdin that it has not read yet."""
+    return struct.unpack("i", fcntl.ioctl(disk._process.stdin.fileno(), termios.FIONREAD, b"\0" * 4))[0]
 
 
 def test_close_unmounts_a_disk_whose_process_died(disk):

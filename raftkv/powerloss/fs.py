@@ -68,6 +68,7 @@ class PowerLossFS(mfusepy.Operations):
         self._paths: dict[int, str] = {}  # open handle -> path at open, for files unlinked since
         self._trash_slots = itertools.count()
         self._reported: set[tuple[str, str]] = set()
+        self.running: dict[int, tuple[str, float]] = {}  # libfuse thread -> its operation, since when
         # What a previous run left in the trash was unlinked before it stopped: gone.
         shutil.rmtree(self._backing("/" + TRASH), ignore_errors=True)
         os.mkdir(self._backing("/" + TRASH))
@@ -380,6 +381,11 @@ class PowerLossFS(mfusepy.Operations):
             subdirs[:] = [d for d in subdirs if os.path.join(folder, d) != trash]
         raise OSError(errno.ESTALE, "its directory is gone")
 
+    def in_flight(self) -> list[str]:
+        """The operations running now, and for how long, oldest first."""
+        now = time.monotonic()
+        return [f"{op} for {now - since:.1f} s" for op, since in sorted(self.running.values(), key=lambda r: r[1])]
+
     def close(self) -> None:
         """Let go of every descriptor and empty the trash: whatever was removed stays removed."""
         for fd in [*self._undo_fds.values(), *self._paths]:
@@ -406,7 +412,16 @@ def _describe(step: UndoStep) -> str:
 
 
 class _FUSE(mfusepy.FUSE):
-    """mfusepy's FUSE, fixed where its libfuse 3 wrappers drop what this filesystem needs."""
+    """mfusepy's FUSE, fixed where its libfuse 3 wrappers drop what this filesystem needs, and
+    keeping `running` up to date (what a crash that waits on an operation reports)."""
+
+    def _wrapper(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        thread = threading.get_ident()
+        self.operations.running[thread] = (func.__name__, time.monotonic())
+        try:
+            return super()._wrapper(func, *args, **kwargs)
+        finally:
+            del self.operations.running[thread]
 
     def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
         # ftruncate on a file unlinked since comes without a path: the handle is all there is.
