@@ -383,8 +383,8 @@ class PowerLossFS(mfusepy.Operations):
 
     def in_flight(self) -> list[str]:
         """The operations running now, and for how long, oldest first."""
-        now = time.monotonic()
-        return [f"{op} for {now - since:.1f} s" for op, since in sorted(self.running.values(), key=lambda r: r[1])]
+        now, running = time.monotonic(), list(self.running.values())
+        return [f"{op} for {now - since:.1f} s" for op, since in sorted(running, key=lambda r: r[1])]
 
     def close(self) -> None:
         """Let go of every descriptor and empty the trash: whatever was removed stays removed."""

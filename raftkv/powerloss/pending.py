@@ -161,7 +161,7 @@ class CrashReport:
     poisoned_dropped: int = 0  # of the writes and truncates dropped, those a failed fsync had poisoned
     namespace_undone: int = 0
     torn: TornWrite | None = None
-    failed_undo: tuple[str, ...] = ()  # undo steps the filesystem could not carry out (a name moved since)
+    failed_undo: tuple[str, ...] = ()  # undo steps the filesystem could not carry out: a state no real disk is in
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "failed_undo": list(self.failed_undo)}
