@@ -359,6 +359,7 @@ def test_a_crash_with_a_file_still_open_cuts_its_holder_off(disk):
     try:
         report = disk.crash()  # fusermount3 -u fails (busy): the process closes the connection instead
         assert report.writes_dropped == 1 and (disk.backing / "f").read_bytes() == b"old"
+        assert any(f"held by {os.getpid()} (" in line for line in disk.stderr_lines), disk.stderr_lines
         assert not is_mounted(disk.mount_point)
         with pytest.raises(OSError) as failed:
             os.pwrite(fd, b"more", 0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -152,8 +153,9 @@ class Session:
         if unmount.returncode != 0:
             # Busy: libfuse's own exit on SIGTERM closes the connection (whoever still uses the
             # mount gets ENOTCONN, as from a dead disk) and unmounts lazily.
-            print(f"powerloss: {unmount.stderr.strip() or 'fusermount3 -u failed'}; closing the connection",
-                  file=sys.stderr, flush=True)
+            held = ", ".join(holders(self.mount)) or "no process now"
+            print(f"powerloss: {unmount.stderr.strip() or 'fusermount3 -u failed'} (held by {held}); closing "
+                  "the connection", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGTERM)
         if not self.served.wait(END_TIMEOUT):
             running = ", ".join(self.fs.in_flight()) or "no operation in flight"
@@ -171,6 +173,25 @@ class Session:
         self.fs.close()
         if isinstance(self.ending, Stop):
             self.answer({"ok": True})
+
+
+def holders(mount: str) -> list[str]:
+    """The processes with a file, a working directory or a mapping under `mount`: what keeps it busy."""
+    inside = re.compile(rf"{re.escape(mount.rstrip('/'))}(/|$)")
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/cwd"), *(os.readlink(f"/proc/{pid}/fd/{fd}")
+                                                       for fd in os.listdir(f"/proc/{pid}/fd"))]
+            with open(f"/proc/{pid}/maps") as maps:
+                links += [line.split(maxsplit=5)[-1].strip() for line in maps]
+            with open(f"/proc/{pid}/comm") as comm:
+                name = comm.read().strip()
+        except OSError:
+            continue  # gone, or not ours to read
+        if any(inside.match(link) for link in links):
+            found.append(f"{pid} ({name})")
+    return found
 
 
 def main(argv: list[str]) -> int:
