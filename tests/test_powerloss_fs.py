@@ -388,12 +388,15 @@ def test_only_the_loop_thread_can_take_the_signal_that_ends_the_loop(disk):
 def test_a_crash_whose_process_dies_says_so_with_its_last_words(disk):
     """Never a silent wait: the crash names the exit, not a timeout that may or may not have passed."""
     os.kill(disk.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not _stopped(disk.pid):  # else a thread already in read() may still take the command
+        assert time.monotonic() < deadline, "the disk process did not stop"
+        time.sleep(0.01)
     failed: list[ConfigError] = []
     asking = threading.Thread(target=lambda: failed.extend(_raised(disk.crash)))
     asking.start()
-    deadline = time.monotonic() + 10
     while _unread(disk) == 0:  # the command is in the pipe: the process dies before reading it
-        assert time.monotonic() < deadline, "the crash command was never sent"
+        assert time.monotonic() < deadline, f"the crash command was never sent: {failed}"
         time.sleep(0.01)
     os.kill(disk.pid, signal.SIGKILL)
     asking.join(30)
@@ -407,6 +410,12 @@ def _raised(call) -> list[ConfigError]:
     except ConfigError as error:
         return [error]
     return []
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of the process is stopped (the state after `)` in /proc's stat is T)."""
+    return all((task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+               for task in Path(f"/proc/{pid}/task").iterdir())
 
 
 def _unread(disk: PowerLossDisk) -> int:

@@ -151,10 +151,14 @@ class PowerLossDisk:
             self._process.stdin.flush()
         except (BrokenPipeError, ValueError) as error:
             raise ConfigError(f"the power-loss disk process is gone: {error}", source="powerloss") from error
-        line = self._next_answer(timeout)
+        try:
+            line = self._answers.get(timeout=timeout)
+        except queue.Empty:
+            raise ConfigError(f"the power-loss disk did not answer {command!r} within {timeout:.0f} s; it said: "
+                              f"{self._last_words()}", source="powerloss") from None
         if line is None:
-            raise ConfigError(f"the power-loss disk did not answer {command!r}: {self._silence(timeout)}",
-                              source="powerloss")
+            raise ConfigError(f"the power-loss disk did not answer {command!r}: its process ended with code "
+                              f"{self._exit_code()}; it said: {self._last_words()}", source="powerloss")
         try:
             answer = json.loads(line)
         except json.JSONDecodeError:
@@ -163,15 +167,17 @@ class PowerLossDisk:
             raise ConfigError(f"the power-loss disk failed {command!r}: {answer['error']}", source="powerloss")
         return answer
 
-    def _silence(self, timeout: float) -> str:
-        """Why no answer came: still running, or ended (with what it said last)."""
-        code = self._process.poll()
-        if code is None:
-            what = f"no answer within {timeout:.0f} s"
-        else:
-            self._stderr_read.wait(COMMAND_TIMEOUT)  # its last words may still be in the pipe
-            what = f"its process ended with code {code}"
-        return f"{what}; it said: {'; '.join(list(self.stderr_lines)[-5:]) or 'nothing'}"
+    def _exit_code(self) -> int | str:
+        """Its output has ended: the process is exiting, and soon has a code."""
+        try:
+            return self._process.wait(COMMAND_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return "unknown (it closed its output and runs on)"
+
+    def _last_words(self) -> str:
+        if self._process.poll() is not None:
+            self._stderr_read.wait(COMMAND_TIMEOUT)  # what it said last may still be in the pipe
+        return "; ".join(list(self.stderr_lines)[-5:]) or "nothing"
 
     def _next_answer(self, timeout: float) -> str | None:
         try:
