@@ -4,11 +4,15 @@ injected faults, the process's command protocol, and a model test of random oper
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -197,10 +201,10 @@ def test_a_directory_fsync_covers_that_directory_only(disk):
     assert tree(disk.backing) == {"sub": "dir", "sub/b": b"2"}
 
 
-def test_an_unlink_is_never_undone_into_another_directory_of_the_same_name(disk):
+def test_an_unlink_is_undone_into_its_own_directory_wherever_that_went(disk):
     """Found with the chaos harness: an engine's snapshot install renames db to db.old and a new
     db in; an unlink in the old db that was not durable came back, after a power cut, into the new
-    one by its path, over a table file of the same name."""
+    one by its path, over a table file of the same name. It belongs in the old db, now db.old."""
     root = durable(disk, {"db/f": b"old table"}, dirs=("db",))
     os.unlink(root / "db" / "f")
     (root / "new").mkdir()
@@ -210,8 +214,32 @@ def test_an_unlink_is_never_undone_into_another_directory_of_the_same_name(disk)
     os.rename(root / "new", root / "db")
     fsync(root)
     report = disk.crash()
-    assert tree(disk.backing)["db/f"] == b"new table"
-    assert len(report.failed_undo) == 1 and "another one now" in report.failed_undo[0]
+    assert tree(disk.backing) == {"db": "dir", "db/f": b"new table", "db.old": "dir", "db.old/f": b"old table"}
+    assert report.failed_undo == ()
+
+
+def test_a_snapshot_install_is_undone_without_a_failed_step(disk):
+    """The engine's install as chaos runs it under load (issue 32): the new database made in a
+    temporary directory and moved in through db.incoming, the old one removed, the temporary
+    directory removed; only the new tree and the partition's folder are fsynced. The cut keeps the
+    new database and puts back what was removed without a sync, each file in its own directory."""
+    root = durable(disk, {"p/db/000013.log": b"old wal"}, dirs=("p", "p/db"))
+    os.unlink(root / "p" / "db" / "000013.log")  # RocksDB drops a log; nobody syncs db for that
+    (root / "p" / "install-x").mkdir()
+    (root / "p" / "install-x" / "db").mkdir()
+    put(root / "p" / "install-x" / "db" / "000020.sst", b"new table")
+    os.rename(root / "p" / "install-x" / "db", root / "p" / "db.incoming")
+    fsync(root / "p" / "db.incoming" / "000020.sst")
+    fsync(root / "p" / "db.incoming")
+    os.rename(root / "p" / "db", root / "p" / "db.old")
+    os.rename(root / "p" / "db.incoming", root / "p" / "db")
+    fsync(root / "p")
+    os.rmdir(root / "p" / "db.old")
+    os.rmdir(root / "p" / "install-x")
+    report = disk.crash()
+    assert report.failed_undo == ()
+    assert tree(disk.backing) == {"p": "dir", "p/db": "dir", "p/db/000020.sst": b"new table", "p/db.old": "dir",
+                                  "p/db.old/000013.log": b"old wal", "p/install-x": "dir"}
 
 
 def test_a_directory_removed_for_good_takes_its_unlinks_with_it(disk):
@@ -331,6 +359,7 @@ def test_a_crash_with_a_file_still_open_cuts_its_holder_off(disk):
     try:
         report = disk.crash()  # fusermount3 -u fails (busy): the process closes the connection instead
         assert report.writes_dropped == 1 and (disk.backing / "f").read_bytes() == b"old"
+        assert any(f"held by {os.getpid()} (" in line for line in disk.stderr_lines), disk.stderr_lines
         assert not is_mounted(disk.mount_point)
         with pytest.raises(OSError) as failed:
             os.pwrite(fd, b"more", 0)
@@ -340,6 +369,58 @@ def test_a_crash_with_a_file_still_open_cuts_its_holder_off(disk):
             os.close(fd)
         except OSError:
             pass  # its flush cannot reach the dead disk
+
+
+def test_only_the_loop_thread_can_take_the_signal_that_ends_the_loop(disk):
+    """Issue 32: a crash on a busy mount ends libfuse's loop with a SIGTERM to its own process.
+    Libfuse 3.14's handler only sets a flag, which the loop sees only if the signal interrupted
+    its own (the main) thread. The kernel may hand a process's signal to any thread that does not
+    block it: given to the command thread, the crash waited for a request that never came."""
+    sigterm = 1 << (signal.SIGTERM - 1)
+    blocked = {}
+    for task in Path(f"/proc/{disk.pid}/task").iterdir():
+        status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line)
+        blocked[int(task.name)] = int(status["SigBlk"], 16) & sigterm
+    assert blocked.pop(disk.pid) == 0, "the loop's thread must take SIGTERM"
+    assert len(blocked) >= 2 and all(blocked.values()), "the command thread and libfuse's workers block it"
+
+
+def test_a_crash_whose_process_dies_says_so_with_its_last_words(disk):
+    """Never a silent wait: the crash names the exit, not a timeout that may or may not have passed."""
+    os.kill(disk.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not _stopped(disk.pid):  # else a thread already in read() may still take the command
+        assert time.monotonic() < deadline, "the disk process did not stop"
+        time.sleep(0.01)
+    failed: list[ConfigError] = []
+    asking = threading.Thread(target=lambda: failed.extend(_raised(disk.crash)))
+    asking.start()
+    while _unread(disk) == 0:  # the command is in the pipe: the process dies before reading it
+        assert time.monotonic() < deadline, f"the crash command was never sent: {failed}"
+        time.sleep(0.01)
+    os.kill(disk.pid, signal.SIGKILL)
+    asking.join(30)
+    assert not asking.is_alive() and len(failed) == 1
+    assert "did not answer 'crash': its process ended with code -9" in str(failed[0])
+
+
+def _raised(call) -> list[ConfigError]:
+    try:
+        call()
+    except ConfigError as error:
+        return [error]
+    return []
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of the process is stopped (the state after `)` in /proc's stat is T)."""
+    return all((task / "stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+               for task in Path(f"/proc/{pid}/task").iterdir())
+
+
+def _unread(disk: PowerLossDisk) -> int:
+    """Bytes written to the disk process's stdin that it has not read yet."""
+    return struct.unpack("i", fcntl.ioctl(disk._process.stdin.fileno(), termios.FIONREAD, b"\0" * 4))[0]
 
 
 def test_close_unmounts_a_disk_whose_process_died(disk):

@@ -326,6 +326,9 @@ class FaultInjector:
             disk = self.power_loss_disks[node_id]
             cut = disk.crash(tear=step.variant == "torn", seed=pick.getrandbits(32))
             record.notes.append(f"{node_id}: {cut}")
+            if cut.failed_undo:  # the disk is in a state no real one could be in: the run proves less
+                record.problems.append(f"{node_id}'s power cut could not undo {len(cut.failed_undo)} step(s), "
+                                       f"first {cut.failed_undo[0]}")
             disk.mount()
 
     def _heal_powerloss(self, record: FaultRecord) -> None:

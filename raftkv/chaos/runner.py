@@ -92,17 +92,22 @@ class RunStatus:
 
 def run_chaos(config: ChaosConfig, *, steps: tuple[FaultStep, ...] | None = None,
               status: RunStatus | None = None) -> ChaosReport:
-    """Run the workloads against a fresh cluster under the nemesis `steps` (default: scheduled from the seed)."""
+    """Run the workloads against a fresh cluster under the nemesis `steps` (default: scheduled from the seed).
+
+    Given `steps` are the whole plan: the run ends once the last is healed and the cluster has
+    recovered, so that a loaded machine, where each fault takes longer, still runs all of them;
+    `config.duration` then only caps it."""
     if problems := config.problems():
         raise ConfigError(problems, source="chaos run")
     started = time.monotonic()
     rng = random.Random(config.seed)
-    if steps is None:
+    scheduled = steps is None
+    if scheduled:
         steps = schedule(config.faults, config.duration, config.partitions, rng)
     status = status or RunStatus()
     run_dir = Path(config.out) if config.out else Path(tempfile.mkdtemp(prefix="raftkv-chaos-"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    run = _Run(config, steps, run_dir, status, rng)
+    run = _Run(config, steps, run_dir, status, rng, until_duration=scheduled)
     try:
         with ExitStack() as cleanup:
             run.execute(cleanup)
@@ -120,9 +125,10 @@ def run_chaos(config: ChaosConfig, *, steps: tuple[FaultStep, ...] | None = None
 
 class _Run:
     def __init__(self, config: ChaosConfig, steps: tuple[FaultStep, ...], run_dir: Path, status: RunStatus,
-                 rng: random.Random):
+                 rng: random.Random, until_duration: bool = True):
         self.config = config
         self.steps = steps
+        self.until_duration = until_duration  # else the run ends after the last step
         self.run_dir = run_dir
         self.status = status
         self.history = status.history = History()
@@ -215,7 +221,8 @@ class _Run:
             _sleep_until(record.start + step.hold, end)
             injector.heal(record)
             self._after_heal(injector, spec, record, record.healed)
-        _sleep_until(end, end)
+        if self.until_duration:
+            _sleep_until(end, end)
 
     def _after_heal(self, injector: FaultInjector, spec, record: FaultRecord | None, healed_at: float) -> None:
         """Nodes that crashed are restarted; every partition must then take a write within

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,10 @@ from typing import Any, Union
 from raftkv.powerloss.fs import Faults, PowerLossFS, serve
 
 MOUNT_TIMEOUT = 10.0
+END_TIMEOUT = 30.0  # from the unmount to libfuse's return: operations still running have this long
+# libfuse's loop ends on one of these only when its own thread takes the signal (libfuse 3.14's
+# handler sets a flag; only the loop's thread is woken by it, see docs/chaos.md#power-loss).
+LOOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,7 @@ class Session:
         self.mount = mount
         self.ending: Crash | Stop | None = None  # None: end of input, or an unmount from outside
         self.ended = False  # whether this side unmounted
+        self.served = threading.Event()  # libfuse's loop has returned
 
     def say(self, line: str) -> None:
         try:
@@ -112,6 +118,9 @@ class Session:
         self.say(json.dumps(fields))
 
     def serve_commands(self) -> None:
+        # Libfuse's own threads block these; so must this one, or the kernel may hand it the
+        # SIGTERM meant for the loop, and the crash would wait for a request that never comes.
+        signal.pthread_sigmask(signal.SIG_BLOCK, LOOP_SIGNALS)
         deadline = time.monotonic() + MOUNT_TIMEOUT
         while not os.path.ismount(self.mount):
             if time.monotonic() > deadline:
@@ -137,12 +146,23 @@ class Session:
         self.end(None)
 
     def end(self, command: Crash | Stop | None) -> None:
+        """Unmount, and wait for libfuse's loop to return; if it does not, answer why and exit."""
         self.ending = command
         self.ended = True
-        if subprocess.run(["fusermount3", "-u", self.mount], capture_output=True).returncode != 0:
+        unmount = subprocess.run(["fusermount3", "-u", self.mount], capture_output=True, text=True)
+        if unmount.returncode != 0:
             # Busy: libfuse's own exit on SIGTERM closes the connection (whoever still uses the
             # mount gets ENOTCONN, as from a dead disk) and unmounts lazily.
+            held = ", ".join(holders(self.mount)) or "no process now"
+            print(f"powerloss: {unmount.stderr.strip() or 'fusermount3 -u failed'} (held by {held}); closing "
+                  "the connection", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGTERM)
+        if not self.served.wait(END_TIMEOUT):
+            running = ", ".join(self.fs.in_flight()) or "no operation in flight"
+            self.answer({"error": f"the filesystem did not stop within {END_TIMEOUT:.0f} s of its unmount "
+                                  f"({running}); nothing was undone"})
+            sys.stdout.flush()
+            os._exit(1)
 
     def finish(self) -> None:
         if isinstance(self.ending, Crash):
@@ -153,6 +173,25 @@ class Session:
         self.fs.close()
         if isinstance(self.ending, Stop):
             self.answer({"ok": True})
+
+
+def holders(mount: str) -> list[str]:
+    """The processes with a file, a working directory or a mapping under `mount`: what keeps it busy."""
+    inside = re.compile(rf"{re.escape(mount.rstrip('/'))}(/|$)")
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink(f"/proc/{pid}/cwd"), *(os.readlink(f"/proc/{pid}/fd/{fd}")
+                                                       for fd in os.listdir(f"/proc/{pid}/fd"))]
+            with open(f"/proc/{pid}/maps") as maps:
+                links += [line.split(maxsplit=5)[-1].strip() for line in maps]
+            with open(f"/proc/{pid}/comm") as comm:
+                name = comm.read().strip()
+        except OSError:
+            continue  # gone, or not ours to read
+        if any(inside.match(link) for link in links):
+            found.append(f"{pid} ({name})")
+    return found
 
 
 def main(argv: list[str]) -> int:
@@ -175,6 +214,7 @@ def main(argv: list[str]) -> int:
         if not session.ended:  # else it is libfuse's exit code after the SIGTERM of a busy unmount
             print(f"powerloss: cannot serve {mount}: {error}", file=sys.stderr)
             return 1
+    session.served.set()
     session.finish()
     return 0
 

@@ -66,6 +66,7 @@ class PowerLossDisk:
         self.backing = Path(backing)
         self._process: subprocess.Popen | None = None
         self._answers: queue.Queue[str | None] = queue.Queue()
+        self._stderr_read = threading.Event()  # the process's stderr reached its end
         self.stderr_lines: collections.deque[str] = collections.deque(maxlen=STDERR_LINES_KEPT)
 
     def __enter__(self) -> PowerLossDisk:
@@ -92,6 +93,7 @@ class PowerLossDisk:
                               "files", source="powerloss")
         self.backing.mkdir(parents=True, exist_ok=True)
         self._answers = queue.Queue()
+        self._stderr_read = threading.Event()
         self._process = subprocess.Popen(
             [sys.executable, "-m", "raftkv.powerloss", str(self.backing), str(self.mount_point)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
@@ -100,7 +102,7 @@ class PowerLossDisk:
         )
         # Each process its own queue: the reader of the one before may still be putting its end.
         threading.Thread(target=_read_answers, args=(self._process.stdout, self._answers), daemon=True).start()
-        threading.Thread(target=self._read_stderr, args=(self._process.stderr,), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(self._process.stderr, self._stderr_read), daemon=True).start()
         first = self._next_answer(MOUNT_TIMEOUT)
         if first != "mounted":
             self._stop_process()
@@ -149,18 +151,33 @@ class PowerLossDisk:
             self._process.stdin.flush()
         except (BrokenPipeError, ValueError) as error:
             raise ConfigError(f"the power-loss disk process is gone: {error}", source="powerloss") from error
-        line = self._next_answer(timeout)
+        try:
+            line = self._answers.get(timeout=timeout)
+        except queue.Empty:
+            raise ConfigError(f"the power-loss disk did not answer {command!r} within {timeout:.0f} s; it said: "
+                              f"{self._last_words()}", source="powerloss") from None
         if line is None:
-            said = "; ".join(list(self.stderr_lines)[-5:]) or "nothing"
-            raise ConfigError(f"the power-loss disk did not answer {command!r} (within {timeout:.0f} s, or its "
-                              f"process ended; it said: {said})", source="powerloss")
+            raise ConfigError(f"the power-loss disk did not answer {command!r}: its process ended with code "
+                              f"{self._exit_code()}; it said: {self._last_words()}", source="powerloss")
         try:
             answer = json.loads(line)
         except json.JSONDecodeError:
             raise ConfigError(f"the power-loss disk answered {command!r} with {line!r}", source="powerloss") from None
         if "error" in answer:
-            raise ConfigError(f"the power-loss disk refused {command!r}: {answer['error']}", source="powerloss")
+            raise ConfigError(f"the power-loss disk failed {command!r}: {answer['error']}", source="powerloss")
         return answer
+
+    def _exit_code(self) -> int | str:
+        """Its output has ended: the process is exiting, and soon has a code."""
+        try:
+            return self._process.wait(COMMAND_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return "unknown (it closed its output and runs on)"
+
+    def _last_words(self) -> str:
+        if self._process.poll() is not None:
+            self._stderr_read.wait(COMMAND_TIMEOUT)  # what it said last may still be in the pipe
+        return "; ".join(list(self.stderr_lines)[-5:]) or "nothing"
 
     def _next_answer(self, timeout: float) -> str | None:
         try:
@@ -168,11 +185,12 @@ class PowerLossDisk:
         except queue.Empty:
             return None
 
-    def _read_stderr(self, stderr: IO[str]) -> None:
+    def _read_stderr(self, stderr: IO[str], done: threading.Event) -> None:
         # Drained all along: a full pipe would block the filesystem in the middle of an operation.
         for line in stderr:
             self.stderr_lines.append(line.rstrip("\n"))
             print(line, end="", file=sys.stderr, flush=True)
+        done.set()
 
     def _unmount_if_left(self) -> None:
         if is_mounted(self.mount_point):

@@ -68,6 +68,7 @@ class PowerLossFS(mfusepy.Operations):
         self._paths: dict[int, str] = {}  # open handle -> path at open, for files unlinked since
         self._trash_slots = itertools.count()
         self._reported: set[tuple[str, str]] = set()
+        self.running: dict[int, tuple[str, float]] = {}  # libfuse thread -> its operation, since when
         # What a previous run left in the trash was unlinked before it stopped: gone.
         shutil.rmtree(self._backing("/" + TRASH), ignore_errors=True)
         os.mkdir(self._backing("/" + TRASH))
@@ -360,19 +361,30 @@ class PowerLossFS(mfusepy.Operations):
             case SetSize(file, size):
                 os.ftruncate(self._undo_fds[file], size)
             case Discard(path, directory):
-                self._check_directory(path, directory)
-                os.rename(self._backing(path), self._backing(self._trash_slot()))
+                os.rename(self._in_directory(path, directory), self._backing(self._trash_slot()))
             case Move(old, new, directory):
-                self._check_directory(new, directory)
-                os.rename(self._backing(old), self._backing(new))
+                os.rename(self._backing(old), self._in_directory(new, directory))
             case MakeDir(path, mode):
                 os.mkdir(self._backing(path), mode)
 
-    def _check_directory(self, path: str, directory: int | None) -> None:
-        """The name's directory must still be the one it was changed in: after a rename of the
-        directory (or its removal and a new one of that name) the path names something else."""
-        if directory is not None and os.stat(os.path.dirname(self._backing(path))).st_ino != directory:
-            raise OSError(errno.ESTALE, "its directory is another one now")
+    def _in_directory(self, path: str, directory: int | None) -> str:
+        """The backing path of `path`'s name in the directory it was changed in. A durable rename
+        may have moved that directory since (a snapshot install renames db to db.old and a new db
+        in), and then `path` names another one: the name is found where its own directory is now."""
+        real = self._backing(path)
+        if directory is None or os.stat(os.path.dirname(real)).st_ino == directory:
+            return real
+        trash = self._backing("/" + TRASH)
+        for folder, subdirs, _ in os.walk(self.root):
+            if os.stat(folder).st_ino == directory:
+                return os.path.join(folder, os.path.basename(real))
+            subdirs[:] = [d for d in subdirs if os.path.join(folder, d) != trash]
+        raise OSError(errno.ESTALE, "its directory is gone")
+
+    def in_flight(self) -> list[str]:
+        """The operations running now, and for how long, oldest first."""
+        now, running = time.monotonic(), list(self.running.values())
+        return [f"{op} for {now - since:.1f} s" for op, since in sorted(running, key=lambda r: r[1])]
 
     def close(self) -> None:
         """Let go of every descriptor and empty the trash: whatever was removed stays removed."""
@@ -400,7 +412,16 @@ def _describe(step: UndoStep) -> str:
 
 
 class _FUSE(mfusepy.FUSE):
-    """mfusepy's FUSE, fixed where its libfuse 3 wrappers drop what this filesystem needs."""
+    """mfusepy's FUSE, fixed where its libfuse 3 wrappers drop what this filesystem needs, and
+    keeping `running` up to date (what a crash that waits on an operation reports)."""
+
+    def _wrapper(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        thread = threading.get_ident()
+        self.operations.running[thread] = (func.__name__, time.monotonic())
+        try:
+            return super()._wrapper(func, *args, **kwargs)
+        finally:
+            del self.operations.running[thread]
 
     def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
         # ftruncate on a file unlinked since comes without a path: the handle is all there is.

@@ -7,6 +7,10 @@ follows POSIX:
 - file data (a write, a truncate) is durable once its file is fsynced (or fdatasynced) after it;
 - a change of names (create, mkdir, unlink, rmdir, rename, link, symlink) is durable once every
   directory it changed is fsynced after it (a rename between two directories needs both);
+- a name change that became durable takes with it the earlier change of each name it touched
+  (the rename that brought in the name it renames or removes, the unlink that freed the name it
+  takes): a real disk cannot keep a change and lose the one it builds on, and undoing the earlier
+  one would have nothing to move back;
 - fsyncgate: a failed fsync leaves the file's pending data non-durable for good ("poisoned"), as
   on Linux, which marks the dirty pages clean after a writeback error, so a later fsync that
   succeeds does not write them.
@@ -71,6 +75,7 @@ class Created:
     kind: str
     path: str
     unsynced: frozenset[int]  # the directories it changed that were not fsynced since
+    after: frozenset[int] = frozenset()  # the pending entries that last changed the names it touches
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,7 @@ class Removed:
     trash: str
     unsynced: frozenset[int]
     directory: int | None = None  # rmdir: the removed directory, whose pending name changes go with it
+    after: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,7 @@ class Renamed:
     unsynced: frozenset[int]
     replaced_trash: str | None = None  # the file it replaced, waiting in the trash
     replaced_dir_mode: int | None = None  # the empty directory it replaced
+    after: frozenset[int] = frozenset()
 
 
 DataEntry = Union[Write, Truncate]
@@ -154,7 +161,7 @@ class CrashReport:
     poisoned_dropped: int = 0  # of the writes and truncates dropped, those a failed fsync had poisoned
     namespace_undone: int = 0
     torn: TornWrite | None = None
-    failed_undo: tuple[str, ...] = ()  # undo steps the filesystem could not carry out (a name moved since)
+    failed_undo: tuple[str, ...] = ()  # undo steps the filesystem could not carry out: a state no real disk is in
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "failed_undo": list(self.failed_undo)}
@@ -179,6 +186,7 @@ class PendingLog:
         self._seq = 0
         self._data: dict[int, list[DataEntry]] = {}
         self._names: dict[int, NameEntry] = {}  # by seq, oldest first
+        self._last_change: dict[str, int] = {}  # name -> the pending entry that last changed it
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -205,16 +213,25 @@ class PendingLog:
 
     def create(self, kind: str, path: str, dirs: Iterable[int]) -> None:
         seq = self._next_seq()
-        self._names[seq] = Created(seq, kind, path, frozenset(dirs))
+        self._add_name(Created(seq, kind, path, frozenset(dirs), self._after(path)))
 
     def remove(self, kind: str, path: str, trash: str, dirs: Iterable[int], directory: int | None = None) -> None:
         seq = self._next_seq()
-        self._names[seq] = Removed(seq, kind, path, trash, frozenset(dirs), directory)
+        self._add_name(Removed(seq, kind, path, trash, frozenset(dirs), directory, self._after(path)))
 
     def rename(self, old: str, new: str, dirs: Iterable[int], replaced_trash: str | None = None,
                replaced_dir_mode: int | None = None) -> None:
         seq = self._next_seq()
-        self._names[seq] = Renamed(seq, old, new, frozenset(dirs), replaced_trash, replaced_dir_mode)
+        self._add_name(Renamed(seq, old, new, frozenset(dirs), replaced_trash, replaced_dir_mode,
+                               self._after(old, new)))
+
+    def _after(self, *paths: str) -> frozenset[int]:
+        return frozenset(self._last_change[p] for p in paths if p in self._last_change)
+
+    def _add_name(self, entry: NameEntry) -> None:
+        self._names[entry.seq] = entry
+        for path in _paths(entry):
+            self._last_change[path] = entry.seq
 
     # -- what became durable ---------------------------------------------------
 
@@ -245,20 +262,32 @@ class PendingLog:
         while synced:
             directory = synced.pop()
             for seq, entry in list(self._names.items()):
-                if directory not in entry.unsynced:
+                if seq not in self._names or directory not in entry.unsynced:
                     continue
                 left = entry.unsynced - {directory}
                 if left:
                     self._names[seq] = replace(entry, unsynced=left)
-                    continue
-                del self._names[seq]
-                if isinstance(entry, Removed):
-                    purge.append(entry.trash)
-                    if entry.directory is not None:
-                        synced.append(entry.directory)
-                elif isinstance(entry, Renamed) and entry.replaced_trash:
-                    purge.append(entry.replaced_trash)
+                else:
+                    self._durable(seq, purge, synced)
         return purge
+
+    def _durable(self, seq: int, purge: list[str], synced: list[int]) -> None:
+        """The entry is durable, and so are the earlier changes it builds on, down the chain."""
+        chain = [seq]
+        while chain:
+            entry = self._names.pop(chain.pop(), None)
+            if entry is None:
+                continue  # durable already, by another way down
+            for path in _paths(entry):
+                if self._last_change.get(path) == entry.seq:
+                    del self._last_change[path]
+            chain += sorted(entry.after)
+            if isinstance(entry, Removed):
+                purge.append(entry.trash)
+                if entry.directory is not None:
+                    synced.append(entry.directory)
+            elif isinstance(entry, Renamed) and entry.replaced_trash:
+                purge.append(entry.replaced_trash)
 
     # -- questions -------------------------------------------------------------
 
@@ -390,6 +419,10 @@ def _split(write: Write, kept: int) -> tuple[Write, Write]:
     rest = replace(write, offset=write.offset + kept, length=write.length - kept, size_before=size_after_prefix,
                    pre_image=write.pre_image[kept:])
     return prefix, rest
+
+
+def _paths(entry: NameEntry) -> tuple[str, ...]:
+    return (entry.old, entry.new) if isinstance(entry, Renamed) else (entry.path,)
 
 
 def _undo_name(entry: NameEntry) -> list[UndoStep]:
