@@ -35,7 +35,7 @@ from raftkv.node.lost_data import LostData
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
-from raftkv.node.peers import Peers
+from raftkv.node.peers import Peers, answer
 from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica import PartitionReplica
 from raftkv.node.backup_seed import BackupCatalog, seed_from_backup
@@ -128,8 +128,8 @@ class Node:
         leader = self.meta_leader_id()
         if leader is None or leader == self.me_id:
             raise Unavailable("the metadata group has no leader right now; retry")
-        reply = await self.peers.admin(leader).ChangeTopology(
-            pb.ChangeTopologyRequest(command=encode_command(command)), timeout=RPC_TIMEOUT)
+        reply = await answer(self.peers.admin(leader).ChangeTopology(
+            pb.ChangeTopologyRequest(command=encode_command(command)), timeout=RPC_TIMEOUT))
         return topology_of(reply).meta
 
     # -- start and stop ---------------------------------------------------
