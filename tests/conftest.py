@@ -108,7 +108,7 @@ def wait_for_compaction(cluster, partitions, past_index: int, except_node: str |
 @pytest.fixture(autouse=True)
 def quiet_process_logs(request):
     """After a test whose processes write logs under its tmp_path (set up first, so checked after they
-    stopped): fail on a traceback or an unretrieved task exception in them that the test does not expect
+    stopped): fail on a traceback or an unretrieved exception in them that the test does not expect
     (`@pytest.mark.expected_log(pattern, ...)`, tests/node_logs.py)."""
     root = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield

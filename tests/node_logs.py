@@ -1,9 +1,9 @@
 """What the logs of a test's node and learner processes say went wrong unseen: a traceback, or an
-asyncio task whose exception nobody retrieved.
+asyncio task or future whose exception nobody retrieved.
 
 A log is cut into records, each a line that starts with the processes' log format's timestamp and the
 lines after it up to the next one (a logged traceback, or one a dying thread printed on stderr). A record
-holding a traceback or an unretrieved task exception is unexpected unless a pattern the test declares
+holding a traceback or an unretrieved exception is unexpected unless a pattern the test declares
 (`@pytest.mark.expected_log("pattern", ...)`, searched in the whole record) or one of `BY_DESIGN` matches it.
 """
 
@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-MARKERS = ("Traceback (most recent call last)", "Task exception was never retrieved")
+MARKERS = ("Traceback (most recent call last)", "Task exception was never retrieved",
+           "Future exception was never retrieved")
 LOG_FILES = ("node.log", "learner*.log")  # under a test's tmp_path: where the tests' processes write
 
 # Tracebacks that every test may produce, each with the reason it is not a bug. Keep it short: a handled
@@ -35,7 +36,7 @@ def records(text: str) -> list[str]:
 
 
 def unexpected(text: str, expected: Iterable[str] = ()) -> list[str]:
-    """The records of `text` that hold a traceback or an unretrieved task exception that no pattern of
+    """The records of `text` that hold a traceback or an unretrieved exception that no pattern of
     `expected` or `BY_DESIGN` matches."""
     allowed = [re.compile(p) for p in (*expected, *BY_DESIGN)]
     return [r for r in records(text)

@@ -232,14 +232,17 @@ class KVService(kv_pb2_grpc.KVServicer):
             await context.abort(_SCAN_CODES.get(type(error), grpc.StatusCode.UNAVAILABLE), str(error),
                                 trailing_metadata=error_metadata(error))
         key_range = KeyRange(request.start, request.end if request.HasField("end") else None, request.limit)
-        applied = frontend.replica.applied_position  # nothing applies between these two lines
-        _, items = frontend.replica.engine.scan(key_range)
         next_chunk = _next_columns if request.columnar else _next_chunk
         sent_any = False
-        while chunk := await asyncio.to_thread(next_chunk, items, applied.index):
-            sent_any = True
-            chunk.applied_term = applied.term
-            yield chunk
+        try:
+            applied = frontend.replica.applied_position  # nothing applies between these two lines
+            _, items = frontend.replica.engine.scan(key_range)
+            while chunk := await asyncio.to_thread(next_chunk, items, applied.index):
+                sent_any = True
+                chunk.applied_term = applied.term
+                yield chunk
+        except RaftKVError as error:  # a damaged block (the node stops) or the node stopping: another replica may serve
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error), trailing_metadata=error_metadata(error))
         if not sent_any:  # an empty range still reports its position
             yield pb.ScanChunk(applied_index=applied.index, applied_term=applied.term)
 
@@ -253,9 +256,12 @@ class KVService(kv_pb2_grpc.KVServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"partition {request.partition} is not hosted here, or every < 1")
         key_range = KeyRange(request.start, request.end if request.HasField("end") else None)
-        _, items = frontend.replica.engine.scan(key_range)
         every = request.every
-        keys = await asyncio.to_thread(lambda: [key for key, _ in islice(items, every, None, every)])
+        try:
+            _, items = frontend.replica.engine.scan(key_range)
+            keys = await asyncio.to_thread(lambda: [key for key, _ in islice(items, every, None, every)])
+        except RaftKVError as error:  # as in a scan
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error), trailing_metadata=error_metadata(error))
         return pb.SplitKeysResponse(keys=keys)
 
     # -- Status -----------------------------------------------------------
