@@ -20,6 +20,7 @@ from raftkv.core.errors import CorruptData, Timeout, Unavailable, Undetermined
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
 from raftkv.core.spec import BackupConfig, ClusterSpec, Tuning, build_spec, ports_per_node, save_spec
 from raftkv.security.certs import with_certificates
+from tests import node_logs
 
 
 def random_write(kv, rng: random.Random, keys: int, deletes: float) -> None:
@@ -102,6 +103,20 @@ def wait_for_compaction(cluster, partitions, past_index: int, except_node: str |
 
     wait_until(lambda: all(compacted(n, p) for n in cluster.spec.nodes if n.id != except_node for p in partitions),
                timeout, f"the voters to compact past index {past_index}")
+
+
+@pytest.fixture(autouse=True)
+def quiet_process_logs(request):
+    """After a test whose processes write logs under its tmp_path (set up first, so checked after they
+    stopped): fail on a traceback or an unretrieved exception in them that the test does not expect
+    (`@pytest.mark.expected_log(pattern, ...)`, tests/node_logs.py)."""
+    root = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if root is None:
+        return
+    expected = [p for marker in request.node.iter_markers("expected_log") for p in marker.args]
+    if found := node_logs.report(root, expected):
+        pytest.fail(f"tracebacks in the processes' logs that the test does not expect:\n{found}", pytrace=False)
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ class Learner:
                        check=True, capture_output=True, timeout=60)
 
     def start(self, *extra: str, env: dict[str, str] | None = None) -> None:
-        log = open(self.feed.parent / f"{self.name}.log", "ab")
+        log = open(self.feed.parent / f"learner-{self.name}.log", "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "raftkv", "learner", "start", "--name", self.name, "--config",
              str(self.cluster.spec_path), *extra],
@@ -332,7 +332,7 @@ def test_a_learner_whose_journal_fsync_fails_stops_with_one_line(make_cluster, l
             if learner.proc.poll() is not None:
                 break
     wait_until(lambda: learner.proc.poll() is not None, 30, "the learner to stop on its failed fsync")
-    output = (learner.feed.parent / f"{learner.name}.log").read_text()
+    output = (learner.feed.parent / f"learner-{learner.name}.log").read_text()
     errors = [line for line in output.splitlines() if line.startswith("error: ")]
     assert learner.proc.returncode == 2 and len(errors) == 1 and "fsync of" in errors[0], output[-3000:]
     assert "Traceback" not in output

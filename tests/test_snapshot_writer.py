@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import threading
@@ -212,3 +213,33 @@ async def put(replica: PartitionReplica, keys: range) -> None:
         done = asyncio.get_running_loop().create_future()
         replica.propose(encode_proposal([Put(b"k%03d" % i, b"v")]), lambda r, reason: done.set_result(reason))
         assert await asyncio.wait_for(done, 10) == Outcome.APPLIED
+
+
+def test_a_restart_after_a_kill_during_the_first_compaction_is_quiet_and_keeps_the_data(tmp_path, caplog):
+    """A kill -9 while a replica's first snapshot was written leaves pysyncobj's placeholder, an empty file,
+    as the snapshot file; the journal was not compacted yet. pysyncobj failed to load it at the restart
+    ("failed to load full dump", an ERROR with a traceback) and then went on from the journal, as designed."""
+    folder = tmp_path / "p0"
+
+    async def scenario():
+        replica = single_voter(folder)
+        try:
+            await until(lambda: replica.role == Role.LEADER)
+            await put(replica, range(20))
+        finally:
+            replica.close()
+        open(folder / "raft.snapshot", "wb").close()  # the crash state
+        replica = single_voter(folder)
+        journal = replica.group._journal
+        try:
+            await until(lambda: replica.role == Role.LEADER)
+            await put(replica, range(20, 21))
+            assert [replica.engine.get(b"k%03d" % i) for i in range(21)] == [b"v"] * 21
+            replica.group.compact()
+            await until(lambda: journal[0][1] > 1)  # and its next compaction succeeds
+        finally:
+            replica.close()
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

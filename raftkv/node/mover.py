@@ -26,7 +26,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.core.errors import Unavailable
 from raftkv.meta.records import META, AdvanceMove, ClusterMeta, EndMove, Move, MoveStep, NodeState, group_name
 from raftkv.node.meta_replica import MetaReplica
-from raftkv.node.peers import Peers
+from raftkv.node.peers import Peers, answer
 from raftkv.node.tasks import background
 
 log = logging.getLogger(__name__)
@@ -150,9 +150,9 @@ class ReplicaMover:
 
     async def _progress(self, node_id: str, group: int) -> pb.ReplicaState | None:
         try:
-            return await self._peers.admin(node_id).ReplicaProgress(pb.ReplicaRequest(group=group),
-                                                                    timeout=RPC_TIMEOUT)
-        except grpc.aio.AioRpcError:
+            return await answer(self._peers.admin(node_id).ReplicaProgress(pb.ReplicaRequest(group=group),
+                                                                           timeout=RPC_TIMEOUT))
+        except grpc.aio.AioRpcError:  # not this node stopping (Unavailable): that pauses the move, not a stall
             return None
 
     def _still_current(self, move: Move) -> None:
@@ -240,7 +240,7 @@ async def on_leader(peers: Peers, voters: Callable[[], tuple[str, ...]], call, w
     while time.monotonic() < deadline:
         for voter in ([ask] if ask else []) + list(voters()):
             try:
-                reply = await call(peers.admin(voter))
+                reply = await answer(call(peers.admin(voter)))
             except grpc.aio.AioRpcError:
                 continue
             if reply.done:

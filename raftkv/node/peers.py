@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable, TypeVar
 
 import grpc
 
 from raftkv.api import kv_pb2_grpc
+from raftkv.core.errors import Unavailable, Undetermined
 from raftkv.security.tls import Tls, open_channel
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -25,8 +29,11 @@ class Peers:
         self._tls = tls
         self._peers: dict[str, _Peer] = {}
         self._retired: list[grpc.aio.Channel] = []
+        self._closed = False
 
     def _peer(self, node_id: str) -> _Peer:
+        if self._closed:  # a call on a closed channel raises grpc's UsageError, which says nothing to callers
+            raise Unavailable(f"not sent to {node_id}: this node is stopping")
         address = self._address_of(node_id)
         peer = self._peers.get(node_id)
         if peer is None or peer.address != address:  # a node that came back elsewhere gets a new channel
@@ -43,5 +50,21 @@ class Peers:
         return self._peer(node_id).admin
 
     async def close(self) -> None:
-        for channel in self._retired + [p.channel for p in self._peers.values()]:
+        """Cancel the calls in flight (`answer` makes each an Undetermined); later ones raise Unavailable."""
+        self._closed = True
+        channels = self._retired + [p.channel for p in self._peers.values()]
+        self._retired, self._peers = [], {}
+        for channel in channels:
             await channel.close()
+
+
+async def answer(call: Awaitable[T]) -> T:
+    """The reply to a call on a peer's channel. A call that `Peers.close` cancelled raises Undetermined, the
+    peer may have it, instead of a CancelledError that would end the caller as if it were cancelled (a
+    server then leaves its own client waiting for the deadline). The caller's own cancellation goes on."""
+    try:
+        return await call
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():
+            raise
+        raise Undetermined("the call to a peer was cut off: this node is stopping") from None

@@ -35,7 +35,7 @@ from raftkv.node.lost_data import LostData
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
-from raftkv.node.peers import Peers
+from raftkv.node.peers import Peers, answer
 from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica import PartitionReplica
 from raftkv.node.backup_seed import BackupCatalog, seed_from_backup
@@ -129,8 +129,8 @@ class Node:
         leader = self.meta_leader_id()
         if leader is None or leader == self.me_id:
             raise Unavailable("the metadata group has no leader right now; retry")
-        reply = await self.peers.admin(leader).ChangeTopology(
-            pb.ChangeTopologyRequest(command=encode_command(command)), timeout=RPC_TIMEOUT)
+        reply = await answer(self.peers.admin(leader).ChangeTopology(
+            pb.ChangeTopologyRequest(command=encode_command(command)), timeout=RPC_TIMEOUT))
         return topology_of(reply).meta
 
     # -- start and stop ---------------------------------------------------
@@ -542,7 +542,6 @@ async def serve(spec: ClusterSpec, node_id: str, initial: ClusterMeta | None = N
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    failure = None
     try:
         await node.start()
         print(f"raftkv node {node_id} ready on {node.me.api_address}", flush=True)
@@ -555,14 +554,20 @@ async def serve(spec: ClusterSpec, node_id: str, initial: ClusterMeta | None = N
             print(f"raftkv node {node_id} was removed from the cluster (decommissioned); exiting. To bring it "
                   "back, start it with an empty --data-dir and --join", flush=True)
     finally:
-        if node.failure is not None and node.failure.done():
-            failure = node.failure.exception()  # retrieved also when start() raised it itself
         try:
             await node.stop()
         except Exception:
-            if failure is None:
+            if _failure(node) is None:
                 raise
             # closing a damaged database can fail too; the reason to stop is what the operator needs
-            log.exception("while stopping after: %s", failure)
+            log.exception("while stopping after: %s", _failure(node))
+        # Read after the stop: a replica's thread reports it through the loop, so when start() raised it
+        # itself the report lands later, and asyncio would log it as an exception never retrieved.
+        failure = _failure(node)
     if failure is not None:
         raise failure
+
+
+def _failure(node: Node) -> BaseException | None:
+    """The error that must stop the node, if one was reported (retrieved, from then on)."""
+    return node.failure.exception() if node.failure is not None and node.failure.done() else None

@@ -21,12 +21,12 @@ from raftkv.api.convert import command_from_op, result_from_error, result_from_w
 from raftkv.core.commands import Command, Limits
 from raftkv.storage.engine import KeyRange
 from raftkv.core.errors import (InvalidRequest, NotLeader, PermissionDenied, RaftKVError, ResourceExhausted,
-                                Unauthenticated, Unavailable)
+                                Unauthenticated, Unavailable, Undetermined)
 from raftkv.meta.records import ClusterMeta, NodeState
 from raftkv.node.client_limits import ClientLimits, ClientLoad, client_of
 from raftkv.node.gatekeeper import Gatekeeper, op_requests
 from raftkv.node.group_commit import PartitionFrontend
-from raftkv.node.peers import Peers
+from raftkv.node.peers import Peers, answer
 from raftkv.core.learner_registry import learners_from
 from raftkv.core.spec import ClusterSpec
 from raftkv.security.permissions import Access, Identity, Request
@@ -193,13 +193,15 @@ class KVService(kv_pb2_grpc.KVServicer):
             ops=[request.ops[i] for i in indexes], consistency=request.consistency, forwarded=True
         )
         try:
-            response = await self._peers.stub(node_id).Execute(forwarded, timeout=self._timeout)
+            response = await answer(self._peers.stub(node_id).Execute(forwarded, timeout=self._timeout))
             return list(response.results)
         except grpc.aio.AioRpcError as exc:
-            code = pb.UNAVAILABLE if never_sent(exc) else pb.UNDETERMINED
-            message = f"forwarding to {node_id} failed: {exc.code().name} {exc.details()}"
-            reads_only = all(request.ops[i].WhichOneof("op") == "get" for i in indexes)
-            return [pb.Result(code=pb.UNAVAILABLE if reads_only else code, message=message)] * len(indexes)
+            sent, why = not never_sent(exc), f"{exc.code().name} {exc.details()}"
+        except (Unavailable, Undetermined) as exc:  # this node is stopping: its channels are closed
+            sent, why = isinstance(exc, Undetermined), str(exc)
+        reads_only = all(request.ops[i].WhichOneof("op") == "get" for i in indexes)
+        code = pb.UNDETERMINED if sent and not reads_only else pb.UNAVAILABLE
+        return [pb.Result(code=code, message=f"forwarding to {node_id} failed: {why}")] * len(indexes)
 
     # -- Scan -------------------------------------------------------------
 
@@ -230,14 +232,17 @@ class KVService(kv_pb2_grpc.KVServicer):
             await context.abort(_SCAN_CODES.get(type(error), grpc.StatusCode.UNAVAILABLE), str(error),
                                 trailing_metadata=error_metadata(error))
         key_range = KeyRange(request.start, request.end if request.HasField("end") else None, request.limit)
-        applied = frontend.replica.applied_position  # nothing applies between these two lines
-        _, items = frontend.replica.engine.scan(key_range)
         next_chunk = _next_columns if request.columnar else _next_chunk
         sent_any = False
-        while chunk := await asyncio.to_thread(next_chunk, items, applied.index):
-            sent_any = True
-            chunk.applied_term = applied.term
-            yield chunk
+        try:
+            applied = frontend.replica.applied_position  # nothing applies between these two lines
+            _, items = frontend.replica.engine.scan(key_range)
+            while chunk := await asyncio.to_thread(next_chunk, items, applied.index):
+                sent_any = True
+                chunk.applied_term = applied.term
+                yield chunk
+        except RaftKVError as error:  # a damaged block (the node stops) or the node stopping: another replica may serve
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error), trailing_metadata=error_metadata(error))
         if not sent_any:  # an empty range still reports its position
             yield pb.ScanChunk(applied_index=applied.index, applied_term=applied.term)
 
@@ -251,9 +256,12 @@ class KVService(kv_pb2_grpc.KVServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"partition {request.partition} is not hosted here, or every < 1")
         key_range = KeyRange(request.start, request.end if request.HasField("end") else None)
-        _, items = frontend.replica.engine.scan(key_range)
         every = request.every
-        keys = await asyncio.to_thread(lambda: [key for key, _ in islice(items, every, None, every)])
+        try:
+            _, items = frontend.replica.engine.scan(key_range)
+            keys = await asyncio.to_thread(lambda: [key for key, _ in islice(items, every, None, every)])
+        except RaftKVError as error:  # as in a scan
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error), trailing_metadata=error_metadata(error))
         return pb.SplitKeysResponse(keys=keys)
 
     # -- Status -----------------------------------------------------------

@@ -60,7 +60,17 @@ class SnapshotFiles:
         self.job: Future | None = None  # the file being written on the worker
         self._next = folder / f"{SNAPSHOT_FILE}.next"
         self._sm = state_machine
+        self._drop_placeholder()
         snapshot_file.check(self.path)
+
+    def _drop_placeholder(self) -> None:
+        """An empty snapshot file is the placeholder of a first snapshot that a crash interrupted (`_start`):
+        the journal was not compacted to it, so the replica starts from the journal alone. Removed before
+        pysyncobj sees it: its load would fail, with an ERROR and a traceback, to the same end."""
+        if self.path.exists() and self.path.stat().st_size == 0:
+            self.path.unlink()
+            log.info("partition %d: the last run stopped while writing its first snapshot (an empty %s is "
+                     "left); expected after a crash: the replica starts from its log", self.partition, SNAPSHOT_FILE)
 
     @property
     def bytes_received(self) -> int:
