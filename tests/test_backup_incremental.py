@@ -357,4 +357,4 @@ def test_a_failed_backup_with_progress_bars_ends_in_one_error_line(make_cluster,
     cluster = make_cluster(nodes=3, partitions=2, start=False)
     failed = run("backup", "create", "--config", str(cluster.spec_path), "--to", (tmp_path / "b").as_uri(),
                  "--progress", timeout=60)
-    assert_one_line_error(failed, "no node could answer")
+    assert_one_line_error(failed, "no node answered")

@@ -20,7 +20,7 @@ import pytest
 from raftkv import Client
 from raftkv.chaos.config import CHAOS_TUNING, ChaosConfig, runnable_faults
 from raftkv.chaos.convergence import replica_differences, scan_any, scan_replica
-from raftkv.chaos.nemesis import FAULTS, VARIANTS, FaultChoice, FaultStep
+from raftkv.chaos.nemesis import FAULTS, GAP_SECONDS, HOLD_SECONDS, VARIANTS, WARMUP_SECONDS, FaultChoice, FaultStep
 from raftkv.chaos.netcut import cgroup2_mount
 from raftkv.chaos.power_cuts import LOSS_BOUND_SECONDS
 from raftkv.chaos.runner import run_chaos
@@ -42,18 +42,35 @@ def failure_summary(report, tmp_path: Path) -> str:
     return "\n".join(lines)
 
 
+def every_variant(fault: str, partitions: int) -> tuple[FaultStep, ...]:
+    """Each variant of `fault` once (and again, round-robin, up to three faults), back to back at its
+    middling hold: the run ends after the last, however long a loaded machine makes each take."""
+    variants = VARIANTS[fault]
+    hold = sum(HOLD_SECONDS[fault]) / 2  # a slow fsync of 5 s must be seen within the hold
+    return tuple(FaultStep(at=WARMUP_SECONDS + i * (hold + GAP_SECONDS[0]), hold=hold, fault=fault,
+                           variant=variants[i % len(variants)], partition=i % partitions, seed=i)
+                 for i in range(max(len(variants), 3)))
+
+
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f != "powerloss"])  # power cuts: the tests below
 def test_every_variant_of_one_fault_type_breaks_nothing(fault, tmp_path):
-    """45 s of faults of one type, back to back: seed 1 schedules every variant of each (4 to 9 faults)."""
+    """Faults of one type back to back, every variant of it (3 to 5 faults). A scheduled run (seed 1,
+    45 s) ran out of time for the last variant on a loaded machine; given steps all run."""
     learner = "kafka" if fault == "kill" else None  # the change feed through kill -9 of every node
     nodes = 4 if fault == "membership" else 3  # a replica moves only to a node without one
     durability = "fsync" if fault == "disk" else "default"  # where every write meets the disk's fsync
-    report = run_chaos(ChaosConfig(nodes=nodes, duration=45, faults=(FaultChoice(fault),), learner=learner, seed=1,
-                                   out=tmp_path, durability=durability))
+    if fault == "disk":  # scheduled (seed 1), with room for all five variants on a loaded machine: given steps
+        # (below) hit n1 with eio-read right after fsync-5s, and once it hung at start (issue 32's note)
+        report = run_chaos(ChaosConfig(duration=60, faults=(FaultChoice(fault),), seed=1, out=tmp_path,
+                                       durability=durability))
+    else:
+        config = ChaosConfig(nodes=nodes, duration=120, faults=(FaultChoice(fault),), learner=learner, seed=1,
+                             out=tmp_path, durability=durability)
+        report = run_chaos(config, steps=every_variant(fault, config.partitions))
     assert report.ok, failure_summary(report, tmp_path)
     assert not report.unknown_keys, f"undecided keys: {report.unknown_keys}"
     assert {r.variant for r in report.faults if r.fault == fault} == set(VARIANTS[fault])
-    assert report.ops >= MIN_OPS, report.op_counts
+    assert report.ops >= MIN_OPS // 2, report.op_counts  # 15 to 40 s of workload
     assert all(c.ok for c in report.checks) and len(report.checks) == (4 if learner else 3)
     if fault in ("disk", "diskfull"):  # the node log is where an operator learns of a bad disk: one line each
         tracebacks = [log for log in tmp_path.glob("**/node.log") if "Traceback" in log.read_text(errors="replace")]

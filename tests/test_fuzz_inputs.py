@@ -609,7 +609,7 @@ def test_hostile_command_lines_exit_with_one_line_and_no_traceback(cli_folder, m
 
 
 @pytest.mark.parametrize("argv", [["get", "k"], ["put", "k", "v"], ["delete", "k"], ["scan"], ["status"],
-                                  ["learner", "list"], ["learner", "add", "--name", "l", "--sink", "kafka"],
+                                  ["learner", "list"], ["learner", "add", "--name", "l", "--sink", "changelog", "--sink-option", "path=changes"],
                                   ["user", "list"], ["node", "list"], ["leader", "transfer", "--partition", "0", "--to", "n1"],
                                   ["replica", "move", "--partition", "0", "--from", "n1", "--to", "n2"]])
 def test_commands_fail_fast_with_one_line_when_no_node_listens(cli_folder, argv):

@@ -48,3 +48,16 @@ def test_the_report_names_each_log_file_and_shows_its_unexpected_records(tmp_pat
     assert found.count("CorruptData: snapshot") == 2 and "KeyError" not in found and "moto" not in found
     assert "c0/n1/node.log:\n    2026-05-09 07:35:28,000 ERROR" in found
     assert report(tmp_path, ["KeyError", "CorruptData"]) == ""
+
+
+GRPC_CANCELLED = """2026-11-26 18:12:18,102 ERROR grpc._cython.cygrpc: Exception not handled by _handle_exceptions in servicer method [/raftkv.v1.KV/Execute]
+Traceback (most recent call last):
+  File "src/python/grpcio/grpc/_cython/_cygrpc/aio/server.pyx.pxi", line 812, in grpc._cython.cygrpc._schedule_rpc_coro
+asyncio.exceptions.CancelledError
+"""
+
+
+def test_grpc_cancelling_a_call_itself_is_by_design_but_not_with_a_frame_of_ours():
+    assert unexpected(GRPC_CANCELLED) == []
+    ours = GRPC_CANCELLED.replace('  File "src/python', '  File "/x/raftkv/node/service.py", line 9, in Execute\n  File "src/python')
+    assert len(unexpected(ours)) == 1

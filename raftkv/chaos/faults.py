@@ -258,15 +258,15 @@ class FaultInjector:
         if stale:
             kv.move_replica(p, a, b)
             record.notes.append(f"partition {p}: moving {a} -> {b}")
-            if not self._moves_done(record):
+            if not self._moves_done(record, (p, a, b)):
                 return
             source, target = b, a
         kv.move_replica(p, source, target)
         self._kill(source)
         record.notes.append(f"partition {p}: moving {source} -> {target}; killed {source}")
         try:
-            if not self._moves_done(record):
-                return
+            if not self._moves_done(record, (p, source, target)):  # the rebalancer may start others, even
+                return  # to the killed node: they wait for the heal
             if stale:
                 kv.transfer_leadership(p, target)
         finally:
@@ -278,13 +278,15 @@ class FaultInjector:
     def _heal_membership(self, record: FaultRecord) -> None:
         self._moves_done(record)
 
-    def _moves_done(self, record: FaultRecord) -> bool:
-        """Until no move is under way (a move that never ends is a problem)."""
+    def _moves_done(self, record: FaultRecord, move: tuple[int, str, str] | None = None) -> bool:
+        """Until no move is under way, or this one (partition, source, target) is not (a move that never
+        ends is a problem)."""
         deadline = time.monotonic() + MOVE_TIMEOUT
         while time.monotonic() < deadline:
             try:
                 with Client(self.cluster.endpoints, timeout=5.0) as kv:
-                    if not kv.topology().meta.moves:
+                    moves = kv.topology().meta.moves
+                    if not any(move is None or (m.group, m.source, m.target) == move for m in moves):
                         return True
             except RaftKVError:
                 pass
