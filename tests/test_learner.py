@@ -304,7 +304,7 @@ def test_a_learner_serves_follower_reads_from_its_copy_even_with_every_voter_dow
         assert list(kv.scan(prefix=b"k", consistency="stale")) == [(b"k%02d" % i, b"v%d" % i) for i in range(30)]
         with pytest.raises((Unavailable, Timeout)):
             kv.get(b"k07")  # linearizable needs a leader
-    log = learner.feed.parent / f"{learner.name}.log"
+    log = learner.feed.parent / f"learner-{learner.name}.log"
     down, back = "WARNING learners.learner_process: no node of the cluster answers; retrying", \
         "INFO learners.learner_process: the cluster answers again"
     wait_until(lambda: down in log.read_text(), 30, "the learner to say that no node answers")
