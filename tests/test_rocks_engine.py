@@ -303,3 +303,24 @@ def test_rocks_reads_of_a_damaged_block_raise_corrupt_data_and_tell_on_corrupt(t
         assert len(reported) == 2 and all(isinstance(r, CorruptData) for r in reported)
     finally:
         e.close()
+
+
+def test_a_scan_still_reading_after_the_grace_fails_its_next_step_and_the_install_goes_through(tmp_path):
+    """Found by the fail-point suite: a replica-equality scan outlived the install's grace; the old handle,
+    still referenced by the scan, kept RocksDB's lock, the reopen failed as if the disk had ('lock hold by
+    current process') and the node stopped; the scan then met DbClosedError."""
+    leader = RocksEngine(tmp_path / "leader")
+    follower = RocksEngine(tmp_path / "follower", reader_grace=0.1)
+    try:
+        leader.write([Put(b"k%03d" % i, b"new") for i in range(100)], Position(10, 4))
+        follower.write([Put(b"k%03d" % i, b"old") for i in range(100)], Position(3, 2))
+        leader.checkpoint(tmp_path / "checkpoint")
+        _, items = follower.scan(KeyRange(b"", None))
+        assert next(items) == (b"k000", b"old")
+        assert follower.install(tmp_path / "checkpoint") == Position(10, 4)
+        with pytest.raises(Unavailable, match="replaced while this scan read it"):
+            next(items)
+        assert scan(follower)[0] == (b"k000", b"new")
+    finally:
+        leader.close()
+        follower.close()

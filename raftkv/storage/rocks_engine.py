@@ -56,6 +56,7 @@ _POSITION_KEY = b"position"
 _META_PREFIX = b"m/"  # the state machine's metadata, beside the position key
 _POSITION = struct.Struct("<QQ")
 INSTALL_READY = "INSTALL_READY"
+LOCK_RELEASE_SECONDS = 2.0  # a reopen waits this long for a cut scan's step to let go of the old handle
 REOPEN_MIN_FREE_BYTES = 8 << 20  # a broken engine reopens its database once the disk has this much room
 
 
@@ -154,6 +155,7 @@ class RocksEngine:
         self._lock = threading.Lock()
         self._readers = 0
         self._readers_done = threading.Condition(self._lock)
+        self._scans: weakref.WeakSet[_Scan] = weakref.WeakSet()  # open ones, to cut at a close
         self._db = _open(self.folder / "db")
         self._meta = self._db.get_column_family(_META_CF)
         # Every open, not only the first: a kill between RocksDB making db/ and this sync leaves a
@@ -269,6 +271,8 @@ class RocksEngine:
         deadline = time.monotonic() + self._reader_grace
         while self._readers and self._readers_done.wait(max(0.0, deadline - time.monotonic())):
             pass
+        # past the grace (the lock is held): each scan left fails its next step rather than ending early
+        self._readers -= sum(scan.cut() for scan in list(self._scans))
         self._broken = True
         try:
             self._meta = None
@@ -276,16 +280,30 @@ class RocksEngine:
         except Exception as exc:  # logged as text: the exception object keeps the database alive
             log.warning("closing %s: %s", self.folder / "db", str(exc))
         swap()
-        self._db = _open(self.folder / "db")
+        self._db = self._open_when_released()
         self._meta = self._db.get_column_family(_META_CF)
         self._position = self._read_position()
         self._broken = False
+
+    def _open_when_released(self) -> Rdict:
+        """Open the database again. RocksDB's lock goes with the last reference to the old handle, and a
+        scan cut while its thread was inside a step holds one until that step returns (found by the
+        fail-point suite: a snapshot install then failed as if the disk had, and the node stopped)."""
+        deadline = time.monotonic() + LOCK_RELEASE_SECONDS
+        while True:
+            try:
+                return _open(self.folder / "db")
+            except DiskFailed as exc:
+                if "lock hold by current process" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
         with self._lock:
             position = self._position
             self._readers += 1
             scan = _Scan(self._db, key_range, self._reader_done, self._checked)  # pins the view of `position`
+            self._scans.add(scan)
         return position, scan
 
     def _reader_done(self) -> None:
@@ -352,15 +370,23 @@ class _Scan:
         self._last_key = key_range.start
         self._checked = checked
         self._release = weakref.finalize(self, release)
+        self._was_cut = False
 
     def __iter__(self) -> _Scan:
         return self
 
     def __next__(self) -> tuple[bytes, bytes]:
-        if self._it is None:
+        it = self._it  # `cut` may drop it from another thread meanwhile
+        if self._was_cut:
+            raise _replaced()
+        if it is None:
             raise StopIteration
         try:
-            item = next(self._it)
+            item = next(it)
+        except DbClosedError:
+            if self._was_cut:
+                raise _replaced() from None
+            raise
         except StopIteration:
             try:
                 self._check_ended_cleanly()
@@ -372,7 +398,10 @@ class _Scan:
 
     def _check_ended_cleanly(self) -> None:
         """`items()` also just ends where RocksDB meets a damaged block; an iterator's status tells."""
-        probe = self._db.iter(self._read_options)
+        db = self._db
+        if self._was_cut or db is None:
+            raise _replaced()
+        probe = db.iter(self._read_options)
         probe.seek(self._last_key)
         if probe.valid():
             probe.next()
@@ -384,3 +413,14 @@ class _Scan:
     def close(self) -> None:
         self._it = None
         self._release()
+
+    def cut(self) -> bool:
+        """The engine closes its database under this scan: drop every reference to it. True if the scan
+        was still counted as a reader (the engine, holding its lock, uncounts it)."""
+        self._was_cut = True
+        self._it = self._db = None
+        return self._release.detach() is not None
+
+
+def _replaced() -> Unavailable:
+    return Unavailable("the replica's database was replaced while this scan read it; retry")
