@@ -204,7 +204,8 @@ class ReplicaMover:
         log.warning("%s: %s made no progress as a learner while the group committed on; starting it afresh",
                     group_name(move.group), move.target)
         try:
-            await self._peers.admin(move.target).Reseed(pb.ReplicaRequest(group=move.group), timeout=RPC_TIMEOUT)
+            await answer(self._peers.admin(move.target).Reseed(pb.ReplicaRequest(group=move.group),
+                                                               timeout=RPC_TIMEOUT))
         except grpc.aio.AioRpcError as exc:
             log.info("%s: %s could not start afresh: %s", group_name(move.group), move.target, exc.details())
 
