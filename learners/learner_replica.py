@@ -20,6 +20,7 @@ from raftkv.core.commands import Command
 from raftkv.core.errors import CorruptData
 from raftkv.core.log_codec import decode_proposal
 from raftkv.node.replica import Replica
+from raftkv.raft.engine_state import install
 from raftkv.raft.group import Entry, RaftGroup, Snapshot, StateMachine
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
@@ -47,6 +48,11 @@ class _FeedStateMachine:
     def restore(self, snapshot: Snapshot) -> None:
         if snapshot.position.index > self.engine.position.index or snapshot.last.index > self.engine.position.index:
             self.pending_snapshot = snapshot
+
+    def roll_back(self, snapshot: Snapshot | None) -> None:
+        """The entries after it are delivered again; consumers deduplicate them (docs/learners.md)."""
+        install(self.engine, snapshot)
+        self.pending_snapshot = None
 
     def flush(self) -> None:
         self.engine.flush()

@@ -105,14 +105,14 @@ def test_metadata_bootstrapped_before_cluster_ids_existed_decodes_without_one(me
 def test_the_state_machine_keeps_the_state_and_a_refusal_changes_only_its_position(tmp_path, spec):
     heard = []
     engine = RocksEngine(tmp_path / "meta")
-    machine = MetaStateMachine(engine, tmp_path, on_change=heard.append)
+    machine = MetaStateMachine(engine, on_change=heard.append)
     first = machine.apply(Entry(1, 1, encode_command(bootstrap_command(spec))))
     assert first.epoch == 1 and heard == [first]
     refused = machine.apply(Entry(2, 1, encode_command(BeginMove(0, "n1", "n2"))))
     assert isinstance(refused, ChangeRefused)
     assert machine.meta == first and heard == [first] and machine.position == Position(2, 1)
     engine.close()
-    again = MetaStateMachine(RocksEngine(tmp_path / "meta"), tmp_path)
+    again = MetaStateMachine(RocksEngine(tmp_path / "meta"))
     assert again.meta == first and again.position == Position(2, 1)
     again.engine.close()
 

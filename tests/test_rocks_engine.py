@@ -268,12 +268,16 @@ def test_rocks_install_on_a_full_disk_leaves_an_engine_that_recovers(small_disk,
 
 
 def test_rocks_reads_of_a_closed_engine_say_it_is_closed(tmp_path):
+    """A scan too: one that came in as the node stopped on a corrupt file was a grpc traceback (CI)."""
     e = RocksEngine(tmp_path / "p")
     e.close()
     with pytest.raises(Unavailable, match="is closed"):
         e.get(b"a")
     with pytest.raises(Unavailable, match="is closed"):
         e.get_many([b"a", b"b"])
+    with pytest.raises(Unavailable, match="is closed"):
+        e.scan(KeyRange(b"", None))
+    assert e._readers == 0
 
 
 def damage_a_table_file(folder: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
 from raftkv.core.errors import ChangeRefused
@@ -22,8 +21,8 @@ class MetaStateMachine(EngineStateMachine):
     gets the `ChangeRefused` as the result.
     """
 
-    def __init__(self, engine: RocksEngine, folder: Path, on_change: Callable[[ClusterMeta], None] | None = None):
-        super().__init__("metadata", engine, folder)
+    def __init__(self, engine: RocksEngine, on_change: Callable[[ClusterMeta], None] | None = None):
+        super().__init__("metadata", engine)
         self._on_change = on_change
         raw = engine.meta_get(_KEY)
         self.meta = decode_meta(raw) if raw is not None else ClusterMeta()
@@ -45,8 +44,16 @@ class MetaStateMachine(EngineStateMachine):
 
     def restore(self, snapshot) -> None:
         super().restore(snapshot)
+        self._reload()
+
+    def roll_back(self, snapshot) -> None:
+        super().roll_back(snapshot)
+        self._reload()
+
+    def _reload(self) -> None:
         raw = self.engine.meta_get(_KEY)
-        if raw is not None and decode_meta(raw).epoch != self.meta.epoch:
-            self.meta = decode_meta(raw)
+        meta = decode_meta(raw) if raw is not None else ClusterMeta()
+        if meta.epoch != self.meta.epoch:
+            self.meta = meta
             if self._on_change is not None:
-                self._on_change(self.meta)
+                self._on_change(meta)

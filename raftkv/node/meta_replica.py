@@ -20,7 +20,7 @@ class MetaReplica(Replica):
                  on_change: Callable[[ClusterMeta], None], voting: bool):
         self.voting = voting  # a voter of the metadata group, or a learner following it
         super().__init__(META, folder, open_group,
-                         lambda engine: MetaStateMachine(engine, Path(folder), on_change))
+                         lambda engine: MetaStateMachine(engine, on_change))
 
     @property
     def meta(self) -> ClusterMeta:

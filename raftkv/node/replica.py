@@ -32,8 +32,8 @@ EAGER_COMPACTION_ENTRIES = 64
 class KVStateMachine(EngineStateMachine):
     """The partition's key-value state: what a voter's Raft group applies entries to."""
 
-    def __init__(self, partition: int, engine: RocksEngine, folder: Path):
-        super().__init__(f"partition {partition}", engine, folder)
+    def __init__(self, partition: int, engine: RocksEngine):
+        super().__init__(f"partition {partition}", engine)
         self.partition = partition
         self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
         # The last entry applied here that was more than learners' progress reports; until one is
@@ -53,6 +53,10 @@ class KVStateMachine(EngineStateMachine):
     def restore(self, snapshot: Snapshot) -> None:
         super().restore(snapshot)
         self.last_data_index = max(self.last_data_index, self.engine.position.index)
+
+    def roll_back(self, snapshot: Snapshot | None) -> None:
+        super().roll_back(snapshot)
+        self.last_data_index = self.engine.position.index
 
 
 class Replica:
@@ -104,7 +108,7 @@ class PartitionReplica(Replica):
         self._last_compaction = time.monotonic()
         self._stepped_aside = 0.0  # when this leader last handed leadership on for want of disk space
         super().__init__(partition, folder, open_group,
-                         lambda engine: KVStateMachine(partition, engine, Path(folder)), on_corrupt)
+                         lambda engine: KVStateMachine(partition, engine), on_corrupt)
 
     def propose(self, payload: bytes, callback: ProposalCallback) -> None:
         self.group.propose(payload, callback)

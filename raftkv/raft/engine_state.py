@@ -10,18 +10,26 @@ from pathlib import Path
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import Snapshot
 from raftkv.storage.engine import Position
-from raftkv.storage.rocks_engine import RocksEngine
+from raftkv.storage.rocks_engine import RocksEngine, empty_database
 
 log = logging.getLogger(__name__)
+
+
+def install(engine: RocksEngine, snapshot: Snapshot | None) -> None:
+    """Replace `engine`'s database with `snapshot`'s (None: an empty one)."""
+    with tempfile.TemporaryDirectory(dir=engine.folder, prefix="install-") as tmp:
+        if snapshot is None:
+            engine.install(empty_database(Path(tmp) / "db"))
+        else:
+            engine.install(snapshot_file.extract_db(snapshot.path, Path(tmp)))
 
 
 class EngineStateMachine:
     """A `StateMachine` over a `RocksEngine`, less `apply` (each subclass brings its own)."""
 
-    def __init__(self, name: str, engine: RocksEngine, folder: Path):
+    def __init__(self, name: str, engine: RocksEngine):
         self.name = name  # for the log: "partition 3", "metadata"
         self.engine = engine
-        self._folder = folder
 
     @property
     def position(self) -> Position:
@@ -32,9 +40,11 @@ class EngineStateMachine:
 
     def restore(self, snapshot: Snapshot) -> None:
         if snapshot.position.index > self.engine.position.index:
-            with tempfile.TemporaryDirectory(dir=self._folder, prefix="install-") as tmp:
-                self.engine.install(snapshot_file.extract_db(snapshot.path, Path(tmp)))
+            install(self.engine, snapshot)
             log.info("%s installed a snapshot at index %d", self.name, snapshot.position.index)
+
+    def roll_back(self, snapshot: Snapshot | None) -> None:
+        install(self.engine, snapshot)
 
     def flush(self) -> None:
         self.engine.flush()

@@ -88,6 +88,10 @@ class StateMachine(Protocol):
     def restore(self, snapshot: Snapshot) -> None:
         """A leader sent a snapshot: replace the state with it (or stash it to do so later)."""
 
+    def roll_back(self, snapshot: Snapshot | None) -> None:
+        """The state reaches past the log (a power cut kept the state's last writes and lost the
+        log's): replace it with `snapshot`'s (None: the empty state), from which the log is applied again."""
+
     def flush(self) -> None:
         """Make the state durable: the log is about to drop entries it covers."""
 

@@ -24,6 +24,7 @@ and every pysyncobj call happen on the loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import time
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ from raftkv.raft.syncobj_snapshots import SnapshotFiles
 from raftkv.raft.hub import RaftHub
 from raftkv.raft.syncobj_transport import GroupTransport
 from raftkv.raft.vote_guard import VoteGuard
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,8 @@ class _Member(PatchedSyncObj):
     def _onTick(self, timeToWait=0.0):
         """A guarded voter (vote_guard) does not campaign: its election timer never runs out. A resting
         group's clocks stand still (`syncobj_quiet`), and a settled leader may make its group rest."""
+        if self._SyncObj__needLoadDumpFile:
+            self._group.load_state()
         guard = self._group.config.guard
         if guard is not None and not guard.may_campaign(self._group.last_log_index):
             self._SyncObj__raftElectionDeadline = time.monotonic() + self._group.config.tuning.election_timeout_max
@@ -394,6 +399,25 @@ class SyncObjGroup:
         self._member.destroy()  # with autoTick off this closes sockets and the journal at once
 
     # -- called by pysyncobj ----------------------------------------------
+
+    def load_state(self) -> None:
+        """The first tick: pysyncobj's load of the snapshot file, then a state that reaches past the log
+        rolled back. A power cut in the default mode may keep the database's last writes and lose the
+        journal's (the kernel writes pages back in any order), and if it cut the whole cluster, the
+        entries between may be gone from every log: a new leader's entries would then contradict this
+        state (`_check_committed`). Rolled back to the snapshot, the state is applied from the log again."""
+        member = self._member
+        if self.snapshots.path.is_file():
+            member._SyncObj__loadDumpFile(clearJournal=False)
+        member._SyncObj__needLoadDumpFile = False
+        position, end = self._sm.position, self.last_log_index
+        if position.index > end:
+            snapshot = self.snapshots.current()
+            log.warning("partition %d: the database reached entry %d but the log ends at %d (a power cut kept "
+                        "the database's last writes and lost the log's); rolled back to %s and applied from the "
+                        "log again", self.partition, position.index, end,
+                        f"the snapshot at entry {snapshot.last.index}" if snapshot else "empty")
+            self._sm.roll_back(snapshot)
 
     def _apply_committed(self, payload: bytes):
         index = self._member.raftLastApplied + 1  # pysyncobj increments it right after this call

@@ -202,6 +202,13 @@ class SnapshotFiles:
             fsync_path(self.path)
             fsync_directory(self.folder)
 
+    def current(self) -> Snapshot | None:
+        """The snapshot file this replica holds, if any."""
+        if not self.path.is_file():
+            return None
+        meta = snapshot_file.read_meta(self.path)
+        return Snapshot(self.path, meta.position, Position(meta.last_entry[1], meta.last_entry[2]))
+
     def last_index(self) -> int | None:
         try:
             return snapshot_file.read_meta(self.path).last_entry[1]

@@ -127,6 +127,12 @@ def checkpoint_position(db: Path) -> Position:
     return Position(*_POSITION.unpack(raw)) if raw is not None else ZERO
 
 
+def empty_database(path: Path) -> Path:
+    """Create an empty database at `path` (to install in place of one) and return `path`."""
+    _open(path).close()
+    return path
+
+
 def recover_interrupted_install(folder: Path) -> None:
     db, incoming, old = folder / "db", folder / "db.incoming", folder / "db.old"
     if not db.exists():
@@ -301,8 +307,8 @@ class RocksEngine:
     def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
         with self._lock:
             position = self._position
-            self._readers += 1
             scan = _Scan(self._db, key_range, self._reader_done, self._checked)  # pins the view of `position`
+            self._readers += 1
             self._scans.add(scan)
         return position, scan
 
@@ -363,7 +369,10 @@ class _Scan:
         read_options = ReadOptions()
         if key_range.end is not None:
             read_options.set_iterate_upper_bound(key_range.end)
-        items = db.items(from_key=key_range.start or None, read_opt=read_options)
+        try:
+            items = db.items(from_key=key_range.start or None, read_opt=read_options)
+        except Exception as exc:
+            raise checked(exc) from None
         self._it = islice(items, key_range.limit) if key_range.limit else items
         self._db = db
         self._read_options = read_options
