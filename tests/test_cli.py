@@ -78,6 +78,18 @@ def test_node_errors_name_the_problem(make_cluster):
                               f"127.0.0.1:{n1.raft_port_base + 1}", "raft port of partition 1")
 
 
+def test_a_node_prints_every_threads_stack_on_sigusr1_and_runs_on(make_cluster):
+    """How an operator sees where a stuck node is (the chaos run's silent start on a failing disk)."""
+    cluster = make_cluster(nodes=1, partitions=1, replication=1)
+    cluster.procs["n1"].send_signal(signal.SIGUSR1)
+    log = cluster.log_path("n1")
+    wait_until(lambda: "most recent call first" in log.read_text(errors="replace"), 10, "the stacks in the node log")
+    assert "raftkv/cli/node.py" in log.read_text()  # the main thread, in the node's event loop
+    with Client([cluster.spec.node("n1").api_address], timeout=10) as kv:
+        kv.put(b"still", b"serving")
+        assert kv.get(b"still") == b"serving"
+
+
 def _values_round_trip_byte_for_byte(config: list[str], tmp: Path) -> None:
     """Issue 25: a 100,000-byte value came back as 101,250 (wrapped at 80 columns), tabs as spaces;
     `put K -` stored a literal '-'; values that were not UTF-8 were refused."""

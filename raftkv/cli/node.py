@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
+import signal
 from pathlib import Path
 
 import click
@@ -59,6 +61,7 @@ def start(config: str | None, node_id: str, seed: str | None, host: str, base_po
     spec.node(node_id)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failpoints.arm_from_environment()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack, on stderr
     uvloop.run(node_process.serve(spec, node_id, initial))
 
 
