@@ -24,7 +24,8 @@ from raftkv.api import kv_pb2_grpc
 from raftkv.api.malformed import RejectMalformed
 from raftkv.core import metrics
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
-from raftkv.core.spec import ClusterSpec, spec_to_toml
+from raftkv.core.spec import ClusterSpec
+from raftkv.core.spec_toml import spec_to_toml
 from raftkv.meta.bootstrap import bootstrap_command, spec_meta
 from raftkv.meta.records import (META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command,
                                  raft_directory)
