@@ -21,6 +21,7 @@ import grpc
 from raftkv import failpoints
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.chaos.corruption import flip_bytes
 from raftkv.chaos.nemesis import FaultStep, resolve_targets
 from raftkv.chaos.netcut import NetCut
 from raftkv.chaos.small_disk import BALLAST_NAME, SmallDisk
@@ -37,9 +38,6 @@ START_TIMEOUT = 30.0  # for a restarted node to serve its API, or exit
 MOVE_TIMEOUT = 60.0  # for a replica move to finish once the faults are healed
 FAILPOINT_PASSES = 20  # an armed fail point lets up to this many hits pass before it crashes the node
 SNAPSHOT_PASSES = 2  # a snapshot is taken every few seconds only
-FLIPPED_BYTES = 8
-JOURNAL_HEADER_BYTES = 12  # raftkv.raft.journal's file header: magic and version
-SNAPSHOT_HEAD_BYTES = 4096  # a snapshot tar's first members: meta.json and the two base entries
 SLOW_FSYNC_MS = {"fsync-50ms": 50, "fsync-500ms": 500, "fsync-5s": 5000}
 SLOW_FSYNC_GRACE = 2.0  # s after a slow fsync's delay by which its node has said so
 
@@ -440,36 +438,6 @@ def placement_of(spec: ClusterSpec) -> tuple[tuple[str, ...], ...]:
     except RaftKVError:
         pass
     return tuple(replicas_for(p, spec.node_ids, spec.replication) for p in range(spec.partitions))
-
-
-def flip_bytes(data_dir: Path, variant: str, rng: random.Random) -> str:
-    """Flip FLIPPED_BYTES bytes in one file of a stopped node; says which and where."""
-    candidates = sorted(_corruptible(data_dir, variant))
-    if not candidates:
-        return f"no {variant} file to damage yet"
-    path, low = rng.choice(candidates)
-    size = path.stat().st_size
-    high = size - FLIPPED_BYTES
-    if variant == "snapshot" and rng.random() < 0.5:  # its metadata, half the time: the rest is table data
-        high = min(high, SNAPSHOT_HEAD_BYTES)
-    offset = rng.randrange(low, max(low + 1, high))
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        data = f.read(FLIPPED_BYTES)
-        f.seek(offset)
-        f.write(bytes(b ^ 0xFF for b in data))
-    return f"flipped {len(data)} bytes at offset {offset} of {path} ({size} bytes)"
-
-
-def _corruptible(data_dir: Path, variant: str) -> list[tuple[Path, int]]:
-    """Files of the variant's kind, each with the first offset worth damaging."""
-    if variant == "journal":
-        files = [(p, JOURNAL_HEADER_BYTES) for p in data_dir.glob("p*/journal/raft.log")]
-    elif variant == "snapshot":
-        files = [(p, 0) for p in data_dir.glob("p*/raft.snapshot")]
-    else:  # rocksdb: table files once there are any, else the write-ahead log
-        files = [(p, 0) for p in data_dir.glob("p*/db/*.sst")] or [(p, 0) for p in data_dir.glob("p*/db/*.log")]
-    return [(p, low) for p, low in files if p.stat().st_size > low + FLIPPED_BYTES]
 
 
 def _read_from(path: Path, offset: int) -> str:
