@@ -49,13 +49,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -64,6 +61,7 @@ from rich.table import Table
 from bench_clusters import Running, ensure_etcd, ensure_etcd3aio, etcd_cluster, etcd_version, raftkv_cluster
 from bench_host import disk_ceiling, machine, versions
 from bench_load import Figures, Load, fill, run_load
+from bench_run import config_arguments, drop_data_dir, header, start_run
 
 
 @dataclass(frozen=True)
@@ -357,48 +355,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(default: a new temp dir, deleted at the end)")
     p.add_argument("--keep-data", action="store_true", help="do not delete the temp dir at the end")
     return p.parse_args(argv)
-
-
-def header(console: Console, host: dict, vers: dict, config: Config, data_dir: Path) -> None:
-    console.print(f"[bold]machine[/bold]  {host['nproc']} cores, {host['cpu']}, {host['memory']}, "
-                  f"kernel {host['kernel']}, load average before the run {host['load_average']}")
-    console.print(f"[bold]disk[/bold]     {data_dir}: {host['disk']}")
-    console.print("[bold]versions[/bold] " + ", ".join(f"{k} {v}" for k, v in vers.items()))
-    console.print("[bold]config[/bold]   " + ", ".join(f"{k}={v}" for k, v in asdict(config).items()))
-
-
-def config_arguments(parser: argparse.ArgumentParser, default, quick, quick_help: str) -> None:
-    """--quick, and a flag per field of the config dataclass of `default` (None when not given): see `configured`."""
-    parser.add_argument("--quick", action="store_true", help=quick_help)
-    for field in fields(default):
-        parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=None,
-                            help=f"default {field.default}, --quick {getattr(quick, field.name)}")
-
-
-def configured(args: argparse.Namespace, default, quick):
-    """`default` (or `quick` with --quick) with every field given on the command line."""
-    base = quick if args.quick else default
-    return replace(base, **{f.name: v for f in fields(base) if (v := getattr(args, f.name)) is not None})
-
-
-def start_run(args: argparse.Namespace, default, quick, prefix: str, width: int):
-    """(config, console, data dir) of a benchmark run; SIGTERM then unwinds like Ctrl-C.
-
-    The config is the defaults (or `quick` with --quick) with every flag given on
-    the command line; the data dir is --data-dir or a new temp dir.
-    """
-    config = configured(args, default, quick)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # every started process is stopped on the way out
-    console = Console() if sys.stdout.isatty() else Console(width=width)
-    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix=prefix))
-    data_dir.mkdir(parents=True, exist_ok=True)
-    return config, console, data_dir
-
-
-def drop_data_dir(args: argparse.Namespace, data_dir: Path) -> None:
-    """At the end of a run: a temp data dir goes, unless --keep-data; a --data-dir stays."""
-    if args.data_dir is None and not args.keep_data:
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

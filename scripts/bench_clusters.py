@@ -24,7 +24,8 @@ from typing import Iterator
 
 from raftkv.dev.local_cluster import LocalCluster
 from raftkv.dev.local_cluster import free_port_block
-from raftkv.core.spec import Tuning, build_spec, ports_per_node, save_spec
+from raftkv.core.spec import Tuning, build_spec, ports_per_node
+from raftkv.core.spec_toml import save_spec
 from raftkv.security.certs import init_certs, with_certificates
 from raftkv.security.tls import Tls
 

@@ -79,9 +79,10 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
-from bench import NOISY_CORES, config_arguments, configured
+from bench import NOISY_CORES
 from bench_host import git_rev, machine, package_version
 from bench_load import START_TIMEOUT, VALUE_BYTES, Figures, Load, run_load
+from bench_run import config_arguments, configured
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.dev.local_cluster import free_port_block

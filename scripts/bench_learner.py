@@ -59,10 +59,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import (  # noqa: E402
-    NOISY_CORES, comparison_table, config_arguments, drop_data_dir, header, start_run, verdict)
+from bench import NOISY_CORES, comparison_table, verdict  # noqa: E402
 from bench_clusters import ensure_etcd, ensure_etcd3aio, etcd_version, raftkv_cluster  # noqa: E402
 from bench_host import machine, versions  # noqa: E402
+from bench_run import config_arguments, drop_data_dir, header, start_run  # noqa: E402
 
 from bench_learner_config import CATCH_UP_TARGET, Config, ETCD_CLIENT, LAG_TARGET_MS, LAG_TARGET_RATE, QUICK  # noqa: E402
 from learner_catchup import CatchUp, Cores, etcd_catch_up, raftkv_learner_caught_up  # noqa: E402

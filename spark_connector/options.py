@@ -14,7 +14,8 @@ from typing import Mapping
 from raftkv.client.async_client import parse_endpoints
 from raftkv.storage.engine import prefix_end
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import ClusterSpec, load_spec
+from raftkv.core.spec import ClusterSpec
+from raftkv.core.spec_toml import load_spec
 from raftkv.security.tls import Tls, client_tls
 
 FORMATS = ("binary", "string")

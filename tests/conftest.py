@@ -18,7 +18,8 @@ from raftkv.raft import snapshot_file
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import CorruptData, Timeout, Unavailable, Undetermined
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
-from raftkv.core.spec import BackupConfig, ClusterSpec, Tuning, build_spec, ports_per_node, save_spec
+from raftkv.core.spec import BackupConfig, ClusterSpec, Tuning, build_spec, ports_per_node
+from raftkv.core.spec_toml import save_spec
 from raftkv.security.certs import with_certificates
 from tests import node_logs
 

@@ -17,7 +17,8 @@ from raftkv import Client, failpoints
 from raftkv.backup.store import BackupStore, list_backups
 from raftkv.core.commands import Delete, Put
 from raftkv.core.partitioning import partition_for_key
-from raftkv.core.spec import build_spec, load_spec, ports_per_node, save_spec
+from raftkv.core.spec import build_spec, ports_per_node
+from raftkv.core.spec_toml import load_spec, save_spec
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
 from raftkv.dev.local_feed import LocalFeed
 from tests.conftest import BUCKET, wait_until

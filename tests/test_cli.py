@@ -18,7 +18,8 @@ from raftkv import Client, InvalidRequest
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.partitioning import partition_for_key
-from raftkv.core.spec import load_spec, ports_per_node
+from raftkv.core.spec import ports_per_node
+from raftkv.core.spec_toml import load_spec
 from raftkv.dev.local_cluster import free_port_block, port_free
 from tests.conftest import wait_until
 

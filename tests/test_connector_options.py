@@ -10,7 +10,8 @@ from pyspark.sql.datasource import (
 
 from raftkv.core.errors import ConfigError
 from raftkv.core.partitioning import partition_for_key
-from raftkv.core.spec import build_spec, save_spec
+from raftkv.core.spec import build_spec
+from raftkv.core.spec_toml import save_spec
 from raftkv.security.certs import with_certificates
 from raftkv.security.tls import Tls
 from spark_connector.key_filters import KeyScope, push_filters

@@ -14,7 +14,8 @@ import pytest
 
 from raftkv import failpoints
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import build_spec, save_spec
+from raftkv.core.spec import build_spec
+from raftkv.core.spec_toml import save_spec
 from raftkv.failpoints.program import Action, SettingError, parse, parse_settings
 from raftkv.raft.group import contradicts
 from raftkv.storage.engine import Position

@@ -58,7 +58,8 @@ from raftkv.backup.manifest import BackupInfo, FileEntry, PartitionCopy, partiti
 from raftkv.cli import cli, main, output
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError, CorruptData
-from raftkv.core.spec import Tuning, load_spec, parse_spec, ports_per_node, spec_to_toml
+from raftkv.core.spec import Tuning, ports_per_node
+from raftkv.core.spec_toml import load_spec, parse_spec, spec_to_toml
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.raft import hub_frames
 from raftkv.raft.hub_frames import CONTROL, BadFrame

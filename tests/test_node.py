@@ -33,7 +33,7 @@ def test_one_partitions_failing_housekeeping_does_not_stop_the_others(tmp_path, 
     monkeypatch.setattr(asyncio, "sleep", _no_wait_after(3))
     node = Node(build_spec(nodes=1, partitions=2, replication=1, base_port=20000, data_dir=tmp_path), "n1")
     broken, healthy = Replica(fails=True), Replica(fails=False)
-    node.frontends = {0: SimpleNamespace(replica=broken), 1: SimpleNamespace(replica=healthy)}
+    node.replicas.frontends = {0: SimpleNamespace(replica=broken), 1: SimpleNamespace(replica=healthy)}
     try:
         asyncio.run(node._housekeeping())
     except _Stop:

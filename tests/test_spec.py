@@ -1,4 +1,4 @@
-"""Tests for raftkv.core.spec: building, saving, loading and validating the cluster spec."""
+"""Tests for raftkv.core.spec and spec_toml: building, saving, loading and validating the cluster spec."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import (DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, BackupConfig, Tuning, parse_spec,
-                               spec_to_toml)
+from raftkv.core.spec import DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, BackupConfig, Tuning
+from raftkv.core.spec_toml import parse_spec, spec_to_toml
 
 BASE = Path("/srv/raftkv")
 

@@ -12,7 +12,8 @@ import tomllib
 from hypothesis import given, settings, strategies as st
 
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import Tuning, build_spec, load_spec, parse_spec, save_spec, spec_to_toml
+from raftkv.core.spec import Tuning, build_spec
+from raftkv.core.spec_toml import load_spec, parse_spec, save_spec, spec_to_toml
 from tests.test_spec import BASE, problems_of, valid_doc
 
 

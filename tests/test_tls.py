@@ -29,7 +29,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError, Unauthenticated
-from raftkv.core.spec import save_spec
+from raftkv.core.spec_toml import save_spec
 from raftkv.security.certs import init_certs
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.security.tls import Tls, open_channel

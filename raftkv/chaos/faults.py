@@ -14,15 +14,16 @@ import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import grpc
 
 from raftkv import failpoints
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.chaos.corruption import flip_bytes
 from raftkv.chaos.nemesis import FaultStep, resolve_targets
 from raftkv.chaos.netcut import NetCut
+from raftkv.chaos.node_logs import NodeLogs
 from raftkv.chaos.small_disk import BALLAST_NAME, SmallDisk
 from raftkv.powerloss.disk import PowerLossDisk
 from raftkv.chaos.timeline import FaultRecord, Timeline
@@ -37,9 +38,6 @@ START_TIMEOUT = 30.0  # for a restarted node to serve its API, or exit
 MOVE_TIMEOUT = 60.0  # for a replica move to finish once the faults are healed
 FAILPOINT_PASSES = 20  # an armed fail point lets up to this many hits pass before it crashes the node
 SNAPSHOT_PASSES = 2  # a snapshot is taken every few seconds only
-FLIPPED_BYTES = 8
-JOURNAL_HEADER_BYTES = 12  # raftkv.raft.journal's file header: magic and version
-SNAPSHOT_HEAD_BYTES = 4096  # a snapshot tar's first members: meta.json and the two base entries
 SLOW_FSYNC_MS = {"fsync-50ms": 50, "fsync-500ms": 500, "fsync-5s": 5000}
 SLOW_FSYNC_GRACE = 2.0  # s after a slow fsync's delay by which its node has said so
 
@@ -60,7 +58,7 @@ class FaultInjector:
         self.damaged: dict[str, FaultRecord] = {}  # nodes running on files a corrupt fault damaged
         self.failing: dict[str, FaultRecord] = {}  # nodes running on a disk that fails reads or fsyncs
         self.armed: dict[str, str] = {}  # nodes running with a fail point armed to crash them: its name
-        self._log_offsets: dict[str, int] = {}  # where each node's log was when it last started
+        self.logs = NodeLogs(cluster.log_path)  # marked when a node starts, and when a disk fault begins
 
     # -- the cluster as it is now -------------------------------------------
 
@@ -185,20 +183,12 @@ class FaultInjector:
 
     def _stopped_with_one_line(self, node_id: str, record: FaultRecord, says: tuple[str, ...], on: str) -> None:
         code = self.cluster.procs[node_id].returncode
-        errors = self._error_lines(node_id)
+        errors = self.logs.errors(node_id)
         if code == 2 and len(errors) == 1 and any(word in errors[0] for word in says):
             record.notes.append(f"{node_id} stopped: {errors[0]}")
         else:
             record.problems.append(f"{node_id} exited with code {code} on {on} without one clear "
                                    f"'error: ... {' or '.join(says)}' line; see {self.cluster.log_path(node_id)}")
-
-    def _error_lines(self, node_id: str) -> list[str]:
-        return [line for line in self._log_lines(node_id, "error: ") if line.startswith("error: ")]
-
-    def _log_lines(self, node_id: str, containing: str) -> list[str]:
-        """The lines of the node's log since it last started that contain `containing`."""
-        text = _read_from(self.cluster.log_path(node_id), self._log_offsets.get(node_id, 0))
-        return [line for line in text.splitlines() if containing in line]
 
     def restart_crashed(self) -> dict[str, int]:
         """Restart nodes that exited although nothing stopped them; returns the exit codes of those that
@@ -341,7 +331,7 @@ class FaultInjector:
     def _inject_disk(self, step: FaultStep, record: FaultRecord) -> None:
         (node_id,) = record.targets
         disk = self.power_loss_disks[node_id]
-        self._log_offsets[node_id] = self.cluster.log_path(node_id).stat().st_size  # what it says comes after
+        self.logs.mark(node_id)  # what it says comes after
         if step.variant in SLOW_FSYNC_MS:
             disk.slow_fsync(SLOW_FSYNC_MS[step.variant])
             return
@@ -364,7 +354,7 @@ class FaultInjector:
                 # The warning comes when a slow fsync returns: one that began during the fault may
                 # still be sleeping out its delay (a 5 s delay outlasts a 4 s fault).
                 deadline = max(time.monotonic(), record.start + delay) + SLOW_FSYNC_GRACE
-                while not (said := self._log_lines(node_id, "the disk is slow")) and time.monotonic() < deadline:
+                while not (said := self.logs.lines(node_id, "the disk is slow")) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 if not said:
                     record.problems.append(f"{node_id} said nothing of its slow fsyncs; see "
@@ -372,7 +362,7 @@ class FaultInjector:
             return
         del self.failing[node_id]
         proc = self.cluster.procs[node_id]
-        if proc.poll() is None and not self._error_lines(node_id) and not self._log_lines(node_id, " stopping: "):
+        if proc.poll() is None and not self.logs.errors(node_id) and not self.logs.lines(node_id, " stopping: "):
             record.notes.append(f"{node_id} ran on: it did not {record.variant[4:]} during the fault")
             return
         try:  # it met the failure just before the heal, and is stopping (closing its files takes a while)
@@ -393,8 +383,7 @@ class FaultInjector:
         self.down.add(node_id)
 
     def _start(self, node_id: str, env: dict[str, str] | None = None) -> None:
-        log = self.cluster.log_path(node_id)
-        self._log_offsets[node_id] = log.stat().st_size if log.exists() else 0
+        self.logs.mark(node_id)
         self.cluster.start(node_id, env)
         self.down.discard(node_id)
 
@@ -440,42 +429,3 @@ def placement_of(spec: ClusterSpec) -> tuple[tuple[str, ...], ...]:
     except RaftKVError:
         pass
     return tuple(replicas_for(p, spec.node_ids, spec.replication) for p in range(spec.partitions))
-
-
-def flip_bytes(data_dir: Path, variant: str, rng: random.Random) -> str:
-    """Flip FLIPPED_BYTES bytes in one file of a stopped node; says which and where."""
-    candidates = sorted(_corruptible(data_dir, variant))
-    if not candidates:
-        return f"no {variant} file to damage yet"
-    path, low = rng.choice(candidates)
-    size = path.stat().st_size
-    high = size - FLIPPED_BYTES
-    if variant == "snapshot" and rng.random() < 0.5:  # its metadata, half the time: the rest is table data
-        high = min(high, SNAPSHOT_HEAD_BYTES)
-    offset = rng.randrange(low, max(low + 1, high))
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        data = f.read(FLIPPED_BYTES)
-        f.seek(offset)
-        f.write(bytes(b ^ 0xFF for b in data))
-    return f"flipped {len(data)} bytes at offset {offset} of {path} ({size} bytes)"
-
-
-def _corruptible(data_dir: Path, variant: str) -> list[tuple[Path, int]]:
-    """Files of the variant's kind, each with the first offset worth damaging."""
-    if variant == "journal":
-        files = [(p, JOURNAL_HEADER_BYTES) for p in data_dir.glob("p*/journal/raft.log")]
-    elif variant == "snapshot":
-        files = [(p, 0) for p in data_dir.glob("p*/raft.snapshot")]
-    else:  # rocksdb: table files once there are any, else the write-ahead log
-        files = [(p, 0) for p in data_dir.glob("p*/db/*.sst")] or [(p, 0) for p in data_dir.glob("p*/db/*.log")]
-    return [(p, low) for p, low in files if p.stat().st_size > low + FLIPPED_BYTES]
-
-
-def _read_from(path: Path, offset: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace")
-    except FileNotFoundError:
-        return ""

@@ -42,7 +42,8 @@ from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_set
 from raftkv.core.errors import ConfigError
 from raftkv.dev.local_cluster import LocalCluster, free_port_block, process_rss_kib
 from raftkv.dev.local_feed import LocalFeed
-from raftkv.core.spec import build_spec, load_spec, ports_per_node, save_spec
+from raftkv.core.spec import build_spec, ports_per_node
+from raftkv.core.spec_toml import load_spec, save_spec
 from raftkv.powerloss.disk import PowerLossDisk
 
 FEED_NAME = "chaos-feed"

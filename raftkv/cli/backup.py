@@ -20,7 +20,8 @@ from raftkv.cli.options import config_option, json_option, parse_key_values, tls
 from raftkv.cli.output import console, progress_bars
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError, Unauthenticated
-from raftkv.core.spec import ClusterSpec, load_spec
+from raftkv.core.spec import ClusterSpec
+from raftkv.core.spec_toml import load_spec
 from raftkv.security.tls import Tls
 
 ALL = "all"

@@ -10,7 +10,7 @@ from rich.table import Table
 from raftkv.cli.options import writing
 from raftkv.cli.output import console
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import load_spec
+from raftkv.core.spec_toml import load_spec
 from raftkv.security.certs import init_certs
 
 

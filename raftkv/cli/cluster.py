@@ -9,7 +9,8 @@ import click
 from raftkv.cli.output import console
 from raftkv.core.errors import ConfigError
 from raftkv.cli.options import topology_options, writing
-from raftkv.core.spec import build_spec, save_spec
+from raftkv.core.spec import build_spec
+from raftkv.core.spec_toml import save_spec
 from raftkv.security.certs import CERTS_DIR, with_certificates
 
 

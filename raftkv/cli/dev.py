@@ -16,7 +16,8 @@ from raftkv.dev.local_feed import LocalFeed
 from raftkv.dev.supervision import RESTART_LIMIT, RESTART_WINDOW, Verdict, after_exit, demo_ports
 from raftkv.cli.options import DEFAULT_CONFIG, topology_options
 from raftkv.core.errors import ConfigError, RaftKVError
-from raftkv.core.spec import build_spec, load_spec, save_spec
+from raftkv.core.spec import build_spec
+from raftkv.core.spec_toml import load_spec, save_spec
 from raftkv.meta.records import NodeState
 from raftkv.security.certs import with_certificates
 

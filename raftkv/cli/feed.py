@@ -11,7 +11,7 @@ from learners.changelog_client import tail as tail_changelog
 from learners.consumer import tail as tail_feed
 from raftkv.cli.options import config_option, open_client, parse_key_values, tls_files
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import load_spec
+from raftkv.core.spec_toml import load_spec
 
 _HOST_PORT = re.compile(r"^[A-Za-z0-9._\[\]:-]+:(\d{1,5})$")
 

@@ -17,7 +17,7 @@ from learners.sinks.base import CheckedSink, available_sinks, load_sink
 from learners.sinks.options import limits
 from raftkv.cli.output import console, err_console
 from raftkv.core.errors import ConfigError, Unavailable
-from raftkv.core.spec import load_spec
+from raftkv.core.spec_toml import load_spec
 
 
 

@@ -17,7 +17,7 @@ from raftkv.cli.options import config_option, endpoints_option, json_option, ope
 from raftkv.cli.output import console, err_console, progress_bars
 from raftkv.cli.replica import wait_for
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import load_spec
+from raftkv.core.spec_toml import load_spec
 from raftkv.node import process as node_process
 from raftkv.meta.records import group_name
 from raftkv.node.join import join, joined_before

@@ -10,7 +10,8 @@ import click
 
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import DURABILITY_MODES, ClusterSpec, load_spec
+from raftkv.core.spec import DURABILITY_MODES, ClusterSpec
+from raftkv.core.spec_toml import load_spec
 from raftkv.security.tls import Tls, client_tls
 
 DEFAULT_CONFIG = "raftkv-data/cluster.toml"

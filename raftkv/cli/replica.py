@@ -15,7 +15,8 @@ from raftkv.cli.options import config_option, endpoints_option, open_client
 from raftkv.client.sync_client import Client
 from raftkv.cli.output import console
 from raftkv.core.errors import ChangeRefused, Unavailable
-from raftkv.core.spec import Tuning, load_spec
+from raftkv.core.spec import Tuning
+from raftkv.core.spec_toml import load_spec
 from raftkv.meta.planner import PlannedMove, PlannedTransfer, leaders_from, plan
 from raftkv.meta.records import ClusterMeta, group_name
 

@@ -15,13 +15,13 @@ from raftkv.core.errors import ChangeRefused, RaftKVError, Unauthenticated
 from raftkv.meta.records import META, ClusterMeta, MetaCommand, decode_command
 from raftkv.meta.wire import topology_reply
 from raftkv.node.gatekeeper import Gatekeeper
+from raftkv.node.hosted_replicas import HostedReplicas
 from raftkv.node.lost_data import LostData
-from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT
 from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
-from raftkv.node.replica_copy import ReplicaCopying, checkpoint_chunks
+from raftkv.node.replica_copy import checkpoint_chunks
 from raftkv.raft.group import Outcome, Role
 from raftkv.security.permissions import Request
 
@@ -32,9 +32,7 @@ class AdminHost(Protocol):
     """What the service needs of its node."""
 
     me_id: str
-    frontends: dict[int, PartitionFrontend]
-    learning: dict[int, Replica]
-    copying: dict[int, ReplicaCopying]
+    replicas: HostedReplicas
     meta: MetaReplica
     peers: Peers
     topology: ClusterMeta
@@ -43,8 +41,6 @@ class AdminHost(Protocol):
     lost_data: LostData
 
     def meta_leader_id(self) -> str | None: ...
-
-    def reseed(self, group: int) -> bool: ...
 
     def node_at(self, group: int, raft_address: str | None) -> str | None: ...
 
@@ -85,12 +81,12 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         node, g = self._node, request.group
         if g == META:
             replica, mode = node.meta, "voter" if node.meta.voting else "learner"
-        elif g in node.frontends:
-            replica, mode = node.frontends[g].replica, "voter"
-        elif g in node.learning:
-            replica, mode = node.learning[g], "learner"
-        elif g in node.copying:
-            return pb.ReplicaState(mode="copying", snapshot_bytes_received=node.copying[g].received)
+        elif g in node.replicas.frontends:
+            replica, mode = node.replicas.frontends[g].replica, "voter"
+        elif g in node.replicas.learning:
+            replica, mode = node.replicas.learning[g], "learner"
+        elif g in node.replicas.copying:
+            return pb.ReplicaState(mode="copying", snapshot_bytes_received=node.replicas.copying[g].received)
         else:
             return pb.ReplicaState(mode="none")
         group = replica.group
@@ -105,7 +101,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
 
     async def Checkpoint(self, request: pb.ReplicaRequest, context):
         await self._node.gate.admit(context, Request.admin("checkpoint"))
-        frontend = self._node.frontends.get(request.group)
+        frontend = self._node.replicas.frontends.get(request.group)
         if frontend is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"{self._node.me_id} holds no voter of partition {request.group}")
@@ -126,8 +122,8 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         node = self._node
         if g == META:
             replica, barrier = node.meta, node.meta.barrier
-        elif g in node.frontends:
-            replica, barrier = node.frontends[g].replica, node.frontends[g].barrier
+        elif g in node.replicas.frontends:
+            replica, barrier = node.replicas.frontends[g].replica, node.replicas.frontends[g].barrier
         else:
             return pb.ChangeMembershipResponse(done=False)
         if replica.role != Role.LEADER:
@@ -166,7 +162,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
     async def TransferLeadership(self, request: pb.TransferLeadershipRequest, context) -> pb.ChangeMembershipResponse:
         await self._node.gate.admit(context, Request.admin("transfer_leadership"))
         node, g = self._node, request.group
-        if request.node == node.me_id and g in node.frontends and node.frontends[g].is_leader:
+        if request.node == node.me_id and g in node.replicas.frontends and node.replicas.frontends[g].is_leader:
             return pb.ChangeMembershipResponse(done=True, leader=node.me_id)
         leading = await self._leading(g, request.node, context)
         if isinstance(leading, pb.ChangeMembershipResponse):
@@ -180,7 +176,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
 
     async def Compact(self, request: pb.ReplicaRequest, context) -> pb.ChangeMembershipResponse:
         await self._node.gate.admit(context, Request.admin("compact"))
-        frontend = self._node.frontends.get(request.group)
+        frontend = self._node.replicas.frontends.get(request.group)
         if frontend is None or not frontend.is_leader:
             hint = frontend.not_leader().leader_hint if frontend is not None else None
             return pb.ChangeMembershipResponse(done=False, leader=hint or "")
@@ -189,7 +185,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
 
     async def Reseed(self, request: pb.ReplicaRequest, context) -> pb.ChangeMembershipResponse:
         await self._node.gate.admit(context, Request.admin("reseed"))
-        return pb.ChangeMembershipResponse(done=self._node.reseed(request.group), leader=self._node.me_id)
+        return pb.ChangeMembershipResponse(done=self._node.replicas.reseed(request.group), leader=self._node.me_id)
 
 
 def _outcome_of(change: Callable, address: str) -> asyncio.Future:

@@ -20,7 +20,8 @@ import grpc
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.errors import ChangeRefused, ConfigError, Unauthenticated, Unavailable
-from raftkv.core.spec import ClusterSpec, NodeSpec, load_spec, parse_spec, save_spec
+from raftkv.core.spec import ClusterSpec, NodeSpec
+from raftkv.core.spec_toml import load_spec, parse_spec, save_spec
 from raftkv.meta.bootstrap import node_record
 from raftkv.meta.records import AddNode, ClusterMeta, decode_meta, encode_command, encode_meta
 from raftkv.meta.wire import topology_of

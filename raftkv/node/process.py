@@ -1,4 +1,5 @@
-"""A node process: the replicas this node hosts, the gRPC API and metrics.
+"""A node process: its start and stop, the gRPC API and metrics, and its duties on the cluster
+metadata. The partition replicas it hosts are `hosted_replicas.HostedReplicas`.
 
 Everything runs on one asyncio loop (the main thread): the gRPC API, group
 commit, and every replica's Raft ticks (see `raftkv.raft.syncobj_loop`). Only gRPC's
@@ -8,13 +9,10 @@ and RocksDB's own threads run beside it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import shutil
 import signal
 import socket
 import time
-from pathlib import Path
 from typing import Callable
 
 import grpc
@@ -24,25 +22,23 @@ from raftkv.api import kv_pb2_grpc
 from raftkv.api.malformed import RejectMalformed
 from raftkv.core import metrics
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
-from raftkv.core.spec import ClusterSpec, spec_to_toml
+from raftkv.core.spec import ClusterSpec
+from raftkv.core.spec_toml import spec_to_toml
 from raftkv.meta.bootstrap import bootstrap_command, spec_meta
 from raftkv.meta.records import (META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command,
                                  raft_directory)
 from raftkv.meta.wire import topology_of
 from raftkv.node.admin_service import AdminService
 from raftkv.node.gatekeeper import Gatekeeper
+from raftkv.node.hosted_replicas import HostedReplicas, opening
 from raftkv.node.lost_data import LostData
-from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
 from raftkv.node.peers import Peers, answer
 from raftkv.node.rebalancer import Rebalancer
-from raftkv.node.replica import PartitionReplica
-from raftkv.node.backup_seed import BackupCatalog, seed_from_backup
-from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replica
+from raftkv.node.backup_seed import BackupCatalog
 from raftkv.node.service import KVService
 from raftkv.node.tasks import background
-from raftkv.raft.group import Role
 from raftkv.raft.hub import Directory, RaftHub
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.security.tls import listen, node_tls
@@ -74,10 +70,6 @@ class Node:
         self.spec_toml = spec_to_toml(spec)
         self._initial = initial or spec_meta(spec)
         self._told = ClusterMeta()  # a newer topology than this node's copy, from a member (`_ask_members`)
-        self.frontends: dict[int, PartitionFrontend] = {}  # the partitions this node is a voter of
-        self.learning: dict[int, PartitionReplica] = {}  # the partitions moving here, still catching up
-        self.copying: dict[int, ReplicaCopying] = {}  # ... whose checkpoint files are on their way
-        self._copy_tried: set[int] = set()  # ... copied (or not) already: they open as learners now
         self.meta: MetaReplica | None = None
         self.tls = node_tls(spec, node_id)
         self.peers = Peers(self.address_of, self.tls)
@@ -96,6 +88,8 @@ class Node:
         self._server: grpc.aio.Server | None = None
         self.failure: asyncio.Future | None = None  # set to the error that must stop the node (corrupt data)
         self.backups = BackupCatalog(spec.backup, lambda: self.topology.cluster_id) if spec.backup else None
+        self.replicas = HostedReplicas(spec, node_id, lambda: self.topology, self.peers, self.lost_data, self.backups,
+                                       self.node_at, self._corrupt, self._on_meta_change)
 
     # -- topology ---------------------------------------------------------
 
@@ -174,11 +168,11 @@ class Node:
             await self._ask_members()
         self._server = api_server()
         listen(self._server, self.me.api_address, self.tls)
-        for scratch in self.me.data_dir.glob(f"{SCRATCH_PREFIX}*"):  # copies a crash interrupted
-            shutil.rmtree(scratch, ignore_errors=True)
+        self.replicas.start(loop, self.hub)
         self._reconcile(at_start=True)
         kv_pb2_grpc.add_KVServicer_to_server(
-            KVService(self.spec, self.me.id, self.frontends, lambda: self.topology, self.peers, self.gate), self._server)
+            KVService(self.spec, self.me.id, self.replicas.frontends, lambda: self.topology, self.peers, self.gate),
+            self._server)
         kv_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self._server)
         try:
             https = self.tls is not None and self.spec.tls.metrics
@@ -192,7 +186,7 @@ class Node:
         self.lost_data.remember()
         if self.backups is not None:
             self._tasks.append(background(self.backups.watch(self.spec.tuning.backup_poll_seconds), "backup watch"))
-        log.info("node %s serving %s; partitions %s", self.me.id, self.me.api_address, sorted(self.frontends))
+        log.info("node %s serving %s; partitions %s", self.me.id, self.me.api_address, sorted(self.replicas.frontends))
 
     async def _metadata_caught_up(self, timeout: float) -> bool:
         """Until this node's copy of the metadata has what its group's leader committed (bounded: when the
@@ -246,66 +240,9 @@ class Node:
             on_corrupt=self._corrupt,
             guard=self.lost_data.guard(META, self.me.data_dir / "meta") if voting else None,
         )
-        with self._opening():
+        with opening(self.me):
             return MetaReplica(config.folder, lambda sm: SyncObjGroup(config, sm, loop),
                                on_change=lambda _meta: loop.call_soon(self._on_meta_change), voting=voting)
-
-    @contextlib.contextmanager
-    def _opening(self):
-        """Opening a replica: a data dir in use becomes the line that says so."""
-        try:
-            yield
-        except RaftKVError:
-            raise
-        except Exception as exc:
-            if "/LOCK:" in str(exc):  # RocksDB's lock file (not "block checksum mismatch")
-                raise ConfigError(
-                    f"{self.me.data_dir} is in use by another process (is node {self.me.id} already running?)",
-                    source=f"node {self.me.id}",
-                ) from None
-            raise
-
-    def _open_partition(self, p: int, voter: bool) -> PartitionReplica:
-        """Partition p's replica: a voter of its group, or a learner catching up to become one."""
-        topology = self.topology
-        loop = self._loop
-        metrics.init_partition(p)
-
-        def on_role_changed(old: Role, new: Role) -> None:  # inside a tick, on the loop
-            metrics.LEADER_CHANGES.labels(p).inc()
-            metrics.IS_LEADER.labels(p).set(1 if new == Role.LEADER else 0)
-            frontend = self.frontends.get(p)
-            if old == Role.LEADER and frontend is not None:
-                loop.call_soon(frontend.on_leadership_lost)
-
-        config = GroupConfig(
-            partition=p,
-            hub=self.hub,
-            self_address=self.me.raft_address(p) if voter else None,
-            peers=tuple(topology.node(i).raft_address(p) for i in topology.group_voters(p) if i != self.me.id),
-            folder=self._folder(p),
-            fsync=self.spec.durability == "fsync",
-            tuning=self.spec.tuning,
-            on_role_changed=on_role_changed if voter else None,
-            membership_changes=True,
-            on_corrupt=self._corrupt,
-            guard=self.lost_data.guard(p, self._folder(p)) if voter else None,
-        )
-        with self._opening():
-            return PartitionReplica(
-                p, config.folder, self.spec.tuning,
-                open_group=lambda state_machine: SyncObjGroup(config, state_machine, loop),
-                on_corrupt=self._corrupt,
-                backup_index=(lambda: self.backups.index(p)) if self.backups is not None else lambda: 0,
-            )
-
-    def _frontend(self, replica: PartitionReplica) -> PartitionFrontend:
-        tuning = self.spec.tuning
-        return PartitionFrontend(
-            replica, self._loop, max_batch_ops=tuning.max_batch_ops, max_batch_bytes=tuning.max_batch_bytes,
-            request_timeout=tuning.request_timeout,
-            leader_id_of=lambda address: self.node_at(replica.partition, address),
-        )
 
     def _on_meta_change(self) -> None:
         if self._server is None:  # still starting: `start` opens the replicas once its ports are checked
@@ -320,49 +257,14 @@ class Node:
             self.removed.set()
 
     def _reconcile(self, at_start: bool = False) -> None:
-        """Run exactly the replicas the metadata gives this node: voters, and learners of moves to it.
-
-        A replica the metadata no longer gives this node is closed and its data deleted. That
-        happens only to a replica opened for an older state of the metadata, never at start-up:
-        this node's copy of the metadata only moves forward, so a newer state that leaves a
-        partition out means it moved away.
-        """
+        """Run the metadata group's replica and the partitions' as the metadata gives them to this node."""
         topology = self.topology
         votes_meta = self.me_id in topology.group_voters(META)
         if self.meta is not None and self.meta.voting != votes_meta and topology.has_node(self.me_id):
             self.meta.close()  # the same data, now as a voter of the metadata group, or no longer one
             self.meta = self._open_meta(voting=votes_meta)
             log.info("metadata group: now a %s here", "voter" if votes_meta else "learner")
-        voters = set(topology.voter_partitions(self.me.id))
-        learners = set(topology.learner_partitions(self.me.id))
-        for p in sorted(voters - self.frontends.keys() - self.copying.keys()):  # a copy under way ends first
-            if p in self.learning:  # added to the group: the same data, now as a voter
-                self.learning.pop(p).close()
-            self.frontends[p] = self._frontend(self._open_partition(p, voter=True))
-            if not at_start:
-                log.info("partition %d: now a voter here", p)
-        for p in sorted(self.copying.keys() - learners - voters):  # the move ended without this node
-            self.copying.pop(p).task.cancel()
-        for p in sorted(self._copy_tried - learners):
-            self._copy_tried.discard(p)
-            if p not in voters:  # copied, and the move ended before the replica opened
-                self._delete(p)
-        for p in sorted(learners - self.learning.keys() - self.frontends.keys() - self.copying.keys()):
-            if p not in self._copy_tried and self._empty(p):
-                self._copy_tried.add(p)
-                copying = self.copying[p] = ReplicaCopying()
-                copying.task = background(self._copy(p, copying), f"partition {p}: the copy of a checkpoint")
-                continue
-            self._copy_tried.discard(p)
-            self.learning[p] = self._open_partition(p, voter=False)
-            log.info("partition %d: catching up here as a learner", p)
-        for p in sorted(self.frontends.keys() - voters):
-            self.frontends.pop(p).close()
-            self.lost_data.forget(p)
-            self._delete(p)
-        for p in sorted(self.learning.keys() - learners - voters):
-            self.learning.pop(p).close()
-            self._delete(p)
+        self.replicas.reconcile(topology, at_start)
         self._name_members(topology)
 
     def _name_members(self, topology: ClusterMeta) -> None:
@@ -371,66 +273,9 @@ class Node:
         def addresses(group: int) -> frozenset[str]:
             return frozenset(topology.node(n).raft_address(group) for n in topology.linked_voters(group))
 
-        replicas = [f.replica for f in self.frontends.values()] + list(self.learning.values())
+        replicas = [f.replica for f in self.replicas.frontends.values()] + list(self.replicas.learning.values())
         for replica in replicas + ([self.meta] if self.meta is not None else []):
             replica.group.name_members(addresses(replica.partition))
-
-    def reseed(self, p: int) -> bool:
-        """Drop the learner of a move here and its data; `_reconcile` then copies a checkpoint afresh.
-        Asked by the mover when the learner made no progress while its leader went on."""
-        replica = self.learning.pop(p, None)
-        if replica is None:
-            return False
-        log.warning("partition %d: the learner here made no progress while its leader went on; "
-                    "starting it again from a voter's checkpoint", p)
-        replica.close()
-        self._delete(p)
-        self._copy_tried.discard(p)
-        self._on_meta_change()
-        return True
-
-    def _folder(self, p: int) -> Path:
-        return self.me.data_dir / f"p{p:04d}"
-
-    def _empty(self, p: int) -> bool:
-        folder = self._folder(p)
-        return not folder.exists() or not any(folder.iterdir())
-
-    async def _copy(self, p: int, copying: ReplicaCopying) -> None:
-        """Seed a new replica from the newest backup, or else with a voter's checkpoint files; then it
-        opens as a learner (seeded or not)."""
-        topology = self.topology
-        others = [v for v in topology.group_voters(p) if v != self.me_id]
-        sources = [v for v in others if topology.node(v).state != NodeState.DEAD]
-        members = [topology.node(v).raft_address(p) for v in others]
-        try:
-            if self.backups is None or not await self._seeded(p, sources, members, copying):
-                position = await copy_replica(self.peers, sources, p, self._folder(p), members, copying.count)
-                log.info("partition %d: copied a checkpoint at index %d here (%d bytes)", p, position.index,
-                         copying.received)
-        except asyncio.CancelledError:  # the move ended without this node, or the node stops
-            shutil.rmtree(self._folder(p), ignore_errors=True)
-            raise
-        except (Unavailable, OSError) as exc:  # no voter could send one, or this disk could not take it
-            shutil.rmtree(self._folder(p), ignore_errors=True)
-            log.warning("partition %d: no checkpoint copied here (%s); catching up from the leader instead", p, exc)
-        finally:
-            if self.copying.get(p) is copying:
-                del self.copying[p]
-        self._on_meta_change()
-
-    async def _seeded(self, p: int, sources: list[str], members: list[str], copying: ReplicaCopying) -> bool:
-        try:
-            return await seed_from_backup(self.backups, self.peers, sources, p, self._folder(p), members,
-                                          copying.count) is not None
-        except (RaftKVError, OSError) as exc:  # the storage failed, a file was damaged, or this disk is full
-            shutil.rmtree(self._folder(p), ignore_errors=True)
-            log.warning("partition %d: not seeded from a backup (%s); copying from a voter", p, exc)
-            return False
-
-    def _delete(self, p: int) -> None:
-        shutil.rmtree(self._folder(p), ignore_errors=True)
-        log.info("partition %d: no replica here any more; its data is deleted", p)
 
     def _corrupt(self, error: CorruptData) -> None:
         """From any thread: a replica's files cannot be trusted (a damaged block, a contradicting log)."""
@@ -490,7 +335,7 @@ class Node:
         with a thousand partitions spent a tenth of its time looking up their labels)."""
         shown: dict[int, tuple[int, int, int]] = {}
         while True:
-            for p, frontend in list(self.frontends.items()):
+            for p, frontend in list(self.replicas.frontends.items()):
                 r = frontend.replica
                 try:
                     r.maybe_compact()
@@ -510,11 +355,11 @@ class Node:
         for task in self._tasks:
             task.cancel()
         self.lost_data.stop()
-        for copying in self.copying.values():
+        for copying in self.replicas.copying.values():
             copying.task.cancel()
-        for p, frontend in self.frontends.items():
+        for p, frontend in self.replicas.frontends.items():
             close_reporting(f"partition {p}", frontend.close)
-        for p, replica in self.learning.items():
+        for p, replica in self.replicas.learning.items():
             close_reporting(f"partition {p} (learning)", replica.close)
         await self.mover.close()
         await self.peers.close()

@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Union
 
-from raftkv.powerloss.fs import Faults, PowerLossFS, serve
+from raftkv.powerloss.fs import Faults, PowerLossFS
+from raftkv.powerloss.fuse_mount import serve
 
 MOUNT_TIMEOUT = 10.0
 END_TIMEOUT = 30.0  # from the unmount to libfuse's return: operations still running have this long

@@ -1,0 +1,215 @@
+"""The partition replicas a node hosts, kept to what the metadata gives it (`reconcile`): its voters,
+the learners of moves to it and the copies of a checkpoint or backup that seed them. A replica that
+moved away is closed and its data deleted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from raftkv.core import metrics
+from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
+from raftkv.core.spec import ClusterSpec, NodeSpec
+from raftkv.meta.records import ClusterMeta, NodeState
+from raftkv.node.backup_seed import BackupCatalog, seed_from_backup
+from raftkv.node.group_commit import PartitionFrontend
+from raftkv.node.lost_data import LostData
+from raftkv.node.peers import Peers
+from raftkv.node.replica import PartitionReplica
+from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replica
+from raftkv.node.tasks import background
+from raftkv.raft.group import Role
+from raftkv.raft.hub import RaftHub
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+
+log = logging.getLogger(__name__)
+
+
+class HostedReplicas:
+    """`on_change` is what the node does when its metadata changes; a copy that ended and a reseeded
+    learner call it too, so that `reconcile` runs again."""
+
+    def __init__(self, spec: ClusterSpec, node_id: str, topology: Callable[[], ClusterMeta], peers: Peers,
+                 lost_data: LostData, backups: BackupCatalog | None,
+                 node_at: Callable[[int, str | None], str | None], on_corrupt: Callable[[CorruptData], None],
+                 on_change: Callable[[], None]):
+        self.spec = spec
+        self.me = spec.node(node_id)
+        self._topology = topology
+        self.peers = peers
+        self.lost_data = lost_data
+        self.backups = backups
+        self.node_at = node_at
+        self._corrupt = on_corrupt
+        self._on_change = on_change
+        self.frontends: dict[int, PartitionFrontend] = {}  # the partitions this node is a voter of
+        self.learning: dict[int, PartitionReplica] = {}  # the partitions moving here, still catching up
+        self.copying: dict[int, ReplicaCopying] = {}  # ... whose checkpoint files are on their way
+        self._copy_tried: set[int] = set()  # ... copied (or not) already: they open as learners now
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.hub: RaftHub | None = None  # the node's, from `start`
+
+    def start(self, loop: asyncio.AbstractEventLoop, hub: RaftHub) -> None:
+        """From now on replicas open on `loop`, their Raft messages through `hub`; first the copies a
+        crash interrupted are deleted."""
+        self._loop, self.hub = loop, hub
+        for scratch in self.me.data_dir.glob(f"{SCRATCH_PREFIX}*"):
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def reconcile(self, topology: ClusterMeta, at_start: bool = False) -> None:
+        """Run exactly the replicas the metadata gives this node: voters, and learners of moves to it.
+
+        A replica the metadata no longer gives this node is closed and its data deleted. That
+        happens only to a replica opened for an older state of the metadata, never at start-up:
+        this node's copy of the metadata only moves forward, so a newer state that leaves a
+        partition out means it moved away.
+        """
+        voters = set(topology.voter_partitions(self.me.id))
+        learners = set(topology.learner_partitions(self.me.id))
+        for p in sorted(voters - self.frontends.keys() - self.copying.keys()):  # a copy under way ends first
+            if p in self.learning:  # added to the group: the same data, now as a voter
+                self.learning.pop(p).close()
+            self.frontends[p] = self._frontend(self._open(p, voter=True))
+            if not at_start:
+                log.info("partition %d: now a voter here", p)
+        for p in sorted(self.copying.keys() - learners - voters):  # the move ended without this node
+            self.copying.pop(p).task.cancel()
+        for p in sorted(self._copy_tried - learners):
+            self._copy_tried.discard(p)
+            if p not in voters:  # copied, and the move ended before the replica opened
+                self._delete(p)
+        for p in sorted(learners - self.learning.keys() - self.frontends.keys() - self.copying.keys()):
+            if p not in self._copy_tried and self._empty(p):
+                self._copy_tried.add(p)
+                copying = self.copying[p] = ReplicaCopying()
+                copying.task = background(self._copy(p, copying), f"partition {p}: the copy of a checkpoint")
+                continue
+            self._copy_tried.discard(p)
+            self.learning[p] = self._open(p, voter=False)
+            log.info("partition %d: catching up here as a learner", p)
+        for p in sorted(self.frontends.keys() - voters):
+            self.frontends.pop(p).close()
+            self.lost_data.forget(p)
+            self._delete(p)
+        for p in sorted(self.learning.keys() - learners - voters):
+            self.learning.pop(p).close()
+            self._delete(p)
+
+    def reseed(self, p: int) -> bool:
+        """Drop the learner of a move here and its data; `reconcile` then copies a checkpoint afresh.
+        Asked by the mover when the learner made no progress while its leader went on."""
+        replica = self.learning.pop(p, None)
+        if replica is None:
+            return False
+        log.warning("partition %d: the learner here made no progress while its leader went on; "
+                    "starting it again from a voter's checkpoint", p)
+        replica.close()
+        self._delete(p)
+        self._copy_tried.discard(p)
+        self._on_change()
+        return True
+
+    def _folder(self, p: int) -> Path:
+        return self.me.data_dir / f"p{p:04d}"
+
+    def _empty(self, p: int) -> bool:
+        folder = self._folder(p)
+        return not folder.exists() or not any(folder.iterdir())
+
+    async def _copy(self, p: int, copying: ReplicaCopying) -> None:
+        """Seed a new replica from the newest backup, or else with a voter's checkpoint files; then it
+        opens as a learner (seeded or not)."""
+        topology = self._topology()
+        others = [v for v in topology.group_voters(p) if v != self.me.id]
+        sources = [v for v in others if topology.node(v).state != NodeState.DEAD]
+        members = [topology.node(v).raft_address(p) for v in others]
+        try:
+            if self.backups is None or not await self._seeded(p, sources, members, copying):
+                position = await copy_replica(self.peers, sources, p, self._folder(p), members, copying.count)
+                log.info("partition %d: copied a checkpoint at index %d here (%d bytes)", p, position.index,
+                         copying.received)
+        except asyncio.CancelledError:  # the move ended without this node, or the node stops
+            shutil.rmtree(self._folder(p), ignore_errors=True)
+            raise
+        except (Unavailable, OSError) as exc:  # no voter could send one, or this disk could not take it
+            shutil.rmtree(self._folder(p), ignore_errors=True)
+            log.warning("partition %d: no checkpoint copied here (%s); catching up from the leader instead", p, exc)
+        finally:
+            if self.copying.get(p) is copying:
+                del self.copying[p]
+        self._on_change()
+
+    async def _seeded(self, p: int, sources: list[str], members: list[str], copying: ReplicaCopying) -> bool:
+        try:
+            return await seed_from_backup(self.backups, self.peers, sources, p, self._folder(p), members,
+                                          copying.count) is not None
+        except (RaftKVError, OSError) as exc:  # the storage failed, a file was damaged, or this disk is full
+            shutil.rmtree(self._folder(p), ignore_errors=True)
+            log.warning("partition %d: not seeded from a backup (%s); copying from a voter", p, exc)
+            return False
+
+    def _delete(self, p: int) -> None:
+        shutil.rmtree(self._folder(p), ignore_errors=True)
+        log.info("partition %d: no replica here any more; its data is deleted", p)
+
+    def _open(self, p: int, voter: bool) -> PartitionReplica:
+        """Partition p's replica: a voter of its group, or a learner catching up to become one."""
+        topology = self._topology()
+        loop = self._loop
+        metrics.init_partition(p)
+
+        def on_role_changed(old: Role, new: Role) -> None:  # inside a tick, on the loop
+            metrics.LEADER_CHANGES.labels(p).inc()
+            metrics.IS_LEADER.labels(p).set(1 if new == Role.LEADER else 0)
+            frontend = self.frontends.get(p)
+            if old == Role.LEADER and frontend is not None:
+                loop.call_soon(frontend.on_leadership_lost)
+
+        config = GroupConfig(
+            partition=p,
+            hub=self.hub,
+            self_address=self.me.raft_address(p) if voter else None,
+            peers=tuple(topology.node(i).raft_address(p) for i in topology.group_voters(p) if i != self.me.id),
+            folder=self._folder(p),
+            fsync=self.spec.durability == "fsync",
+            tuning=self.spec.tuning,
+            on_role_changed=on_role_changed if voter else None,
+            membership_changes=True,
+            on_corrupt=self._corrupt,
+            guard=self.lost_data.guard(p, self._folder(p)) if voter else None,
+        )
+        with opening(self.me):
+            return PartitionReplica(
+                p, config.folder, self.spec.tuning,
+                open_group=lambda state_machine: SyncObjGroup(config, state_machine, loop),
+                on_corrupt=self._corrupt,
+                backup_index=(lambda: self.backups.index(p)) if self.backups is not None else lambda: 0,
+            )
+
+    def _frontend(self, replica: PartitionReplica) -> PartitionFrontend:
+        tuning = self.spec.tuning
+        return PartitionFrontend(
+            replica, self._loop, max_batch_ops=tuning.max_batch_ops, max_batch_bytes=tuning.max_batch_bytes,
+            request_timeout=tuning.request_timeout,
+            leader_id_of=lambda address: self.node_at(replica.partition, address),
+        )
+
+
+@contextlib.contextmanager
+def opening(me: NodeSpec):
+    """Opening a replica of node `me`: a data dir in use becomes the line that says so."""
+    try:
+        yield
+    except RaftKVError:
+        raise
+    except Exception as exc:
+        if "/LOCK:" in str(exc):  # RocksDB's lock file (not "block checksum mismatch")
+            raise ConfigError(
+                f"{me.data_dir} is in use by another process (is node {me.id} already running?)",
+                source=f"node {me.id}",
+            ) from None
+        raise
