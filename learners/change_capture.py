@@ -17,7 +17,8 @@ from itertools import compress
 from typing import Sequence
 
 from learners.entry_events import EntryEvents
-from raftkv.core.commands import Command, Delete, DeleteRange, Put, PutMany
+from raftkv.core.command_kinds import kind_of
+from raftkv.core.commands import Command, DeleteRange, Mutation
 from raftkv.core.overlay import Overlay
 from raftkv.storage.engine import Engine, KeyRange
 from raftkv.core.state_machine import apply_proposal
@@ -42,9 +43,9 @@ class EntryContext:
 def capture_entry(view: Overlay, commands: Sequence[Command], ctx: EntryContext) -> EntryEvents:
     """The events of one committed entry; applies its mutations to `view`."""
     columns: Columns = ([], [], [], [])
-    writes: list[Put | Delete | PutMany] = []
+    writes: list[Mutation] = []
     for m in apply_proposal(view.get, commands).mutations:
-        if type(m) is DeleteRange:
+        if type(m) is DeleteRange:  # the one mutation whose rows are not in it: they are the view's keys in its range
             _extend(columns, _capture_writes(view, writes))
             writes = []
             _extend(columns, _capture_range(view, m))
@@ -59,7 +60,7 @@ def _extend(columns: Columns, more: Columns) -> None:
         column += rows
 
 
-def _capture_writes(view: Overlay, writes: Sequence[Put | Delete | PutMany]) -> Columns:
+def _capture_writes(view: Overlay, writes: Sequence[Mutation]) -> Columns:
     if not writes:
         return [], [], [], []
     keys, afters = _rows(writes)
@@ -76,19 +77,14 @@ def _capture_writes(view: Overlay, writes: Sequence[Put | Delete | PutMany]) -> 
     return ops, keys, befores, afters
 
 
-def _rows(writes: Sequence[Put | Delete | PutMany]) -> tuple[list[bytes], list[bytes | None]]:
-    """(keys, afters) of every row the writes hold, in order; a delete's after is None."""
+def _rows(writes: Sequence[Mutation]) -> tuple[list[bytes], list[bytes | None]]:
+    """(keys, afters) of every row the writes hold, in order (`Kind.rows`); a delete's after is None."""
     keys: list[bytes] = []
     afters: list[bytes | None] = []
     for m in writes:
-        kind = type(m)
-        if kind is PutMany:
-            more_keys, values = m.split()
-            keys += more_keys
-            afters += values
-        else:
-            keys.append(m.key)
-            afters.append(m.value if kind is Put else None)
+        more_keys, more_afters = kind_of(m).rows(m)
+        keys += more_keys
+        afters += more_afters
     return keys, afters
 
 

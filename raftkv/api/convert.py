@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import operator
+from dataclasses import fields
 from typing import Any, Callable
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.core.commands import (
-    Batch, Cas, CasResult, Command, Delete, DeleteRange, LearnerProgress, Limits, Put, PutMany,
-    RegisterLearner, RemoveLearner,
-)
-from raftkv.core.command_kinds import check_command, kind_of, routing_keys, tag_of
+from raftkv.core.commands import Batch, CasResult, Command, Delete, DeleteRange, Limits, Put, RegisterLearner
+from raftkv.core.command_kinds import Kind, by_proto_field, check_command, kind_of, routing_keys
 from raftkv.core.errors import (InvalidRequest, NotLeader, PermissionDenied, RaftKVError, ResourceExhausted,
                                 StorageFull, Timeout, Unavailable, Undetermined)
 from raftkv.core.partitioning import partition_for_key
@@ -31,52 +31,74 @@ def consistency_from_name(name: str) -> int:
         ) from None
 
 
-# Each command kind's protobuf form, keyed by its log tag (raftkv.core.commands.KINDS): the Op field
-# that carries it, and the conversions both ways.
-_PROTO: dict[int, tuple[str, Callable[[Any], Any], Callable[[Any], Command]]] = {
-    tag_of(Put): ("put", lambda c: pb.Put(key=c.key, value=c.value), lambda m: Put(m.key, m.value)),
-    tag_of(Delete): ("delete", lambda c: pb.Delete(key=c.key), lambda m: Delete(m.key)),
-    tag_of(DeleteRange): ("delete_range", lambda c: pb.DeleteRange(start=c.start, end=c.end),
-                                         lambda m: DeleteRange(m.start, m.end)),
-    tag_of(Cas): (
-        "cas", lambda c: pb.Cas(key=c.key, expected=c.expected, new=c.new),
-        lambda m: Cas(m.key, m.expected if m.HasField("expected") else None, m.new if m.HasField("new") else None)),
-    tag_of(Batch): ("batch", lambda c: pb.Batch(ops=[_mutation_message(op) for op in c.ops]),
-                             lambda m: Batch(tuple(_mutation(op) for op in m.ops))),
-    tag_of(PutMany): (
-        "put_many", lambda c: pb.Columns(keys=c.keys, key_offsets=c.key_offsets, values=c.values,
-                                         value_offsets=c.value_offsets),
-        lambda m: PutMany(m.keys, m.key_offsets, m.values, m.value_offsets)),
-    tag_of(RegisterLearner): (
-        "register_learner", lambda c: pb.RegisterLearner(name=c.name, sink=c.sink, options=dict(c.options)),
-        lambda m: RegisterLearner(m.name, m.sink, tuple(sorted(m.options.items())))),
-    tag_of(RemoveLearner): ("remove_learner", lambda c: pb.RemoveLearner(name=c.name),
-                                     lambda m: RemoveLearner(m.name)),
-    tag_of(LearnerProgress): ("learner_progress", lambda c: pb.LearnerProgress(name=c.name, index=c.index),
-                                          lambda m: LearnerProgress(m.name, m.index)),
+# Each kind's message is the Op field its Kind names (raftkv/core/command_kinds.py), with the command's fields
+# under the same names, an unset optional field standing for None. The messages of two kinds are shaped
+# otherwise, and their conversions are here: a batch holds Mutation messages, a learner's options are a map.
+_SHAPED: dict[type, tuple[Callable[[Any], Any], Callable[[Any], Command]]] = {
+    Batch: (lambda c: pb.Batch(ops=[_mutation_message(op) for op in c.ops]),
+            lambda m: Batch(tuple(_mutation(op) for op in m.ops))),
+    RegisterLearner: (lambda c: pb.RegisterLearner(name=c.name, sink=c.sink, options=dict(c.options)),
+                      lambda m: RegisterLearner(m.name, m.sink, tuple(sorted(m.options.items())))),
 }
-_FROM_FIELD = {name: from_message for name, _, from_message in _PROTO.values()}
-_MUTATION_FIELDS = ("put", "delete", "delete_range")
+
+
+@functools.cache
+def _reader(kind: Kind) -> Callable[[Any], Command]:
+    """How a command of `kind` is read from its message (one attrgetter when no field may be unset: the fast way)."""
+    if kind.type in _SHAPED:
+        return _SHAPED[kind.type][1]
+    names = _field_names(kind.type)
+    message = pb.Op.DESCRIPTOR.fields_by_name[kind.proto_field].message_type
+    optional = {name for name in names if message.fields_by_name[name].has_presence}
+    if optional:
+        return lambda m: kind.type(*[getattr(m, name) if name not in optional or m.HasField(name) else None
+                                     for name in names])
+    values = operator.attrgetter(*names)
+    return (lambda m: kind.type(values(m))) if len(names) == 1 else (lambda m: kind.type(*values(m)))
+
+
+def _fill(parent: Any, command: Command) -> None:
+    """Set the field of `parent` (an Op or a Mutation) that carries `command`."""
+    kind = kind_of(command)
+    if not kind.proto_field:
+        raise TypeError(f"{kind.type.__name__} has no message in the API")
+    if kind.type in _SHAPED:
+        getattr(parent, kind.proto_field).CopyFrom(_SHAPED[kind.type][0](command))
+        return
+    message = getattr(parent, kind.proto_field)
+    message.SetInParent()
+    for name in _field_names(kind.type):
+        value = getattr(command, name)
+        if value is not None:
+            setattr(message, name, value)
+
+
+@functools.cache
+def _field_names(command_type: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(command_type))
 
 
 def _mutation(m: pb.Mutation) -> Put | Delete | DeleteRange:
-    kind = m.WhichOneof("op")
-    if kind not in _MUTATION_FIELDS:
+    name = m.WhichOneof("op")
+    kind = by_proto_field(name) if name else None
+    if kind is None or not kind.in_batch:
         raise InvalidRequest("a batch operation has no put, delete or delete_range set")
-    return _FROM_FIELD[kind](getattr(m, kind))
+    return _reader(kind)(getattr(m, name))
 
 
 def _mutation_message(m: Put | Delete | DeleteRange) -> pb.Mutation:
-    name, to_message, _ = _PROTO[kind_of(m).tag]
-    return pb.Mutation(**{name: to_message(m)})
+    message = pb.Mutation()
+    _fill(message, m)
+    return message
 
 
 def command_from_op(op: pb.Op, partitions: int, limits: Limits) -> Command:
     """The write command an Op carries, validated against limits and its partition."""
-    kind = op.WhichOneof("op")
-    if kind not in _FROM_FIELD:
-        raise InvalidRequest(f"operation {kind or 'with nothing set'} is not a write")
-    command = _FROM_FIELD[kind](getattr(op, kind))
+    name = op.WhichOneof("op")
+    kind = by_proto_field(name) if name else None
+    if kind is None:
+        raise InvalidRequest(f"operation {name or 'with nothing set'} is not a write")
+    command = _reader(kind)(getattr(op, name))
     check_command(command, limits)
     check_partition(command, op.partition, partitions)
     return command
@@ -85,17 +107,19 @@ def command_from_op(op: pb.Op, partitions: int, limits: Limits) -> Command:
 def check_partition(command: Command, partition: int, partitions: int) -> None:
     if partition >= partitions:
         raise InvalidRequest(f"partition {partition} does not exist; the cluster has {partitions}")
-    for key in routing_keys(command):
+    keys = routing_keys(command)
+    for key in keys:
         if partition_for_key(key, partitions) != partition:
             raise InvalidRequest(
                 f"key {key[:40]!r} belongs to partition {partition_for_key(key, partitions)}, not {partition}"
-                + ("; a batch must stay within one partition" if isinstance(command, (Batch, PutMany)) else "")
+                + ("; a batch must stay within one partition" if len(keys) > 1 else "")
             )
 
 
 def op_from_command(command: Command, partition: int) -> pb.Op:
-    name, to_message, _ = _PROTO[kind_of(command).tag]
-    return pb.Op(partition=partition, **{name: to_message(command)})
+    op = pb.Op(partition=partition)
+    _fill(op, command)
+    return op
 
 
 _CODE_BY_ERROR = (

@@ -1,12 +1,17 @@
-"""The one registry of command kinds: how each is encoded, checked, routed and written.
+"""The one registry of command kinds: how each is encoded, checked, routed, permitted and applied.
 
 Each kind of command (raftkv/core/commands.py) registers a `Kind` under the
 one-byte tag it has in the log (raftkv/core/log_codec.py frames a proposal
-around them). Everything that treats commands alike looks its kind up here
-instead of testing types, and the gRPC conversions (raftkv/api/convert.py)
-are keyed by the same tag. Mutations (the commands that change keys) also
-say how to write themselves to a `Writer`: an engine's write batch, or an
-overlay of pending writes.
+around them) and the name of its field in the API's `Op` message
+(raftkv/api/convert.py converts by it). Everything that treats commands alike
+looks its kind up here instead of testing types: the state machine applies a
+command with its `apply`, the gatekeeper asks for the access it names, the
+change feed reads a mutation's rows. Mutations (the commands that are written
+to the engine as they are) also say how to write themselves to a `Writer`: an
+engine's write batch, or an overlay of pending writes.
+
+A new kind is a dataclass in commands.py, a `register` here, its message in
+kv.proto and the client method that sends it.
 """
 
 from __future__ import annotations
@@ -16,13 +21,14 @@ import re
 import struct
 from array import array
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from raftkv.core.commands import (
-    Batch, Cas, Command, Delete, DeleteRange, LearnerCommand, LearnerProgress, Limits, Mutation, Put, PutMany,
-    RegisterLearner, RemoveLearner,
+    Batch, Cas, CasResult, Command, Delete, DeleteRange, LearnerCommand, LearnerProgress, Limits, Mutation, Put,
+    PutMany, RegisterLearner, RemoveLearner,
 )
 from raftkv.core.errors import InvalidRequest
+from raftkv.core.learner_registry import progress_updates, register_updates, remove_updates
 
 _U32 = struct.Struct("<I")
 _U32x2 = struct.Struct("<II")
@@ -46,9 +52,27 @@ class Writer(Protocol):
     def delete_range(self, start: bytes, end: bytes) -> None: ...
 
 
-@dataclass(frozen=True)
+class State(Protocol):
+    """A partition's state as a command's `apply` sees it: as the commands before it in its entry left it."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def record(self, m: Mutation) -> None:
+        """Write `m` with the entry."""
+
+    def meta_get(self, key: bytes) -> bytes | None:
+        """The state machine's metadata (raftkv/core/learner_registry.py), apart from user keys."""
+
+    def update_meta(self, updates: Mapping[bytes, bytes | None]) -> None:
+        """Write metadata with the entry (None deletes)."""
+
+
+Range = tuple[bytes, bytes]  # keys [start, end)
+
+
+@dataclass(frozen=True, eq=False)
 class Kind:
-    """Everything that differs between kinds of command, under its log tag."""
+    """Everything that differs between kinds of command, under its log tag. One object per kind (`register`)."""
 
     tag: int
     type: type
@@ -56,7 +80,13 @@ class Kind:
     decode: Callable[[bytes, int], tuple[Any, int]]  # from just after the tag: (command, next position)
     check: Callable[[Any, Limits], None]  # raise InvalidRequest naming the problem
     routing_keys: Callable[[Any], list[bytes]]  # the keys that decide its partition
+    ranges_written: Callable[[Any], list[Range]]  # what a caller needs write access to (raftkv/node/gatekeeper.py)
+    admin_verb: str = ""  # or the admin verb a caller needs instead: a command that changes no keys
+    apply: Callable[[Any, State], Any] | None = None  # its effect, and what its caller gets; None: a mutation, recorded
+    proto_field: str = ""  # its field in the API's Op message (raftkv/api/convert.py); "": not in the API
     write: Callable[[Any, Writer], None] | None = None  # mutations only: write it
+    rows: Callable[[Any], tuple[list[bytes], list[bytes | None]]] | None = None  # point mutations: the keys
+    #   written and each one's value after (None: deleted), as the change feed reports them (learners/change_capture.py)
     in_batch: bool = False  # may appear inside a Batch
 
     tag_byte: bytes = b""  # set when registered
@@ -64,6 +94,7 @@ class Kind:
 
 KINDS: dict[int, Kind] = {}
 _BY_TYPE: dict[type, Kind] = {}
+_BY_PROTO_FIELD: dict[str, Kind] = {}
 
 
 def kind_of(command: Command) -> Kind:
@@ -102,12 +133,41 @@ def write_mutation(m: Mutation, writer: Writer) -> None:
     kind_of(m).write(m, writer)
 
 
-def _register(kind: Kind) -> None:
-    KINDS[kind.tag] = _BY_TYPE[kind.type] = replace(kind, tag_byte=bytes((kind.tag,)))
+def by_proto_field(name: str) -> Kind | None:
+    """The kind whose message the API's Op carries in field `name` (None: not a write)."""
+    return _BY_PROTO_FIELD.get(name)
 
 
-def _none(command: Any) -> list[bytes]:
+def register(kind: Kind) -> Kind:
+    """Add a kind: its tag, type and Op field must be new. A kind without `apply` is a mutation, recorded as it is."""
+    if kind.tag in KINDS or kind.type in _BY_TYPE or (kind.proto_field and kind.proto_field in _BY_PROTO_FIELD):
+        raise ValueError(f"{kind.type.__name__}: tag {kind.tag}, its type or its Op field is registered already")
+    if kind.apply is None and kind.write is None:
+        raise ValueError(f"{kind.type.__name__} needs an apply, or a write to be recorded as a mutation")
+    kind = replace(kind, tag_byte=bytes((kind.tag,)), apply=kind.apply or _record)
+    KINDS[kind.tag] = _BY_TYPE[kind.type] = kind
+    if kind.proto_field:
+        _BY_PROTO_FIELD[kind.proto_field] = kind
+    return kind
+
+
+def unregister(kind: Kind) -> None:
+    """Remove a kind registered for a test."""
+    del KINDS[kind.tag], _BY_TYPE[kind.type]
+    _BY_PROTO_FIELD.pop(kind.proto_field, None)
+
+
+def _record(m: Mutation, state: State) -> None:
+    state.record(m)
+
+
+def _none(command: Any) -> list:
     return []
+
+
+def point(key: bytes) -> Range:
+    """The range holding just `key`."""
+    return key, key + b"\x00"
 
 
 def _check_key(k: bytes, limits: Limits, what: str = "key") -> None:
@@ -163,18 +223,28 @@ def _decode_range(buf: bytes, pos: int) -> tuple[DeleteRange, int]:
     return DeleteRange(start, end), pos
 
 
+def _apply_range(c: DeleteRange, state: State) -> None:
+    # The API rejects start >= end; the log may still hold one (an older client, a bug), and
+    # every replica must treat it the same harmless way rather than fail on it.
+    if c.start < c.end:
+        state.record(c)
+
+
 def _write_range(c: DeleteRange, w: Writer) -> None:
     if c.start < c.end:  # RocksDB fails the whole database on end < start
         w.delete_range(c.start, c.end)
 
 
-_register(Kind(1, Put, lambda c: (_U32x2.pack(len(c.key), len(c.value)), c.key, c.value), _decode_put, _check_put,
-               lambda c: [c.key], lambda c, w: w.put(c.key, c.value), in_batch=True))
-_register(Kind(2, Delete, lambda c: (_U32.pack(len(c.key)), c.key), _decode_delete,
-               lambda c, limits: _check_key(c.key, limits), lambda c: [c.key], lambda c, w: w.delete(c.key),
-               in_batch=True))
-_register(Kind(3, DeleteRange, lambda c: (_U32x2.pack(len(c.start), len(c.end)), c.start, c.end), _decode_range,
-               _check_range, _none, _write_range, in_batch=True))
+register(Kind(1, Put, lambda c: (_U32x2.pack(len(c.key), len(c.value)), c.key, c.value), _decode_put, _check_put,
+              lambda c: [c.key], ranges_written=lambda c: [point(c.key)], proto_field="put",
+              write=lambda c, w: w.put(c.key, c.value), rows=lambda c: ([c.key], [c.value]), in_batch=True))
+register(Kind(2, Delete, lambda c: (_U32.pack(len(c.key)), c.key), _decode_delete,
+              lambda c, limits: _check_key(c.key, limits), lambda c: [c.key], ranges_written=lambda c: [point(c.key)],
+              proto_field="delete", write=lambda c, w: w.delete(c.key), rows=lambda c: ([c.key], [None]),
+              in_batch=True))
+register(Kind(3, DeleteRange, lambda c: (_U32x2.pack(len(c.start), len(c.end)), c.start, c.end), _decode_range,
+              _check_range, _none, ranges_written=lambda c: [(c.start, c.end)], apply=_apply_range,
+              proto_field="delete_range", write=_write_range, in_batch=True))
 
 
 # -- Cas 0x04: flags bit0 expected present (else "must be absent"), bit1 new present (else delete) ----
@@ -199,7 +269,16 @@ def _check_cas(c: Cas, limits: Limits) -> None:
     _check_value(c.new, limits)
 
 
-_register(Kind(4, Cas, _encode_cas, _decode_cas, _check_cas, lambda c: [c.key]))
+def _apply_cas(c: Cas, state: State) -> CasResult:
+    current = state.get(c.key)
+    if current != c.expected:
+        return CasResult(False, current)
+    state.record(Put(c.key, c.new) if c.new is not None else Delete(c.key))
+    return CasResult(True, c.new)
+
+
+register(Kind(4, Cas, _encode_cas, _decode_cas, _check_cas, lambda c: [c.key],
+              ranges_written=lambda c: [point(c.key)], apply=_apply_cas, proto_field="cas"))
 
 
 # -- Batch 0x05: u32 count, then Put | Delete | DeleteRange, applied atomically --------------------
@@ -232,8 +311,15 @@ def _check_batch(c: Batch, limits: Limits) -> None:
         check_command(op, limits)
 
 
-_register(Kind(5, Batch, _encode_batch, _decode_batch, _check_batch,
-               lambda c: [k for op in c.ops for k in routing_keys(op)]))
+def _apply_batch(c: Batch, state: State) -> None:
+    for op in c.ops:
+        kind_of(op).apply(op, state)
+
+
+register(Kind(5, Batch, _encode_batch, _decode_batch, _check_batch,
+              lambda c: [k for op in c.ops for k in routing_keys(op)],
+              ranges_written=lambda c: [r for op in c.ops for r in kind_of(op).ranges_written(op)],
+              apply=_apply_batch, proto_field="batch"))
 
 
 # -- PutMany 0x09: u32 klen u32 kolen u32 vlen u32 volen keys key-offsets values value-offsets -----
@@ -282,8 +368,9 @@ def _encode_put_many(c: PutMany) -> tuple[bytes, ...]:
     return (_U32x4.pack(*map(len, fields)), *fields)
 
 
-_register(Kind(9, PutMany, _encode_put_many, _decode_put_many, _check_put_many, lambda c: c.split()[0],
-               _write_put_many))
+register(Kind(9, PutMany, _encode_put_many, _decode_put_many, _check_put_many, lambda c: c.split()[0],
+              ranges_written=lambda c: [point(k) for k in c.split()[0]], proto_field="put_many",
+              write=_write_put_many, rows=PutMany.split))
 
 
 # -- learner commands: RegisterLearner 0x06 (options as JSON), RemoveLearner 0x07, LearnerProgress 0x08
@@ -294,7 +381,11 @@ LEARNER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 def _check_learner(c: LearnerCommand, limits: Limits) -> None:
     if not LEARNER_NAME.fullmatch(c.name):
         raise InvalidRequest(f"learner name {c.name!r}: use 1-64 letters, digits, '-', '_' or '.'")
-    if type(c) is RegisterLearner and not c.sink:
+
+
+def _check_register(c: RegisterLearner, limits: Limits) -> None:
+    _check_learner(c, limits)
+    if not c.sink:
         raise InvalidRequest("a learner needs a sink")
 
 
@@ -320,8 +411,14 @@ def _decode_progress(buf: bytes, pos: int) -> tuple[LearnerProgress, int]:
     return LearnerProgress(buf[pos:pos + nlen].decode(), index), pos + nlen
 
 
-_register(Kind(6, RegisterLearner, _encode_register, _decode_register, _check_learner, _none))
-_register(Kind(7, RemoveLearner, lambda c: (_U32.pack(len(c.name.encode())), c.name.encode()), _decode_remove,
-               _check_learner, _none))
-_register(Kind(8, LearnerProgress, lambda c: (_PROGRESS_HEAD.pack(len(c.name.encode()), c.index), c.name.encode()),
-               _decode_progress, _check_learner, _none))
+register(Kind(6, RegisterLearner, _encode_register, _decode_register, _check_register, _none, ranges_written=_none,
+              admin_verb="learners", apply=lambda c, state: state.update_meta(register_updates(c)),
+              proto_field="register_learner"))
+register(Kind(7, RemoveLearner, lambda c: (_U32.pack(len(c.name.encode())), c.name.encode()), _decode_remove,
+              _check_learner, _none, ranges_written=_none, admin_verb="learners",
+              apply=lambda c, state: state.update_meta(remove_updates(c)),
+              proto_field="remove_learner"))
+register(Kind(8, LearnerProgress, lambda c: (_PROGRESS_HEAD.pack(len(c.name.encode()), c.index), c.name.encode()),
+              _decode_progress, _check_learner, _none, ranges_written=_none, admin_verb="report_progress",
+              apply=lambda c, state: state.update_meta(progress_updates(c, state.meta_get)),
+              proto_field="learner_progress"))

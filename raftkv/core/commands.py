@@ -1,6 +1,6 @@
 """Write commands: frozen dataclasses, nothing else.
 
-How each kind is encoded, checked, routed and written is in its `Kind`
+How each kind is encoded, checked, routed, permitted and applied is in its `Kind`
 (raftkv/core/command_kinds.py), registered under the tag it has in the log.
 """
 

@@ -15,13 +15,13 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from raftkv.core.commands import LearnerCommand, LearnerProgress, RegisterLearner, RemoveLearner
+from raftkv.core.commands import LearnerProgress, RegisterLearner, RemoveLearner
 
 _LEARNER = b"learner/"
 _PROGRESS = b"progress/"
 _U64 = struct.Struct("<Q")
 
-MetaUpdates = dict[bytes, bytes | None]
+MetaUpdates = dict[bytes, bytes | None]  # the metadata writes a learner command makes
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,17 @@ def only_progress(commands: Iterable[object]) -> bool:
     return all(isinstance(c, LearnerProgress) for c in commands)
 
 
-def updates_for(command: LearnerCommand, read_meta: Callable[[bytes], bytes | None]) -> MetaUpdates:
-    """The metadata writes a learner command makes."""
+def register_updates(command: RegisterLearner) -> MetaUpdates:
+    doc = {"sink": command.sink, "options": dict(command.options)}
+    return {_LEARNER + command.name.encode(): json.dumps(doc, sort_keys=True).encode()}
+
+
+def remove_updates(command: RemoveLearner) -> MetaUpdates:
+    return {_LEARNER + command.name.encode(): None, _PROGRESS + command.name.encode(): None}
+
+
+def progress_updates(command: LearnerProgress, read_meta: Callable[[bytes], bytes | None]) -> MetaUpdates:
     learner_key, progress_key = _LEARNER + command.name.encode(), _PROGRESS + command.name.encode()
-    if isinstance(command, RegisterLearner):
-        doc = {"sink": command.sink, "options": dict(command.options)}
-        return {learner_key: json.dumps(doc, sort_keys=True).encode()}
-    if isinstance(command, RemoveLearner):
-        return {learner_key: None, progress_key: None}
     if read_meta(learner_key) is None:
         return {}  # progress of a learner removed meanwhile
     current = read_meta(progress_key)
@@ -66,7 +69,3 @@ def learners_from(meta: Iterable[tuple[bytes, bytes]]) -> dict[str, LearnerInfo]
         name: LearnerInfo(name, doc["sink"], doc["options"], progress.get(name, 0))
         for name, doc in sorted(docs.items())
     }
-
-
-def is_learner_command(command: object) -> bool:
-    return isinstance(command, (RegisterLearner, RemoveLearner, LearnerProgress))

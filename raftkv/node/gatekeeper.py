@@ -18,7 +18,8 @@ from cryptography import x509
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api.rpc_errors import error_metadata
-from raftkv.core.commands import Batch, Cas, Command, Delete, DeleteRange, LearnerProgress, Put, PutMany
+from raftkv.core.command_kinds import kind_of
+from raftkv.core.commands import Command
 from raftkv.core.errors import ConfigError, PermissionDenied, Unauthenticated
 from raftkv.meta.access import role_grants, user_roles
 from raftkv.meta.records import ClusterMeta
@@ -102,15 +103,9 @@ def op_requests(op: pb.Op, command: Command | None) -> list[Request]:
 
 
 def command_requests(command: Command) -> list[Request]:
-    if isinstance(command, (Put, Delete, Cas)):
-        return [Request.key(Access.WRITE, command.key)]
-    if isinstance(command, DeleteRange):
-        return [Request(Access.WRITE, command.start, command.end)]
-    if isinstance(command, PutMany):
-        return [Request.key(Access.WRITE, key) for key in command.split()[0]]
-    if isinstance(command, Batch):
-        return [r for m in command.ops for r in command_requests(m)]
-    if isinstance(command, LearnerProgress):
-        return [Request.admin("report_progress")]
-    return [Request.admin("learners")]  # registering or removing one
+    """Write access to every key the command may change, or the admin verb its kind names instead."""
+    kind = kind_of(command)
+    if kind.admin_verb:
+        return [Request.admin(kind.admin_verb)]
+    return [Request(Access.WRITE, start, end) for start, end in kind.ranges_written(command)]
 
