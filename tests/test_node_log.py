@@ -1,0 +1,573 @@
+"""Tests for raftkv.raft.node_log: a GroupLog held to RaftJournal's behaviour, many groups in one log,
+one write per batch and one fdatasync per sync, the timer and the syncer thread, segments and purge."""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import threading
+import zlib
+from pathlib import Path
+
+import pysyncobj.syncobj
+import pytest
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.journal import MemoryJournal
+
+from raftkv import failpoints
+from raftkv.core import metrics
+from raftkv.core.errors import DiskFailed, StorageFull
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.raft.node_log import GroupLog, NodeLog
+
+ROOT = Path(__file__).resolve().parents[1]
+SEGMENT_HEADER = b"RKVWAL\0\0" + struct.pack("<I", 1)
+ENTRIES = [(b"first", 1, 1), (b"second entry", 2, 1), (b"third", 3, 2)]
+GROUP = 7
+
+
+# The format, built from the layout documented in raftkv.raft.node_log_format
+
+
+def record(kind: int, group: int, payload: bytes) -> bytes:
+    fixed = struct.pack("<BI", kind, group)
+    crc = zlib.crc32(fixed + payload)
+    return struct.pack("<III", len(payload), len(payload) ^ 0xFFFFFFFF, crc) + fixed + payload
+
+
+def entries(group: int, items: list[tuple[bytes, int, int]], kind: int = 1) -> bytes:
+    payload = struct.pack("<Q", items[0][1] if items else 0)
+    for command, _, term in items:
+        payload += struct.pack("<QI", term, len(command)) + command
+    return record(kind, group, payload)
+
+
+def state(group: int, term: int = 0, commit: int = 1, voted: str | None = None) -> bytes:
+    vote = b"" if voted is None else voted.encode()
+    return record(5, group, struct.pack("<QQi", term, commit, -1 if voted is None else len(vote)) + vote)
+
+
+def synced(seq: int, offset: int) -> bytes:
+    return record(8, 0xFFFFFFFF, struct.pack("<QQ", seq, offset))
+
+
+# Helpers
+
+
+class Clock:
+    """The node log's clock: time moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def open_log(folder: Path, fsync: bool = False, **options) -> NodeLog:
+    return NodeLog(folder, fsync=fsync, **options)
+
+
+def open_with(folder: Path, items: list[tuple[bytes, int, int]], fsync: bool = False, **options) -> tuple[NodeLog, GroupLog]:
+    log = open_log(folder, fsync, **options)
+    group = log.group(GROUP)
+    for entry in items:
+        group.add(*entry)
+    return log, group
+
+
+def reopen(log: NodeLog, **options) -> NodeLog:
+    log.close()
+    return NodeLog(log.folder, fsync=log._fsync, **options)
+
+
+def kill(log: NodeLog) -> None:
+    """What kill -9 leaves: the files as written, nothing flushed or synced."""
+    log._files.close()
+    log._closed = True
+    log._pending.clear()  # the process's memory is gone with it
+
+
+def segment(log: NodeLog, seq: int = 1) -> bytes:
+    return log.segment_path(seq).read_bytes()
+
+
+class Counting:
+    """Counts calls of an os function a test patches, passing them on."""
+
+    def __init__(self, monkeypatch, name: str):
+        self.calls: list[tuple] = []
+        real = getattr(os, name)
+
+        def counted(*args):
+            self.calls.append(args)
+            return real(*args)
+
+        monkeypatch.setattr(os, name, counted)
+
+
+# A GroupLog does what a RaftJournal does
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_round_trip_across_reopen(tmp_path: Path, fsync: bool) -> None:
+    log = reopen(open_with(tmp_path, ENTRIES, fsync)[0])
+    assert log.group(GROUP)[:] == ENTRIES
+    assert all(type(command) is bytes for command, _, _ in log.group(GROUP)[:])
+    log.close()
+
+
+def test_a_new_log_is_one_segment_of_the_documented_records_and_empty_defaults(tmp_path: Path) -> None:
+    log = open_log(tmp_path / "a" / "b")
+    group = log.group(GROUP)
+    assert (len(group), group.getCurrentTerm(), group.getVotedForNodeId(), group.getRaftCommitIndex()) == (0, 0, None, 1)
+    for entry in ENTRIES:
+        group.add(*entry)
+    log.close()
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == ["0000000000000001.log", "meta"]
+    assert segment(log) == SEGMENT_HEADER + state(GROUP) + b"".join(entries(GROUP, [entry]) for entry in ENTRIES)
+
+
+def test_indexing_and_slicing_behave_like_a_list(tmp_path: Path) -> None:
+    log, group = open_with(tmp_path, ENTRIES)
+    for i in range(-len(ENTRIES), len(ENTRIES)):
+        assert group[i] == ENTRIES[i]
+    for s in [slice(None), slice(1, None), slice(-2, None), slice(0, 2), slice(1, 1), slice(5, 9), slice(None, -1)]:
+        assert group[s] == ENTRIES[s]
+    for bad in (3, -4):
+        with pytest.raises(IndexError):
+            group[bad]
+    assert list(group) == ENTRIES
+    log.close()
+
+
+def test_add_rejects_an_index_that_does_not_follow(tmp_path: Path) -> None:
+    log, group = open_with(tmp_path, ENTRIES)
+    with pytest.raises(ValueError, match="entry 5 does not follow 3"):
+        group.add(b"gap", 5, 2)
+    with pytest.raises(ValueError), log.batch():
+        group.add(b"gap", 3, 2)
+    assert reopen(log).group(GROUP)[:] == ENTRIES
+
+
+@pytest.mark.parametrize("position", [0, 1, 2, 3, -1, -3, 10])
+def test_delete_entries_from_survives_reopen(tmp_path: Path, position: int) -> None:
+    log, group = open_with(tmp_path, ENTRIES)
+    group.deleteEntriesFrom(position)
+    expected = ENTRIES[:position]
+    assert group[:] == expected
+    log = reopen(log)
+    assert log.group(GROUP)[:] == expected
+    next_idx = expected[-1][1] + 1 if expected else 1
+    log.group(GROUP).add(b"after", next_idx, 3)
+    assert reopen(log).group(GROUP)[:] == [*expected, (b"after", next_idx, 3)]
+
+
+@pytest.mark.parametrize("position", [0, 1, 2, 3, -1, 10])
+def test_delete_entries_to_survives_reopen(tmp_path: Path, position: int) -> None:
+    log, group = open_with(tmp_path, ENTRIES)
+    group.deleteEntriesTo(position)
+    expected = ENTRIES[position:]
+    assert group[:] == expected
+    next_idx = expected[-1][1] + 1 if expected else 9
+    group.add(b"after", next_idx, 3)
+    log = reopen(log)
+    assert log.group(GROUP)[:] == [*expected, (b"after", next_idx, 3)]
+    log.close()
+
+
+def test_clear_survives_reopen(tmp_path: Path) -> None:
+    log, group = open_with(tmp_path, ENTRIES)
+    group.clear()
+    assert len(group) == 0
+    log = reopen(log)
+    assert len(log.group(GROUP)) == 0
+    log.group(GROUP).add(b"snapshot", 40, 5)
+    assert reopen(log).group(GROUP)[:] == [(b"snapshot", 40, 5)]
+
+
+def test_sizes_count_each_live_entry(tmp_path: Path) -> None:
+    log, group = open_with(tmp_path, ENTRIES)
+    sizes = [12 + len(command) for command, _, _ in ENTRIES]
+    assert group.size_bytes == sum(sizes)
+    assert [group.bytes_from(p) for p in (0, 1, 2, 3, -1)] == [sum(sizes), sum(sizes[1:]), sizes[2], 0, 0]
+    group.deleteEntriesTo(1)
+    assert group.size_bytes == sum(sizes[1:]) == group.bytes_from(0)
+    assert reopen(log).group(GROUP).size_bytes == sum(sizes[1:])
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_term_and_vote_are_synced_before_set_current_term_returns(tmp_path: Path, fsync: bool, monkeypatch) -> None:
+    log, group = open_with(tmp_path, ENTRIES[:1], fsync)
+    synced_sizes = []
+    real = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced_sizes.append(os.fstat(fd).st_size), real(fd)))
+    group.setCurrentTerm(7, "10.0.0.1:4321")
+    assert synced_sizes == [len(segment(log))]
+    assert segment(log).endswith(state(GROUP, 7, 1, "10.0.0.1:4321"))
+    group.setCurrentTerm(8, None)
+    kill(log)
+    group = open_log(tmp_path, fsync).group(GROUP)
+    assert (group.getCurrentTerm(), group.getVotedForNodeId()) == (8, None)
+
+
+def test_commit_index_is_stored_lazily(tmp_path: Path) -> None:
+    clock = Clock()
+    log, group = open_with(tmp_path, ENTRIES, clock=clock)
+    group.setRaftCommitIndex(2)
+    assert group.getRaftCommitIndex() == 2
+    group.onOneSecondTimer()
+    group.setRaftCommitIndex(3)
+    group.onOneSecondTimer()  # within the period: nothing written
+    kill(log)
+    log = open_log(tmp_path, clock=clock)
+    assert log.group(GROUP).getRaftCommitIndex() == 2
+    log.group(GROUP).setRaftCommitIndex(4)
+    log.group(GROUP).setCurrentTerm(4, "n1")  # its state record carries the commit index too
+    kill(log)
+    log = open_log(tmp_path, clock=clock)
+    group = log.group(GROUP)
+    assert (group.getRaftCommitIndex(), group.getCurrentTerm(), group.getVotedForNodeId()) == (4, 4, "n1")
+    group.setRaftCommitIndex(1000)
+    assert reopen(log).group(GROUP).getRaftCommitIndex() == 1000
+
+
+def test_pysyncobj_runs_on_a_group_log_and_replays_it(tmp_path: Path, monkeypatch) -> None:
+    logs: list[NodeLog] = []
+
+    def create_journal(path: str | None = None):
+        if path is None:
+            return MemoryJournal()
+        logs.append(NodeLog(path, fsync=True))
+        return logs[-1].group(3)
+
+    class Counter(SyncObj):
+        def __init__(self) -> None:
+            self.counter = 0
+            self.address = f"127.0.0.1:{free_port_block(1)}"
+            super().__init__(self.address, [], SyncObjConf(journalFile=str(tmp_path)))
+
+        @replicated
+        def add(self, amount: int) -> int:
+            self.counter += amount
+            return self.counter
+
+    monkeypatch.setattr(pysyncobj.syncobj, "createJournal", create_journal)
+    node = Counter()
+    try:
+        assert [node.add(n, sync=True, timeout=10) for n in range(1, 6)] == [1, 3, 6, 10, 15]
+    finally:
+        node.destroy_synchronous()
+        logs[-1].close()
+    node = Counter()
+    try:
+        assert node.add(100, sync=True, timeout=10) == 115  # after the five before, replayed from the log
+    finally:
+        node.destroy_synchronous()
+        logs[-1].close()
+    group = NodeLog(tmp_path, fsync=False).group(3)
+    assert group.getVotedForNodeId() == node.address and group.getCurrentTerm() >= 1
+
+
+# Many groups in one log
+
+
+def test_groups_interleaved_are_each_read_back_as_they_were(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    expected: dict[int, list] = {g: [] for g in range(5)}
+    for i in range(1, 41):
+        g = i * 7 % 5
+        entry = (b"g%d-%d" % (g, i), len(expected[g]) + 1, 1 + i // 10)
+        log.group(g).add(*entry)
+        expected[g].append(entry)
+    log.group(1).deleteEntriesFrom(2)
+    del expected[1][2:]
+    log.group(2).deleteEntriesTo(3)
+    del expected[2][:3]
+    log.group(3).clear()
+    expected[3] = []
+    log.group(4).setCurrentTerm(9, "n4")
+    log = reopen(log)
+    assert log.groups() == [0, 1, 2, 3, 4]
+    assert {g: log.group(g)[:] for g in range(5)} == expected
+    assert log.group(4).getCurrentTerm() == 9 and log.group(0).getCurrentTerm() == 0
+    log.close()
+
+
+def test_a_removed_group_stays_removed_and_comes_back_empty_if_created_again(tmp_path: Path, monkeypatch) -> None:
+    log, group = open_with(tmp_path, ENTRIES)
+    log.group(8).add(b"other", 1, 1)
+    calls = Counting(monkeypatch, "fdatasync").calls
+    log.remove(GROUP)
+    assert len(calls) == 1 and group.closed
+    kill(log)  # the remove record was synced
+    log = open_log(tmp_path)
+    assert log.groups() == [8]
+    group = log.group(GROUP)
+    assert (len(group), group.getCurrentTerm()) == (0, 0)
+    group.add(b"anew", 20, 4)
+    assert reopen(log).group(GROUP)[:] == [(b"anew", 20, 4)]
+
+
+def test_group_ids_are_u32_with_one_reserved(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    for bad in (-1, 0xFFFFFFFF, 1 << 32):
+        with pytest.raises(ValueError):
+            log.group(bad)
+    assert log.group(0xFFFFFFFE) is log.group(0xFFFFFFFE)
+    log.close()
+
+
+# One write per batch, one fdatasync per sync
+
+
+def test_a_batch_over_many_groups_is_one_write_with_one_entries_record_per_group(tmp_path: Path, monkeypatch) -> None:
+    log = open_log(tmp_path)
+    groups = [log.group(g) for g in range(8)]
+    before = len(segment(log))
+    writes = Counting(monkeypatch, "write").calls
+    counted = metrics.JOURNAL_WRITES._value.get()
+    with log.batch():
+        for round_ in range(1, 4):
+            for g, group in enumerate(groups):
+                group.add(b"%d/%d" % (g, round_), round_, 1)
+            groups[0].setRaftCommitIndex(round_)
+        with log.batch():  # nested: still the outer batch's write
+            groups[5].deleteEntriesFrom(2)
+        assert writes == [] and len(segment(log)) == before  # nothing written yet
+    assert len(writes) == 1 and metrics.JOURNAL_WRITES._value.get() == counted + 1
+    expected = [[(b"%d/%d" % (g, r), r, 1) for r in range(1, 4)] for g in range(8)]
+    assert segment(log)[before:before + len(entries(0, expected[0]))] == entries(0, expected[0])
+    assert segment(log).count(struct.pack("<BI", 1, 3)) == 1  # group 3's three entries: one record
+    expected[5] = expected[5][:2]
+    log = reopen(log)
+    assert [log.group(g)[:] for g in range(8)] == expected
+
+
+def test_without_a_batch_each_call_is_written_when_it_returns(tmp_path: Path, monkeypatch) -> None:
+    log, group = open_with(tmp_path, ENTRIES[:1])
+    writes = Counting(monkeypatch, "write").calls
+    group.add(*ENTRIES[1])
+    group.add(*ENTRIES[2])
+    assert len(writes) == 2
+    kill(log)
+    assert open_log(tmp_path).group(GROUP)[:] == ENTRIES
+
+
+def test_batched_records_are_only_written_by_the_batch_end_or_write_pending(tmp_path: Path) -> None:
+    log, group = open_with(tmp_path, ENTRIES[:1])
+    with log.batch():
+        group.add(*ENTRIES[1])
+        assert log.write_pending() == log.written
+        group.add(*ENTRIES[2])
+        kill(log)  # inside the batch: the last add was never written
+    assert open_log(tmp_path).group(GROUP)[:] == ENTRIES[:2]
+
+
+def test_one_fdatasync_covers_every_group(tmp_path: Path, monkeypatch) -> None:
+    log = open_log(tmp_path, fsync=True)
+    groups = [log.group(g) for g in range(16)]
+    log.sync()
+    calls = Counting(monkeypatch, "fdatasync").calls
+    assert not any(group.dirty for group in groups)
+    with log.batch():
+        for group in groups:
+            group.add(b"x", 1, 1)
+    written = log.written
+    assert all(group.dirty for group in groups) and log.synced < written
+    for group in groups:  # as each replica's transport would before sending
+        if group.dirty:
+            group.sync()
+    assert len(calls) == 1 and log.synced == written
+    assert not any(group.dirty for group in groups)
+    log.sync()
+    assert len(calls) == 1
+    log.close()
+
+
+def test_without_fsync_mode_nothing_is_dirty_and_the_timer_syncs_once_for_every_group(tmp_path: Path, monkeypatch) -> None:
+    clock = Clock()
+    log = open_log(tmp_path, clock=clock)
+    groups = [log.group(g) for g in range(4)]
+    calls = Counting(monkeypatch, "fdatasync").calls
+    for group in groups:
+        group.add(b"x", 1, 1)
+    assert not any(group.dirty for group in groups) and calls == []
+    for group in groups:  # every group ticks within the period: one sync
+        group.onOneSecondTimer()
+    assert len(calls) == 1
+    clock.now += 1
+    for group in groups:
+        group.onOneSecondTimer()
+    assert len(calls) == 1  # nothing new to sync
+    log.close()
+
+
+def test_a_failed_batch_write_keeps_the_batch_for_the_next_write(tmp_path: Path, monkeypatch) -> None:
+    log, group = open_with(tmp_path, ENTRIES[:1])
+    size = len(segment(log))
+    real_write = os.write
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+        with pytest.raises(StorageFull), log.batch():
+            group.add(*ENTRIES[1])
+            log.group(8).add(b"other", 1, 1)
+    assert len(segment(log)) == size
+    assert group[:] == ENTRIES[:2]  # in memory, as pysyncobj was told
+    monkeypatch.setattr(os, "write", real_write)
+    group.add(*ENTRIES[2])  # writes the kept batch first
+    kill(log)
+    log = open_log(tmp_path)
+    assert log.group(GROUP)[:] == ENTRIES and log.group(8)[:] == [(b"other", 1, 1)]
+
+
+# Syncing from another thread
+
+
+def test_a_log_synced_elsewhere_is_synced_by_that_thread_and_every_group_hears_of_its_failure(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    a, b = log.group(1), log.group(2)
+    a.sync_elsewhere()
+    a.add(b"a", 1, 1)
+    a.setRaftCommitIndex(1)
+    a.onOneSecondTimer()  # writes the commit index, does not sync
+    assert log.synced < log.written
+    assert b.sync_in_background() and log.synced == log.written
+    a.add(b"b", 2, 1)
+    failpoints.arm("journal-fsync-before", "1*error")
+    try:
+        assert log.sync_in_background()  # the syncer's thread carries on
+    finally:
+        failpoints.disarm_all()
+    for group in (a, b):
+        with pytest.raises(DiskFailed, match=r"fsync of .*0000000000000001.log failed"):
+            group.onOneSecondTimer()
+    a._destroy()
+    assert not a.sync_in_background() and b.sync_in_background()
+    log.close()
+    assert not log.sync_in_background()
+
+
+def test_writes_go_on_while_the_background_fdatasync_runs(tmp_path: Path, monkeypatch) -> None:
+    log, group = open_with(tmp_path, ENTRIES[:1])
+    started, release = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        started.set()
+        assert release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    syncer = threading.Thread(target=log.sync_in_background)
+    syncer.start()
+    try:
+        assert started.wait(10)
+        group.add(*ENTRIES[1])  # would hang here if the write waited for the fsync
+        group.deleteEntriesFrom(1)
+        group.add(*ENTRIES[1])
+    finally:
+        release.set()
+        syncer.join(10)
+    monkeypatch.setattr(os, "fdatasync", real)
+    assert log.synced < log.written  # that sync covered only what was written before it
+    assert reopen(log).group(GROUP)[:] == ENTRIES[:2]
+
+
+def test_the_syncer_thread_keeps_up_with_writes_compactions_truncations_and_rolls(tmp_path: Path) -> None:
+    log = open_log(tmp_path, segment_bytes=4096)
+    stop = threading.Event()
+
+    def syncer() -> None:
+        while not stop.is_set():
+            log.sync_in_background()
+
+    thread = threading.Thread(target=syncer)
+    thread.start()
+    expected: dict[int, list] = {0: [], 1: []}
+    try:
+        for idx in range(1, 3001):
+            for g in (0, 1):
+                entry = (b"entry %d" % idx, expected[g][-1][1] + 1 if expected[g] else 1, 1)
+                log.group(g).add(*entry)
+                expected[g].append(entry)
+            if idx % 500 == 0:
+                log.group(idx // 500 % 2).deleteEntriesTo(len(expected[idx // 500 % 2]) - 10)
+                del expected[idx // 500 % 2][:-10]
+            elif idx % 97 == 0:
+                log.group(1).deleteEntriesFrom(-3)
+                del expected[1][-3:]
+    finally:
+        stop.set()
+        thread.join(30)
+    assert log._error_count == 0 and len(log.segments) > 1
+    log = reopen(log)
+    assert {g: log.group(g)[:] for g in (0, 1)} == expected
+    log.close()
+
+
+# Segments, garbage collection and purge
+
+
+def test_segments_roll_once_synced_and_the_dead_oldest_ones_are_deleted(tmp_path: Path, monkeypatch) -> None:
+    """segment_bytes=1: every write starts a new segment, so segment n holds write n."""
+    log = open_log(tmp_path, segment_bytes=1)
+    one, two = log.group(1), log.group(2)  # 1, 2: their state records
+    one.add(b"a", 1, 1)  # 3
+    two.add(b"b", 1, 1)  # 4
+    one.add(b"c", 2, 1)  # 5
+    calls = Counting(monkeypatch, "fdatasync").calls
+    one.setCurrentTerm(2, None)  # 6 (the roll syncs 5, then the term's sync)
+    assert len(calls) == 2
+    two.setCurrentTerm(2, None)  # 7
+    assert log.segments == [1, 2, 3, 4, 5, 6, 7]
+    assert all(segment(log, seq).startswith(SEGMENT_HEADER) for seq in log.segments)
+    assert log.collect() == 2 and log.segments == [3, 4, 5, 6, 7]  # both states moved on
+    one.deleteEntriesTo(1)  # 8: entry 1 compacted away
+    assert log.collect() == 1 and log.segments == [4, 5, 6, 7, 8]
+    one.setCurrentTerm(3, None)  # 9: segment 6 is dead, but 4 (group 2's entry) is not
+    assert log.collect() == 0 and log.segments == [4, 5, 6, 7, 8, 9]
+    two.deleteEntriesTo(1)  # 10
+    assert log.collect() == 1 and log.segments == [5, 6, 7, 8, 9, 10]
+    purged = log.purge()  # group 1 (entry 2 in 5, state in 9) rewritten at 11; 5, 6 go; 7 holds group 2's state
+    assert (purged.rewritten, purged.holding, purged.deleted) == ((1,), (2,), 2)
+    assert log.segments == [7, 8, 9, 10, 11]
+    log.remove(2)  # 12
+    assert log.collect() == 4 and log.segments == [11, 12]
+    log = reopen(log, segment_bytes=1)
+    assert log.groups() == [1] and log.group(1)[:] == [(b"c", 2, 1)] and log.group(1).getCurrentTerm() == 3
+    log.close()
+
+
+def test_purge_rewrites_the_smallest_holders_first_within_its_budget(tmp_path: Path) -> None:
+    log = open_log(tmp_path, segment_bytes=1 << 20)
+    for g, count in ((1, 30), (2, 1), (3, 5)):
+        for idx in range(1, count + 1):
+            log.group(g).add(b"%d" % idx * 10, idx, 1)
+    log.group(4).add(b"young", 1, 1)
+    log._files._segment_bytes = 1  # the next write starts segment 2
+    log.group(4).add(b"younger", 2, 1)
+    log._files._segment_bytes = 1 << 20
+    first = log.purge(max_bytes=100)  # group sizes: 2: 22 bytes, 4: 36, 3: 110, 1: 852
+    assert (first.rewritten, first.holding, first.deleted) == ((2, 4), (1, 3), 0)
+    second = log.purge(max_bytes=100)  # at least one group per call, whatever its size
+    assert (second.rewritten, second.holding, second.deleted) == ((3,), (1,), 0)
+    third = log.purge(max_bytes=100)
+    assert (third.rewritten, third.holding, third.deleted) == ((1,), (), 1)
+    assert log.segments == [2] and log.purge() == type(third)((), (), 0)
+    log = reopen(log)
+    assert [len(log.group(g)) for g in (1, 2, 3, 4)] == [30, 1, 5, 2]
+    log.close()
+
+
+def test_a_compaction_still_batched_kills_no_segment_until_it_is_written_and_synced(tmp_path: Path) -> None:
+    log = open_log(tmp_path, segment_bytes=1)
+    log.group(1).add(b"a", 1, 1)  # 2 (its state record is 1)
+    log.group(1).setCurrentTerm(1, None)  # 3
+    with log.batch():
+        log.group(1).deleteEntriesTo(1)  # segment 2 is dead in memory, not on disk
+        assert log.sync_in_background() and log.segments == [1, 2, 3]
+    assert log.segments == [1, 2, 3, 4]
+    assert log.sync_in_background() and log.segments == [3, 4]  # 3: its state record
+    log.close()
