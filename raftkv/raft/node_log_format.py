@@ -121,6 +121,9 @@ def synced_record(point: Point) -> bytes:
     return frame(KIND_GROUP.pack(Kind.SYNCED, NO_GROUP), _POINT.pack(*point))
 
 
+SYNCED_PREFIX = RECORD_HEADER.pack(_POINT.size, _POINT.size ^ 0xFFFFFFFF, 0)[:8]  # how every synced record starts
+
+
 class BadPayload(Exception):
     """A record whose checksum holds but whose payload does not parse: written wrong, not torn."""
 

@@ -5,10 +5,11 @@ The rules (docs/raft-engine.md, "The shared write-ahead log, as built"):
 - Segments are numbered without gaps; older ones are whole (each was synced before the next was
   created), so any damage in one of them is corruption.
 - In the last segment, a record that fails a check at or after the durable point (the latest of
-  the meta file's point and the `synced` records read before it) is a torn tail, and so is one
-  followed by nothing but zeros (RaftJournal's rule): a power cut keeps any part of what was
-  written after the last sync, holes of zeros and a later write's pages included. It is cut
-  off with a warning naming the file, the offset and the groups whose records were lost.
+  the meta file's point and those of the segments' `synced` records, wherever they are: each
+  passed its checksum) is a torn tail, and so is one followed by nothing but zeros (RaftJournal's
+  rule): a power cut keeps any part of what was written after the last sync, holes of zeros and
+  a later write's pages included. It is cut off with a warning naming the file, the offset and
+  the groups of the legible records lost with it.
 - Any other damage raises CorruptData naming the file, the offset, the groups whose records the
   file holds, and what to do.
 """
@@ -22,8 +23,8 @@ from pathlib import Path
 
 from raftkv.core.errors import CorruptData
 from raftkv.raft.node_log_format import (
-    FORMAT_VERSION, KIND_GROUP, NO_GROUP, SEGMENT_HEADER, SEGMENT_MAGIC, BadPayload, Kind, Point, legible_group,
-    read_point, read_record, segment_name, segment_seq,
+    FORMAT_VERSION, KIND_GROUP, NO_GROUP, SEGMENT_HEADER, SEGMENT_MAGIC, SYNCED_PREFIX, BadPayload, Kind, Point,
+    legible_group, read_point, read_record, segment_name, segment_seq,
 )
 from raftkv.raft.node_log_groups import GroupState, replay
 from raftkv.raft.record_file import BadRecord, check_file_header, legible_end, only_zeros_from, read_file
@@ -74,11 +75,12 @@ def _scan(path: Path, data: bytes, seq: int, last: bool, groups: dict[int, Group
         try:
             kind, group, start, end = read_record(data, offset)
         except BadRecord as bad:
+            durable = max(filter(None, (durable, *_synced_points(data, offset))), default=None)
             beyond_sync = durable is not None and (seq, offset) >= durable
             if not (last and (beyond_sync or only_zeros_from(data, bad.torn_if_zeros_from))):
                 raise corrupt(path, offset, bad.reason, seen | legible_groups(data, offset)) from None
-            _logger.warning("node log %s: dropped %d bytes of a torn write at byte %d (%s); groups whose records "
-                            "were lost: %s", path, len(data) - offset, offset, bad.reason,
+            _logger.warning("node log %s: dropped %d bytes of a torn write at byte %d (%s); the legible records "
+                            "among them were of groups: %s", path, len(data) - offset, offset, bad.reason,
                             _names(legible_groups(data, offset)))
             break
         try:
@@ -92,6 +94,21 @@ def _scan(path: Path, data: bytes, seq: int, last: bool, groups: dict[int, Group
             raise corrupt(path, offset, str(bad), seen) from None
         offset = end
     return offset, durable
+
+
+def _synced_points(data: bytes, offset: int) -> list[Point]:
+    """The durable points of the synced records after the damage at `offset` (each checked)."""
+    points = []
+    at = data.find(SYNCED_PREFIX, offset + 1)
+    while at >= 0:
+        try:
+            kind, _, start, end = read_record(data, at)
+            if kind == Kind.SYNCED:
+                points.append(read_point(data, start, end))
+        except (BadRecord, BadPayload):
+            pass
+        at = data.find(SYNCED_PREFIX, at + 1)
+    return points
 
 
 def legible_groups(data: bytes, offset: int) -> set[int]:

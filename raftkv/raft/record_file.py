@@ -63,13 +63,13 @@ def unframe(data: bytes, offset: int, fixed_size: int) -> int:
 
 
 def legible_end(data: bytes, offset: int, fixed_size: int) -> int | None:
-    """Where the record at `offset` ends if its length field is sound and it fits, checksum unchecked."""
+    """Where the record at `offset` ends (maybe past the data) if its headers are there and its length
+    field is sound; its checksum unchecked."""
     body = offset + RECORD_HEADER.size
     if body + fixed_size > len(data):
         return None
     length, length_check, _ = RECORD_HEADER.unpack_from(data, offset)
-    end = body + fixed_size + length
-    return end if length ^ length_check == LENGTH_MASK and end <= len(data) else None
+    return body + fixed_size + length if length ^ length_check == LENGTH_MASK else None
 
 
 def only_zeros_from(data: bytes, offset: int) -> bool:
