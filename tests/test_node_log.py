@@ -374,6 +374,7 @@ def test_one_fdatasync_covers_every_group(tmp_path: Path, monkeypatch) -> None:
     with log.batch():
         for group in groups:
             group.add(b"x", 1, 1)
+        assert all(group.dirty for group in groups)  # batched: not even written yet
     written = log.written
     assert all(group.dirty for group in groups) and log.synced < written
     for group in groups:  # as each replica's transport would before sending
@@ -398,9 +399,38 @@ def test_without_fsync_mode_nothing_is_dirty_and_the_timer_syncs_once_for_every_
         group.onOneSecondTimer()
     assert len(calls) == 1
     clock.now += 1
+    writes = Counting(monkeypatch, "write").calls
     for group in groups:
         group.onOneSecondTimer()
-    assert len(calls) == 1  # nothing new to sync
+    assert len(calls) == 1 and writes == []  # nothing new to write or sync
+    groups[1].setRaftCommitIndex(5)
+    groups[2].setRaftCommitIndex(6)
+    clock.now += 1
+    groups[0].onOneSecondTimer()
+    assert len(calls) == 2 and [fd for fd, _ in writes].count(log._files.fd) == 1  # one write of both indexes
+    clock.now += 1
+    groups[0].onOneSecondTimer()
+    assert [fd for fd, _ in writes].count(log._files.fd) == 1  # written once is enough
+    log.close()
+
+
+def test_a_batch_keeps_each_group_s_records_in_order(tmp_path: Path) -> None:
+    log, group = open_with(tmp_path, ENTRIES[:1])
+    with log.batch():
+        group.add(*ENTRIES[1])
+        group.add(*ENTRIES[2])
+        group.deleteEntriesFrom(1)
+        group.add(b"instead", 2, 3)
+        log.group(8).add(b"other", 1, 1)
+        log.group(8).clear()
+        log.group(8).add(b"after the clear", 2, 1)
+        group.add(b"and then", 3, 3)
+        group.setCurrentTerm(3, "n1")  # synced at once: the batch so far is written first
+        group.add(b"last", 4, 3)
+    expected = [ENTRIES[0], (b"instead", 2, 3), (b"and then", 3, 3), (b"last", 4, 3)]
+    assert group[:] == expected
+    log = reopen(log)
+    assert log.group(GROUP)[:] == expected and log.group(8)[:] == [(b"after the clear", 2, 1)]
     log.close()
 
 
@@ -537,6 +567,28 @@ def test_segments_roll_once_synced_and_the_dead_oldest_ones_are_deleted(tmp_path
     assert log.collect() == 4 and log.segments == [11, 12]
     log = reopen(log, segment_bytes=1)
     assert log.groups() == [1] and log.group(1)[:] == [(b"c", 2, 1)] and log.group(1).getCurrentTerm() == 3
+    log.close()
+
+
+def test_records_written_by_a_batch_hold_their_segment(tmp_path: Path) -> None:
+    log = open_log(tmp_path, segment_bytes=1)
+    with log.batch():
+        log.group(1).add(b"a", 1, 1)  # with its state record: segment 1
+    log.group(2).add(b"b", 1, 1)  # 2: its state record, 3: the entry
+    log.group(1).deleteEntriesTo(1)  # 4: only group 1's state record keeps segment 1
+    assert log.collect() == 0 and log.segments == [1, 2, 3, 4]
+    log = reopen(log, segment_bytes=1)
+    assert log.groups() == [1, 2]
+    log.close()
+
+
+def test_a_roll_syncs_what_came_before_it(tmp_path: Path) -> None:
+    log = open_log(tmp_path, fsync=True, segment_bytes=1)
+    one, two = log.group(1), log.group(2)
+    one.add(b"a", 1, 1)
+    assert one.dirty
+    two.add(b"b", 1, 1)  # a new segment, once the last was synced
+    assert not one.dirty and two.dirty
     log.close()
 
 

@@ -432,14 +432,19 @@ class NodeLogMachine(RuleBasedStateMachine):
             for command in commands:
                 self.add_to(g, command, term_step, first_idx)
 
-    @rule(adds=st.lists(st.tuples(groups, st.binary(max_size=8)), min_size=1, max_size=8), commit=st.integers(0, 99))
-    def turn(self, adds: list[tuple[int, bytes]], commit: int) -> None:
-        """One loop turn's writes over several groups: one batch."""
+    @rule(steps=st.lists(st.tuples(st.sampled_from(["add", "add", "from", "to", "clear", "commit"]), groups,
+                                   st.integers(-3, 6)), min_size=1, max_size=10))
+    def turn(self, steps: list[tuple[str, int, int]]) -> None:
+        """One loop turn's changes over several groups: one batch."""
         with self.log.batch():
-            for g, command in adds:
-                self.add_to(g, command, 0, 1)
-            self.group(adds[0][0]).setRaftCommitIndex(commit)
-            self.model[adds[0][0]].commit = commit
+            for step, g, number in steps:
+                if step == "add":
+                    self.add_to(g, b"%d" % number, number % 2, 1)
+                elif step == "commit":
+                    self.set_commit_index(g, abs(number))
+                else:
+                    getattr(self, {"from": "delete_entries_from", "to": "delete_entries_to", "clear": "clear"}[step])(
+                        *((g,) if step == "clear" else (g, number)))
 
     @rule(g=groups, position=st.integers(-8, 12))
     def delete_entries_from(self, g: int, position: int) -> None:
@@ -542,5 +547,5 @@ class NodeLogMachine(RuleBasedStateMachine):
 def test_the_log_behaves_like_a_model_under_random_operations_and_crashes(tmp_path_factory: pytest.TempPathFactory) -> None:
     run_state_machine_as_test(
         lambda: NodeLogMachine(lambda: tmp_path_factory.mktemp("node-log")),
-        settings=settings(max_examples=80, stateful_step_count=40, deadline=None),
+        settings=settings(max_examples=150, stateful_step_count=40, deadline=None),
     )
