@@ -1,32 +1,27 @@
 """NodeLog's recovery from torn and damaged segments, kill -9, power cuts, failed fsyncs and a full disk;
-importing a RaftJournal; and the whole log against a model under random operations and crashes."""
+and importing a RaftJournal."""
 
 from __future__ import annotations
 
-import copy
 import errno
 import logging
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
 
 import pytest
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from raftkv.chaos.small_disk import SmallDisk, unavailable_reason
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.node_log import NodeLog
 from tests.test_node_log import (
-    ENTRIES, GROUP, ROOT, SEGMENT_HEADER, Clock, entries, kill, open_log, open_with, reopen, segment, state,
+    ENTRIES, GROUP, ROOT, SEGMENT_HEADER, Clock, Counting, entries, kill, open_log, open_with, reopen, segment, state,
 )
 
 LOGGER = "raftkv.raft.node_log"
@@ -245,6 +240,18 @@ def test_a_missing_segment_a_bad_meta_and_leftovers(tmp_path: Path) -> None:
 # Durability
 
 
+def test_reopening_makes_what_it_read_durable_and_says_so_in_the_meta_file(tmp_path: Path, monkeypatch) -> None:
+    """A kill -9 leaves writes in the page cache only: read back, they are synced before anything is said of them."""
+    log = open_with(tmp_path, ENTRIES)[0]
+    kill(log)
+    calls = Counting(monkeypatch, "fdatasync").calls
+    log = open_log(tmp_path)
+    size = log.segment_path(1).stat().st_size
+    assert len(calls) == 1 and os.fstat(calls[0][0]).st_size == size
+    assert (tmp_path / "meta").read_bytes()[-16:] == struct.pack("<QQ", 1, size)
+    log.close()
+
+
 def test_entries_survive_kill_9(tmp_path: Path) -> None:
     script = (
         "import os, signal, sys\n"
@@ -307,6 +314,24 @@ def test_a_full_disk_raises_and_nothing_half_written_counts(tmp_path: Path, monk
     assert path.stat().st_size == size and group[:] == ENTRIES[:2]
     group.add(*ENTRIES[2])
     assert reopen(log).group(GROUP)[:] == ENTRIES
+
+
+def test_a_failed_batch_write_keeps_the_batch_for_the_next_write(tmp_path: Path, monkeypatch) -> None:
+    log, group = open_with(tmp_path, ENTRIES[:1])
+    size = len(segment(log))
+    real_write = os.write
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+        with pytest.raises(StorageFull), log.batch():
+            group.add(*ENTRIES[1])
+            log.group(8).add(b"other", 1, 1)
+    assert len(segment(log)) == size
+    assert group[:] == ENTRIES[:2]  # in memory, as pysyncobj was told
+    monkeypatch.setattr(os, "write", real_write)
+    group.add(*ENTRIES[2])  # writes the kept batch first
+    kill(log)
+    log = open_log(tmp_path)
+    assert log.group(GROUP)[:] == ENTRIES and log.group(8)[:] == [(b"other", 1, 1)]
 
 
 def test_a_full_log_says_so_for_every_group_until_the_disk_has_room(tmp_path: Path, monkeypatch) -> None:
@@ -375,177 +400,3 @@ def test_convert_imports_a_raft_journal_durably_and_again_if_asked(tmp_path: Pat
     assert log.convert(tmp_path / "p4", 4)[:] == ENTRIES  # a conversion done again replaces what was there
     assert log.group(9)[:] == [(b"other", 1, 1)]
     log.close()
-
-
-# The log against a model
-
-
-@dataclass
-class Model:
-    entries: list = field(default_factory=list)
-    term: int = 0
-    voted: str | None = None
-    commit: int = 1
-    written_commit: int = 1  # the commit index of the group's last state record
-
-
-class NodeLogMachine(RuleBasedStateMachine):
-    """Random operations over several groups, with clean reopens, kills and power cuts, against a dict of
-    lists. A power cut returns to the model as of the last sync (everything written since is cut off)."""
-
-    groups = st.sampled_from([0, 1, 2, 0xFFFFFFFE])
-
-    def __init__(self, make_folder: Callable[[], Path]):
-        super().__init__()
-        self.folder = make_folder()
-        self.clock = Clock()
-        self.model: dict[int, Model] = {}
-
-    @initialize(fsync=st.booleans(), segment_bytes=st.sampled_from([1, 160, 1 << 20]))
-    def open(self, fsync: bool, segment_bytes: int) -> None:
-        self.fsync, self.segment_bytes = fsync, segment_bytes
-        self.reopen_log()
-
-    def reopen_log(self) -> None:
-        self.log = NodeLog(self.folder, fsync=self.fsync, segment_bytes=self.segment_bytes, clock=self.clock)
-        self.synced()
-
-    def synced(self) -> None:
-        """Everything written is durable now."""
-        self.durable = copy.deepcopy(self.model), self.log.durable_point
-
-    def group(self, g: int):
-        self.model.setdefault(g, Model())
-        return self.log.group(g)
-
-    def add_to(self, g: int, command: bytes, term_step: int, first_idx: int) -> None:
-        view, model = self.group(g), self.model.setdefault(g, Model())
-        last = model.entries[-1] if model.entries else None
-        entry = (command, last[1] + 1, last[2] + term_step) if last else (command, first_idx, term_step)
-        view.add(*entry)
-        model.entries.append(entry)
-
-    @rule(g=groups, commands=st.lists(st.binary(max_size=24), min_size=1, max_size=3), batched=st.booleans(),
-          term_step=st.integers(0, 2), first_idx=st.integers(1, 2**40))
-    def add(self, g: int, commands: list[bytes], batched: bool, term_step: int, first_idx: int) -> None:
-        with self.log.batch() if batched else nullcontext():
-            for command in commands:
-                self.add_to(g, command, term_step, first_idx)
-
-    @rule(steps=st.lists(st.tuples(st.sampled_from(["add", "add", "from", "to", "clear", "commit"]), groups,
-                                   st.integers(-3, 6)), min_size=1, max_size=10))
-    def turn(self, steps: list[tuple[str, int, int]]) -> None:
-        """One loop turn's changes over several groups: one batch."""
-        with self.log.batch():
-            for step, g, number in steps:
-                if step == "add":
-                    self.add_to(g, b"%d" % number, number % 2, 1)
-                elif step == "commit":
-                    self.set_commit_index(g, abs(number))
-                else:
-                    getattr(self, {"from": "delete_entries_from", "to": "delete_entries_to", "clear": "clear"}[step])(
-                        *((g,) if step == "clear" else (g, number)))
-
-    @rule(g=groups, position=st.integers(-8, 12))
-    def delete_entries_from(self, g: int, position: int) -> None:
-        self.group(g).deleteEntriesFrom(position)
-        del self.model[g].entries[position:]
-
-    @rule(g=groups, position=st.integers(-8, 12))
-    def delete_entries_to(self, g: int, position: int) -> None:
-        self.group(g).deleteEntriesTo(position)
-        self.model[g].entries = self.model[g].entries[position:]
-
-    @rule(g=groups)
-    def clear(self, g: int) -> None:
-        self.group(g).clear()
-        self.model[g].entries = []
-
-    @rule(g=groups, term=st.integers(0, 2**63), voted=st.none() | st.text(max_size=12))
-    def set_current_term(self, g: int, term: int, voted: str | None) -> None:
-        self.group(g).setCurrentTerm(term, voted)
-        model = self.model[g]
-        model.term, model.voted, model.written_commit = term, voted, model.commit
-        self.synced()
-
-    @rule(g=groups, commit=st.integers(0, 2**63))
-    def set_commit_index(self, g: int, commit: int) -> None:
-        self.group(g).setRaftCommitIndex(commit)
-        self.model[g].commit = commit
-
-    @precondition(lambda self: self.model)
-    @rule(data=st.data())
-    def remove(self, data) -> None:
-        g = data.draw(st.sampled_from(sorted(self.model)))
-        self.log.remove(g)
-        del self.model[g]
-        self.synced()
-
-    @rule()
-    def sync(self) -> None:
-        self.log.sync()
-        self.synced()
-
-    @rule()
-    def timer(self) -> None:
-        self.clock.now += 1
-        self.log.on_timer()
-        for model in self.model.values():
-            model.written_commit = model.commit
-        self.synced()
-
-    @rule()
-    def collect(self) -> None:
-        self.log.collect()
-        self.synced()
-
-    @rule(max_bytes=st.sampled_from([0, 64, 1 << 20]))
-    def purge(self, max_bytes: int) -> None:
-        for g in self.log.purge(max_bytes).rewritten:
-            self.model[g].written_commit = self.model[g].commit
-        self.synced()
-
-    @rule()
-    def reopen(self) -> None:
-        self.log.close()
-        for model in self.model.values():
-            model.written_commit = model.commit
-        self.reopen_log()
-
-    @rule()
-    def kill(self) -> None:
-        kill(self.log)
-        for model in self.model.values():
-            model.commit = model.written_commit
-        self.reopen_log()
-
-    @rule()
-    def power_cut(self) -> None:
-        self.model, (seq, offset) = self.durable
-        kill(self.log)
-        for later in self.log.segments:
-            if later > seq:
-                self.log.segment_path(later).unlink()
-        os.truncate(self.log.segment_path(seq), offset)
-        for model in self.model.values():
-            model.commit = model.written_commit
-        self.reopen_log()
-
-    @invariant()
-    def matches_model(self) -> None:
-        assert self.log.groups() == sorted(self.model)
-        for g, model in self.model.items():
-            view = self.log.group(g)
-            assert view[:] == model.entries and len(view) == len(model.entries)
-            assert (view.getCurrentTerm(), view.getVotedForNodeId(), view.getRaftCommitIndex()) == (
-                model.term, model.voted, model.commit)
-
-    def teardown(self) -> None:
-        self.log.close()
-
-
-def test_the_log_behaves_like_a_model_under_random_operations_and_crashes(tmp_path_factory: pytest.TempPathFactory) -> None:
-    run_state_machine_as_test(
-        lambda: NodeLogMachine(lambda: tmp_path_factory.mktemp("node-log")),
-        settings=settings(max_examples=150, stateful_step_count=40, deadline=None),
-    )

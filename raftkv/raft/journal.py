@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import struct
 import threading
 import zlib
@@ -57,13 +56,12 @@ from raftkv.core import metrics
 from raftkv.core.durable import fsync_failed, fsync_file, make_dirs
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull
 from raftkv.raft.record_file import (
-    FILE_HEADER, RECORD_HEADER, BadRecord, check_file_header, frame, only_zeros_from, read_file, tmp_path, unframe,
-    write_all, write_new_file,
+    FILE_HEADER, FULL_UNTIL_FREE_BYTES, RECORD_HEADER, BadRecord, DiskSpace, append_whole, check_file_header, frame,
+    only_zeros_from, read_file, tmp_path, unframe, write_new_file,
 )
 
 Entry = tuple[bytes, int, int]
 
-FULL_UNTIL_FREE_BYTES = 8 << 20
 LOG_NAME = "raft.log"
 META_NAME = "meta"
 FORMAT_VERSION = 1
@@ -106,7 +104,7 @@ class RaftJournal(Journal):
         self._background_error: Exception | None = None  # what the background sync ran into, for the loop
         self._closed = False
         self._dirty = False
-        self._full = False  # the last add failed for want of space
+        self._space = DiskSpace(self._dir)
         self._failed: DiskFailed | None = None  # an fsync failed: no later one may be believed
         self._make_directory()
         for path in (self._path, self._meta_path):
@@ -126,13 +124,7 @@ class RaftJournal(Journal):
             raise ValueError(f"journal {self._path}: entry {idx} does not follow {self._entries[-1][1]}")
         record = _encode_record(command, idx, term)
         failpoints.hit("journal-append-before")
-        try:
-            write_all(self._fd, record, self._path)
-        except BaseException as error:
-            os.ftruncate(self._fd, self._end)  # a partial record would make the log unreadable
-            self._full = isinstance(error, StorageFull)
-            raise
-        self._full = False
+        append_whole(self._fd, record, self._path, self._end, self._space)
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
@@ -183,9 +175,7 @@ class RaftJournal(Journal):
     @property
     def full(self) -> bool:
         """An add failed for want of space, and the disk has not had FULL_UNTIL_FREE_BYTES free since."""
-        if self._full and shutil.disk_usage(self._dir).free >= FULL_UNTIL_FREE_BYTES:
-            self._full = False
-        return self._full
+        return self._space.full
 
     @property
     def dirty(self) -> bool:

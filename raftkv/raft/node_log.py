@@ -33,7 +33,6 @@ lock), so the event loop's writes never wait for the syncer's fdatasync.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from contextlib import contextmanager
@@ -43,13 +42,14 @@ from typing import Callable, Iterator
 
 from raftkv import failpoints
 from raftkv.core.errors import CorruptData, StorageFull
-from raftkv.raft.journal import FULL_UNTIL_FREE_BYTES, RaftJournal
+from raftkv.raft.journal import RaftJournal
 from raftkv.raft.node_log_format import (
     NO_GROUP, Entry, GrowingEntries, Kind, Point, bare_record, entries_record, state_record, synced_record,
 )
 from raftkv.raft.node_log_groups import PENDING, GroupState
 from raftkv.raft.node_log_segments import SegmentFiles
 from raftkv.raft.node_log_view import GroupLog
+from raftkv.raft.record_file import FULL_UNTIL_FREE_BYTES
 
 __all__ = ["FULL_UNTIL_FREE_BYTES", "GroupLog", "NodeLog", "Purged"]
 
@@ -245,20 +245,24 @@ class NodeLog:
         Holds the lock. A failed write is cut back off the file; what was batched stays batched."""
         files = self._files
         marker = files.durable
-        parts = [synced_record(marker)] if marker > self._marked else []
-        parts.extend(op if isinstance(op, bytes) else op.encode() for op in self._pending)
-        parts.append(record)
+        data = record
+        if self._pending or marker > self._marked:
+            parts = [synced_record(marker)] if marker > self._marked else []
+            parts += [op if isinstance(op, bytes) else op.encode() for op in self._pending]
+            parts.append(record)
+            data = b"".join(parts)
         head = files.seq
-        seq = files.write(b"".join(parts))
+        seq = files.write(data)
         if seq != head:  # rolled: the last segment was synced first
             self._synced_writes = self._writes
         self._writes += 1
         self._marked = marker
-        for state in self._pending_groups:
-            state.settle(seq, self._writes)
-        self._pending.clear()
-        self._pending_groups.clear()
-        self._open.clear()
+        if self._pending:
+            for state in self._pending_groups:
+                state.settle(seq, self._writes)
+            self._pending.clear()
+            self._pending_groups.clear()
+            self._open.clear()
         return seq
 
     def _forget(self, group: int) -> None:
@@ -282,10 +286,7 @@ class NodeLog:
     @property
     def full(self) -> bool:
         """A write failed for want of space, and the disk has not had FULL_UNTIL_FREE_BYTES free since."""
-        files = self._files
-        if files.full and shutil.disk_usage(files.folder).free >= FULL_UNTIL_FREE_BYTES:
-            files.full = False
-        return files.full
+        return self._files.space.full
 
     def sync(self) -> int:
         """Write what is batched and make every write so far durable with one fdatasync, for every group

@@ -27,7 +27,7 @@ import zlib
 from enum import IntEnum
 from typing import Callable, Iterable
 
-from raftkv.raft.record_file import FILE_HEADER, RECORD_HEADER, check_file_header, frame, unframe
+from raftkv.raft.record_file import FILE_HEADER, LENGTH_MASK, RECORD_HEADER, check_file_header, frame, unframe
 
 Entry = tuple[bytes, int, int]  # command, idx, term: what pysyncobj keeps in its log
 Point = tuple[int, int]  # (segment seq, byte offset) in the log
@@ -57,6 +57,8 @@ _U64 = struct.Struct("<Q")
 _ENTRY = struct.Struct("<QI")  # term, command length
 _STATE = struct.Struct("<QQi")  # term, commit index, length of voted-for (-1: none)
 _POINT = struct.Struct("<QQ")
+_ONE_ENTRY = struct.Struct("<BIQQI")  # kind, group, first idx, then the entry's term and command length
+_ENTRIES = int(Kind.ENTRIES)
 _CRC = struct.Struct("<I")
 ENTRY_OVERHEAD = _ENTRY.size  # bytes an entry takes in an entries record beside its command
 RECORD_OVERHEAD = RECORD_HEADER.size + KIND_GROUP.size
@@ -78,14 +80,17 @@ def segment_seq(name: str) -> int | None:
 def entries_record(group: int, first_idx: int, items: Iterable[tuple[bytes, int]], kind: Kind = Kind.ENTRIES) -> bytes:
     """An entries (or replace) record of `items`, (command, term) pairs from index `first_idx` on."""
     pack = _ENTRY.pack
-    payload = b"".join([_U64.pack(first_idx), *(part for command, term in items
-                                                 for part in (pack(term, len(command)), command))])
-    return frame(KIND_GROUP.pack(kind, group), payload)
+    parts = [_U64.pack(first_idx)]
+    for command, term in items:
+        parts += (pack(term, len(command)), command)
+    return frame(KIND_GROUP.pack(kind, group), b"".join(parts))
 
 
-def one_entry_record(group: int, command: bytes, idx: int, term: int) -> bytes:
-    """`entries_record` of one entry, the common case, built with fewer copies."""
-    return frame(KIND_GROUP.pack(Kind.ENTRIES, group), _U64.pack(idx) + _ENTRY.pack(term, len(command)) + command)
+def one_entry_record(group: int, command: bytes, term: int, idx: int) -> bytes:
+    """`entries_record` of one entry, the common case, with fewer copies."""
+    body = _ONE_ENTRY.pack(_ENTRIES, group, idx, term, len(command)) + command
+    length = len(body) - KIND_GROUP.size
+    return RECORD_HEADER.pack(length, length ^ LENGTH_MASK, zlib.crc32(body)) + body
 
 
 class GrowingEntries:
@@ -98,6 +103,8 @@ class GrowingEntries:
         self.items: list[tuple[bytes, int]] = []
 
     def encode(self) -> bytes:
+        if len(self.items) == 1:
+            return one_entry_record(self.group, *self.items[0], self.first)
         return entries_record(self.group, self.first, self.items)
 
 

@@ -18,7 +18,7 @@ from raftkv.core.errors import DiskFailed, StorageFull
 from raftkv.raft.node_log_format import SEGMENT_HEADER, Point, decode_meta, encode_meta, segment_name
 from raftkv.raft.node_log_groups import GroupState
 from raftkv.raft.node_log_recovery import corrupt, recover, remedy
-from raftkv.raft.record_file import TMP_SUFFIX, read_file, write_all, write_new_file
+from raftkv.raft.record_file import TMP_SUFFIX, DiskSpace, append_whole, read_file, write_new_file
 
 META_NAME = "meta"
 
@@ -32,7 +32,7 @@ class SegmentFiles:
         self._segment_bytes = segment_bytes
         self._meta_path = folder / META_NAME
         self.failed: DiskFailed | None = None
-        self.full = False  # the last write failed for want of space
+        self.space = DiskSpace(folder)
         self._retired: list[int] = []  # fds of segments rolled away from, closed by `close_retired`
         make_dirs(folder)  # in both modes: a log whose directory a power cut took is all lost
         for tmp in folder.glob(f"*{TMP_SUFFIX}"):
@@ -53,6 +53,7 @@ class SegmentFiles:
                 os.truncate(path, self.end)
             self.fd = os.open(path, os.O_RDWR | os.O_APPEND)
             self.fsync(self.fd, self.seq)  # a kill -9 may have left what was read in the page cache only
+        self._head_path = self.path(self.seq)
         self.durable: Point = (self.seq, self.end)  # what the last sync covered
         self.save_meta()
 
@@ -61,16 +62,10 @@ class SegmentFiles:
 
     def write(self, data: bytes) -> int:
         """Append `data` with one os.write (rolling first if the segment is full); return its segment."""
-        try:
-            if self.end >= self._segment_bytes and self.end > len(SEGMENT_HEADER):
-                self._roll()
-            failpoints.hit("journal-append-before")
-            write_all(self.fd, data, self.path(self.seq))
-        except BaseException as error:
-            os.ftruncate(self.fd, self.end)  # a partial record would make the log unreadable
-            self.full = isinstance(error, StorageFull)
-            raise
-        self.full = False
+        if self.end >= self._segment_bytes and self.end > len(SEGMENT_HEADER):
+            self._roll()
+        failpoints.hit("journal-append-before")
+        append_whole(self.fd, data, self._head_path, self.end, self.space)
         self.end += len(data)
         metrics.JOURNAL_WRITES.inc()
         failpoints.hit("journal-append-after")
@@ -80,9 +75,14 @@ class SegmentFiles:
         self.fsync(self.fd, self.seq)
         self.mark_durable((self.seq, self.end))
         seq = self.seq + 1
-        fd = write_new_file(self.path(seq), SEGMENT_HEADER, fsync=True)  # whole, or not there at all
+        try:
+            fd = write_new_file(self.path(seq), SEGMENT_HEADER, fsync=True)  # whole, or not there at all
+        except StorageFull:
+            self.space.mark(True)
+            raise
         self._retired.append(self.fd)
         self.fd, self.seq, self.end = fd, seq, len(SEGMENT_HEADER)
+        self._head_path = self.path(seq)
         self.seqs.append(seq)
 
     def fsync(self, fd: int, seq: int, fail_point: str | None = None) -> None:

@@ -35,7 +35,7 @@ class GroupLog(Journal):
             if node._batching:
                 node._queue_entry(self.group_id, state, command, idx, term)
             else:
-                seq = node._write(one_entry_record(self.group_id, command, idx, term))
+                seq = node._write(one_entry_record(self.group_id, command, term, idx))
                 state.written = node._writes
                 state.append_one((command, idx, term), seq)
 

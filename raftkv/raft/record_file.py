@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Callable
 from raftkv.core.durable import fsync_directory, fsync_file
 from raftkv.core.errors import DiskFailed, StorageFull
 
+FULL_UNTIL_FREE_BYTES = 8 << 20
 FILE_HEADER = struct.Struct("<8sI")  # magic, format version
 RECORD_HEADER = struct.Struct("<III")  # length, length ^ LENGTH_MASK, crc
 LENGTH_MASK = 0xFFFFFFFF
@@ -108,6 +110,36 @@ def write_all(fd: int, data: bytes, path: Path) -> None:
         if error.errno == errno.ENOSPC:
             raise StorageFull(f"disk full while writing {path}; free space on that disk") from error
         raise
+
+
+class DiskSpace:
+    """Whether appends to a log in `folder` fail for want of space: from a failed one until one succeeds
+    or the disk has FULL_UNTIL_FREE_BYTES free. A leader asks before proposing (and steps aside)."""
+
+    def __init__(self, folder: Path):
+        self._folder = folder
+        self._full = False
+
+    def mark(self, full: bool) -> None:
+        self._full = full
+
+    @property
+    def full(self) -> bool:
+        if self._full and shutil.disk_usage(self._folder).free >= FULL_UNTIL_FREE_BYTES:
+            self._full = False
+        return self._full
+
+
+def append_whole(fd: int, data: bytes, path: Path, end: int, space: DiskSpace) -> None:
+    """Append `data` to the file of `fd`, which ends at `end`. If that fails, what was written of it is
+    cut back off (a partial record would make the log unreadable) and the error raised."""
+    try:
+        write_all(fd, data, path)
+    except BaseException as error:
+        os.ftruncate(fd, end)
+        space.mark(isinstance(error, StorageFull))
+        raise
+    space.mark(False)
 
 
 def tmp_path(path: Path) -> Path:
