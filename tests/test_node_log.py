@@ -9,14 +9,12 @@ import struct
 import zlib
 from pathlib import Path
 
-import pysyncobj.syncobj
 import pytest
-from pysyncobj import SyncObj, SyncObjConf, replicated
-from pysyncobj.journal import MemoryJournal
 
 from raftkv.core import metrics
-from raftkv.dev.local_cluster import free_port_block
 from raftkv.raft.node_log import GroupLog, NodeLog
+from tests.test_journal import assert_behaves_like_a_list
+from tests.test_journal_model import Counter, journals_for_syncobj
 
 ROOT = Path(__file__).resolve().parents[1]
 SEGMENT_HEADER = b"RKVWAL\0\0" + struct.pack("<I", 1)
@@ -128,13 +126,7 @@ def test_a_new_log_is_one_segment_of_the_documented_records_and_empty_defaults(t
 
 def test_indexing_and_slicing_behave_like_a_list(tmp_path: Path) -> None:
     log, group = open_with(tmp_path, ENTRIES)
-    for i in range(-len(ENTRIES), len(ENTRIES)):
-        assert group[i] == ENTRIES[i]
-    for s in [slice(None), slice(1, None), slice(-2, None), slice(0, 2), slice(1, 1), slice(5, 9), slice(None, -1)]:
-        assert group[s] == ENTRIES[s]
-    for bad in (3, -4):
-        with pytest.raises(IndexError):
-            group[bad]
+    assert_behaves_like_a_list(group, ENTRIES)
     assert list(group) == ENTRIES
     log.close()
 
@@ -231,38 +223,19 @@ def test_commit_index_is_stored_lazily(tmp_path: Path) -> None:
 
 
 def test_pysyncobj_runs_on_a_group_log_and_replays_it(tmp_path: Path, monkeypatch) -> None:
-    logs: list[NodeLog] = []
-
-    def create_journal(path: str | None = None):
-        if path is None:
-            return MemoryJournal()
-        logs.append(NodeLog(path, fsync=True))
-        return logs[-1].group(3)
-
-    class Counter(SyncObj):
-        def __init__(self) -> None:
-            self.counter = 0
-            self.address = f"127.0.0.1:{free_port_block(1)}"
-            super().__init__(self.address, [], SyncObjConf(journalFile=str(tmp_path)))
-
-        @replicated
-        def add(self, amount: int) -> int:
-            self.counter += amount
-            return self.counter
-
-    monkeypatch.setattr(pysyncobj.syncobj, "createJournal", create_journal)
-    node = Counter()
+    groups = journals_for_syncobj(monkeypatch, lambda path: NodeLog(path, fsync=True).group(3))
+    node = Counter(tmp_path)
     try:
         assert [node.add(n, sync=True, timeout=10) for n in range(1, 6)] == [1, 3, 6, 10, 15]
     finally:
         node.destroy_synchronous()
-        logs[-1].close()
-    node = Counter()
+        groups[-1]._node.close()
+    node = Counter(tmp_path)
     try:
         assert node.add(100, sync=True, timeout=10) == 115  # after the five before, replayed from the log
     finally:
         node.destroy_synchronous()
-        logs[-1].close()
+        groups[-1]._node.close()
     group = NodeLog(tmp_path, fsync=False).group(3)
     assert group.getVotedForNodeId() == node.address and group.getCurrentTerm() >= 1
 

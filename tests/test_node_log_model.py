@@ -6,14 +6,15 @@ from __future__ import annotations
 import copy
 import os
 import random
+import shutil
+import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from hypothesis import settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from raftkv.powerloss import PowerLossDisk, unavailable_reason as powerloss_unavailable
 from raftkv.raft.node_log import NodeLog
@@ -38,9 +39,9 @@ class NodeLogMachine(RuleBasedStateMachine):
 
     groups = st.sampled_from([0, 1, 2, 0xFFFFFFFE])
 
-    def __init__(self, make_folder: Callable[[], Path]):
+    def __init__(self) -> None:
         super().__init__()
-        self.folder = make_folder()
+        self.folder = Path(tempfile.mkdtemp(prefix="node-log-model-"))
         self.clock = Clock()
         self.model: dict[int, Model] = {}
 
@@ -184,14 +185,15 @@ class NodeLogMachine(RuleBasedStateMachine):
                 model.term, model.voted, model.commit)
 
     def teardown(self) -> None:
-        self.log.close()
+        try:
+            self.log.close()
+        finally:
+            shutil.rmtree(self.folder)
 
 
-def test_the_log_behaves_like_a_model_under_random_operations_and_crashes(tmp_path_factory: pytest.TempPathFactory) -> None:
-    run_state_machine_as_test(
-        lambda: NodeLogMachine(lambda: tmp_path_factory.mktemp("node-log")),
-        settings=settings(max_examples=150, stateful_step_count=40, deadline=None),
-    )
+TestTheLogBehavesLikeAModelUnderRandomOperationsAndCrashes = NodeLogMachine.TestCase
+TestTheLogBehavesLikeAModelUnderRandomOperationsAndCrashes.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None)
 
 
 # On a filesystem that loses what was not made durable

@@ -7,12 +7,8 @@ import errno
 import logging
 import os
 import shutil
-import signal
 import struct
-import subprocess
-import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -20,8 +16,9 @@ from raftkv.chaos.small_disk import SmallDisk, unavailable_reason
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.node_log import NodeLog
+from tests.test_journal_recovery import add_as_the_disk_fills, full_until_the_disk_has_room, run_then_kill_9
 from tests.test_node_log import (
-    ENTRIES, GROUP, ROOT, SEGMENT_HEADER, Clock, Counting, entries, kill, open_log, open_with, reopen, segment, state,
+    ENTRIES, GROUP, SEGMENT_HEADER, Clock, Counting, entries, kill, open_log, open_with, reopen, segment, state,
 )
 
 LOGGER = "raftkv.raft.node_log"
@@ -253,20 +250,14 @@ def test_reopening_makes_what_it_read_durable_and_says_so_in_the_meta_file(tmp_p
 
 
 def test_entries_survive_kill_9(tmp_path: Path) -> None:
-    script = (
-        "import os, signal, sys\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
+    run_then_kill_9(
         "from raftkv.raft.node_log import NodeLog\n"
         "log = NodeLog(sys.argv[1], fsync=False, segment_bytes=2048)\n"
         "for i in range(1, 101):\n"
         "    log.group(i % 3).add(b'unbatched %d' % i, i // 3 + 1, 1)\n"
         "with log.batch():\n"
         "    for g in range(3):\n"
-        "        log.group(g).add(b'batched', log.group(g)[-1][1] + 1, 2)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], timeout=60)
-    assert done.returncode == -signal.SIGKILL
+        "        log.group(g).add(b'batched', log.group(g)[-1][1] + 1, 2)\n", tmp_path)
     log = open_log(tmp_path)
     for g in range(3):
         unbatched = [(b"unbatched %d" % i, i // 3 + 1, 1) for i in range(1, 101) if i % 3 == g]
@@ -295,23 +286,8 @@ def test_after_a_failed_fsync_every_later_sync_fails_too(tmp_path: Path, monkeyp
 
 def test_a_full_disk_raises_and_nothing_half_written_counts(tmp_path: Path, monkeypatch) -> None:
     log, group = open_with(tmp_path, ENTRIES[:2])
-    path = log.segment_path(1)
-    size = path.stat().st_size
-    real_write, writes = os.write, []
-
-    def fill_disk(fd: int, data: bytes) -> int:
-        if writes:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        writes.append(fd)
-        return real_write(fd, data[: len(data) // 2])
-
-    with monkeypatch.context() as patch:
-        patch.setattr(os, "write", fill_disk)
-        with pytest.raises(StorageFull) as raised:
-            group.add(*ENTRIES[2])
-    assert writes, "the partial write never happened"
-    assert str(path) in str(raised.value) and "\n" not in str(raised.value)
-    assert path.stat().st_size == size and group[:] == ENTRIES[:2]
+    add_as_the_disk_fills(group, ENTRIES[2], log.segment_path(1), monkeypatch)
+    assert group[:] == ENTRIES[:2]
     group.add(*ENTRIES[2])
     assert reopen(log).group(GROUP)[:] == ENTRIES
 
@@ -336,19 +312,9 @@ def test_a_failed_batch_write_keeps_the_batch_for_the_next_write(tmp_path: Path,
 
 def test_a_full_log_says_so_for_every_group_until_the_disk_has_room(tmp_path: Path, monkeypatch) -> None:
     log, group = open_with(tmp_path, ENTRIES[:2])
-    other = log.group(3)
-    free = [0]
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=free[0]))
-    assert not group.full
-    with monkeypatch.context() as patch:
-        patch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
-        with pytest.raises(StorageFull):
-            group.add(*ENTRIES[2])
-    assert group.full and other.full
-    free[0] = 1 << 30
-    assert not group.full
+    full_until_the_disk_has_room([group, log.group(3), log], ENTRIES[2], monkeypatch)
     group.add(*ENTRIES[2])
-    assert not other.full
+    assert not log.full
     log.close()
 
 

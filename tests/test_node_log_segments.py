@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from raftkv import failpoints
 from raftkv.core.errors import DiskFailed
+from tests.test_journal import next_fsync_fails
 from tests.test_node_log import ENTRIES, GROUP, SEGMENT_HEADER, Counting, open_log, open_with, reopen, segment
 
 
@@ -27,11 +27,8 @@ def test_a_log_synced_elsewhere_is_synced_by_that_thread_and_every_group_hears_o
     assert log.synced < log.written
     assert b.sync_in_background() and log.synced == log.written
     a.add(b"b", 2, 1)
-    failpoints.arm("journal-fsync-before", "1*error")
-    try:
+    with next_fsync_fails():
         assert log.sync_in_background()  # the syncer's thread carries on
-    finally:
-        failpoints.disarm_all()
     for group in (a, b):
         with pytest.raises(DiskFailed, match=r"fsync of .*0000000000000001.log failed"):
             group.onOneSecondTimer()

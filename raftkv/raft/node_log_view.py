@@ -79,9 +79,7 @@ class GroupLog(Journal):
         state = self.state
         return state.total - state.starts[position] if 0 <= position < len(state.starts) else 0
 
-    @property
-    def full(self) -> bool:
-        return self._node.full
+    full = property(lambda self: self._node.full, doc="The node log's: a write failed for want of space.")
 
     @property
     def dirty(self) -> bool:
