@@ -375,10 +375,11 @@ class NodeLog:
                     self._save_states()
                     self._settle(save=True)
             finally:
-                self._closed = True
-                self._files.close()
-                for view in self._views.values():
-                    view.closed = True
+                with self._lock:  # no write may be under way on the fds it closes
+                    self._closed = True
+                    self._files.close()
+                    for view in self._views.values():
+                        view.closed = True
 
     def __enter__(self) -> NodeLog:
         return self
