@@ -1,6 +1,7 @@
 """The node log's files: the segment it appends to, the older segments, and the meta file.
 
-No locks here: NodeLog calls these under its lock, but for `fsync` (see `NodeLog._sync_written`).
+No locks here: NodeLog calls these under its lock, but for `fsync`, `save_meta` and `delete`, which
+it calls holding only its sync lock (see `NodeLog._sync_written`).
 A write is one os.write, cut back off the file if it fails; the segment is rolled first when it
 has passed `segment_bytes`, once it is synced, so only the last segment can have a torn tail.
 After a failed fsync `failed` is set and no later sync may be believed (fsyncgate).
