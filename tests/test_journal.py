@@ -7,8 +7,9 @@ import os
 import struct
 import time
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pysyncobj.syncobj
 import pytest
@@ -49,6 +50,27 @@ def reopen(journal: RaftJournal, directory: Path, fsync: bool = False) -> RaftJo
     return RaftJournal(directory, fsync=fsync)
 
 
+def assert_behaves_like_a_list(journal, entries: list[tuple[bytes, int, int]]) -> None:
+    """Indexing and slicing as a list's, for any journal pysyncobj could use."""
+    for i in range(-len(entries), len(entries)):
+        assert journal[i] == entries[i]
+    for s in [slice(None), slice(1, None), slice(-2, None), slice(0, 2), slice(1, 1), slice(5, 9), slice(None, -1)]:
+        assert journal[s] == entries[s]
+    for bad in (len(entries), -len(entries) - 1):
+        with pytest.raises(IndexError):
+            journal[bad]
+
+
+@contextmanager
+def next_fsync_fails() -> Iterator[None]:
+    """The journal's next fsync fails with EIO (its fail point), and only that one."""
+    failpoints.arm("journal-fsync-before", "1*error")
+    try:
+        yield
+    finally:
+        failpoints.disarm_all()
+
+
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -84,13 +106,7 @@ def test_file_holds_the_documented_records(tmp_path: Path) -> None:
 
 def test_indexing_and_slicing_behave_like_a_list(tmp_path: Path) -> None:
     journal = open_with(tmp_path, ENTRIES)
-    for i in range(-len(ENTRIES), len(ENTRIES)):
-        assert journal[i] == ENTRIES[i]
-    for s in [slice(None), slice(1, None), slice(-2, None), slice(0, 2), slice(1, 1), slice(5, 9), slice(None, -1)]:
-        assert journal[s] == ENTRIES[s]
-    for bad in (3, -4):
-        with pytest.raises(IndexError):
-            journal[bad]
+    assert_behaves_like_a_list(journal, ENTRIES)
     journal._destroy()
 
 
@@ -169,12 +185,8 @@ def test_after_a_failed_fsync_every_later_sync_fails_too(tmp_path: Path) -> None
     fsync as a success, so the journal must never again claim its entries are durable."""
     journal = RaftJournal(tmp_path, fsync=True)
     journal.add(b"a", 1, 1)
-    failpoints.arm("journal-fsync-before", "1*error")
-    try:
-        with pytest.raises(DiskFailed, match=r"fsync of .*raft.log failed .*stops"):
-            journal.sync()
-    finally:
-        failpoints.disarm_all()
+    with next_fsync_fails(), pytest.raises(DiskFailed, match=r"fsync of .*raft.log failed .*stops"):
+        journal.sync()
     journal.add(b"b", 2, 1)
     for _ in range(2):
         with pytest.raises(DiskFailed):
@@ -196,11 +208,8 @@ def test_a_journal_synced_elsewhere_is_synced_by_the_syncer_and_its_tick_only_re
     assert _read_meta(tmp_path / "meta")[1:3] == (1, journal.size_bytes)  # commit index, synced bytes
 
     journal.add(b"b", 2, 1)
-    failpoints.arm("journal-fsync-before", "1*error")
-    try:
+    with next_fsync_fails():
         assert journal.sync_in_background()  # the syncer's thread carries on
-    finally:
-        failpoints.disarm_all()
     with pytest.raises(DiskFailed, match=r"fsync of .*raft.log failed"):
         journal.onOneSecondTimer()
     journal._destroy()

@@ -116,16 +116,22 @@ class Counter(SyncObj):
         return self.counter
 
 
-def test_syncobj_replays_its_raft_journal(tmp_path: Path, monkeypatch) -> None:
-    created: list[RaftJournal] = []
+def journals_for_syncobj(monkeypatch, make: Callable[[str], object]) -> list:
+    """From now on a SyncObj with a journal file gets `make(path)` as its journal; the list of those made."""
+    created = []
 
     def create_journal(path: str | None = None):
         if path is None:
             return MemoryJournal()
-        created.append(RaftJournal(path, fsync=True))
+        created.append(make(path))
         return created[-1]
 
     monkeypatch.setattr(pysyncobj.syncobj, "createJournal", create_journal)
+    return created
+
+
+def test_syncobj_replays_its_raft_journal(tmp_path: Path, monkeypatch) -> None:
+    created = journals_for_syncobj(monkeypatch, lambda path: RaftJournal(path, fsync=True))
     journal_dir = tmp_path / "partition-0"
 
     node = Counter(journal_dir)

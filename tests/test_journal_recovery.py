@@ -152,18 +152,19 @@ def test_leftover_temp_files_are_removed(tmp_path: Path) -> None:
 # Durability
 
 
+def run_then_kill_9(code: str, folder: Path) -> None:
+    """Run `code` in a new process (raftkv importable, `folder` in sys.argv[1]), which then kills itself with SIGKILL."""
+    script = f"import os, signal, sys\nsys.path.insert(0, {str(ROOT)!r})\n{code}os.kill(os.getpid(), signal.SIGKILL)\n"
+    done = subprocess.run([sys.executable, "-c", script, str(folder)], timeout=60)
+    assert done.returncode == -signal.SIGKILL
+
+
 def test_entries_survive_kill_9(tmp_path: Path) -> None:
-    script = (
-        "import os, signal, sys\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
+    run_then_kill_9(
         "from raftkv.raft.journal import RaftJournal\n"
         "journal = RaftJournal(sys.argv[1], fsync=False)\n"
         "for i in range(1, 101):\n"
-        "    journal.add(b'command %d' % i, i, 1)\n"
-        "os.kill(os.getpid(), signal.SIGKILL)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], timeout=60)
-    assert done.returncode == -signal.SIGKILL
+        "    journal.add(b'command %d' % i, i, 1)\n", tmp_path)
     journal = RaftJournal(tmp_path, fsync=False)
     assert journal[:] == [(b"command %d" % i, i, 1) for i in range(1, 101)]
     journal._destroy()
@@ -220,43 +221,59 @@ def test_without_fsync_the_journal_is_synced_once_a_second_not_per_write(tmp_pat
     journal._destroy()
 
 
-def test_disk_full_raises_and_leaves_the_log_readable(tmp_path: Path, monkeypatch) -> None:
-    journal = open_with(tmp_path, ENTRIES[:2])
-    log = tmp_path / LOG_NAME
-    size = log.stat().st_size
-    real_write = os.write
-    writes = []
+class FillingDisk:
+    """os.write as the disk fills up: the first call writes half its data, every later one fails (ENOSPC)."""
 
-    def fill_disk(fd: int, data: bytes) -> int:
-        if writes:
+    def __init__(self) -> None:
+        self.writes: list[int] = []
+        self._real_write = os.write
+
+    def __call__(self, fd: int, data: bytes) -> int:
+        if self.writes:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        writes.append(fd)
-        return real_write(fd, data[: len(data) // 2])
+        self.writes.append(fd)
+        return self._real_write(fd, data[: len(data) // 2])
 
+
+def add_as_the_disk_fills(journal, entry: tuple[bytes, int, int], path: Path, monkeypatch) -> None:
+    """`journal.add(*entry)` while the disk fills up: StorageFull, one line naming `path`, the file as it was."""
+    size = path.stat().st_size
+    fill_disk = FillingDisk()
     with monkeypatch.context() as patch:
         patch.setattr(os, "write", fill_disk)
         with pytest.raises(StorageFull) as raised:
-            journal.add(*ENTRIES[2])
-    assert writes, "the partial write never happened"
-    assert str(log) in str(raised.value) and "\n" not in str(raised.value)
-    assert log.stat().st_size == size
+            journal.add(*entry)
+    assert fill_disk.writes, "the partial write never happened"
+    assert str(path) in str(raised.value) and "\n" not in str(raised.value)
+    assert path.stat().st_size == size
+
+
+def test_disk_full_raises_and_leaves_the_log_readable(tmp_path: Path, monkeypatch) -> None:
+    journal = open_with(tmp_path, ENTRIES[:2])
+    add_as_the_disk_fills(journal, ENTRIES[2], tmp_path / LOG_NAME, monkeypatch)
     assert journal[:] == ENTRIES[:2]
     journal.add(*ENTRIES[2])
     assert reopen(journal, tmp_path)[:] == ENTRIES
 
 
-def test_a_full_journal_says_so_until_the_disk_has_room(tmp_path: Path, monkeypatch) -> None:
-    """A leader asks this before proposing: it refuses writes, and steps aside, while it is full."""
-    journal = open_with(tmp_path, ENTRIES[:2])
+def full_until_the_disk_has_room(journals: list, entry: tuple[bytes, int, int], monkeypatch) -> None:
+    """The first journal's add of `entry` fails for want of space: each journal says it is full until
+    the disk has room again."""
     free = [0]
     monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=free[0]))
-    assert not journal.full
+    assert not any(journal.full for journal in journals)
     with monkeypatch.context() as patch:
         patch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
         with pytest.raises(StorageFull):
-            journal.add(*ENTRIES[2])
-    assert journal.full
+            journals[0].add(*entry)
+    assert all(journal.full for journal in journals)
     free[0] = 1 << 30
-    assert not journal.full
+    assert not any(journal.full for journal in journals)
+
+
+def test_a_full_journal_says_so_until_the_disk_has_room(tmp_path: Path, monkeypatch) -> None:
+    """A leader asks this before proposing: it refuses writes, and steps aside, while it is full."""
+    journal = open_with(tmp_path, ENTRIES[:2])
+    full_until_the_disk_has_room([journal], ENTRIES[2], monkeypatch)
     journal.add(*ENTRIES[2])
     assert not journal.full

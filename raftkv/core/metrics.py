@@ -41,7 +41,9 @@ RAFT_MESSAGES_SENT = RAFT_MESSAGES.labels("sent")
 RAFT_MESSAGES_RECEIVED = RAFT_MESSAGES.labels("received")
 RAFT_SOCKET_WRITES = Counter("raftkv_raft_socket_writes_total",
                              "Writes to the Raft hub's connections (each carries the frames of one loop turn)")
-JOURNAL_WRITES = Counter("raftkv_journal_writes_total", "Log entries written to this node's Raft journals")
+JOURNAL_WRITES = Counter("raftkv_journal_writes_total",
+                         "Writes (os.write calls) to this node's Raft logs: one per entry to a RaftJournal, "
+                         "one per batch of many groups' records to the node log")
 API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")
 API_OPS = Counter("raftkv_api_ops_total", "Operations received in Execute requests (several per request)")
 

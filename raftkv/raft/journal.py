@@ -40,10 +40,8 @@ corruption instead of looking like a record cut short at the end of the file.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import shutil
 import struct
 import threading
 import zlib
@@ -55,29 +53,28 @@ from pysyncobj.journal import Journal
 
 from raftkv import failpoints
 from raftkv.core import metrics
-from raftkv.core.durable import fsync_directory, fsync_failed, fsync_file, make_dirs
+from raftkv.core.durable import fsync_failed, fsync_file, make_dirs
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull
+from raftkv.raft.record_file import (
+    FILE_HEADER, FULL_UNTIL_FREE_BYTES, RECORD_HEADER, BadRecord, DiskSpace, append_whole, check_file_header, frame,
+    only_zeros_from, read_file, tmp_path, unframe, write_new_file,
+)
 
 Entry = tuple[bytes, int, int]
 
-FULL_UNTIL_FREE_BYTES = 8 << 20
 LOG_NAME = "raft.log"
 META_NAME = "meta"
 FORMAT_VERSION = 1
 META_VERSION = 2
 
-_TMP_SUFFIX = ".tmp"
 _LOG_MAGIC = b"RKVLOG\0\0"
 _META_MAGIC = b"RKVMETA\0"
-_LENGTH_MASK = 0xFFFFFFFF
 
-_FILE_HEADER = struct.Struct("<8sI")  # magic, format version
-_RECORD_HEADER = struct.Struct("<III")  # length, length ^ _LENGTH_MASK, crc
 _IDX_TERM = struct.Struct("<QQ")
 _CRC = struct.Struct("<I")
 _META_FIELDS = struct.Struct("<QQQi")  # term, commit index, synced bytes of the log, length of voted-for (-1: None)
 _META_FIELDS_V1 = struct.Struct("<QQi")
-_LOG_HEADER = _FILE_HEADER.pack(_LOG_MAGIC, FORMAT_VERSION)
+_LOG_HEADER = FILE_HEADER.pack(_LOG_MAGIC, FORMAT_VERSION)
 
 _logger = logging.getLogger(__name__)
 
@@ -107,13 +104,13 @@ class RaftJournal(Journal):
         self._background_error: Exception | None = None  # what the background sync ran into, for the loop
         self._closed = False
         self._dirty = False
-        self._full = False  # the last add failed for want of space
+        self._space = DiskSpace(self._dir)
         self._failed: DiskFailed | None = None  # an fsync failed: no later one may be believed
         self._make_directory()
         for path in (self._path, self._meta_path):
-            _tmp_path(path).unlink(missing_ok=True)
+            tmp_path(path).unlink(missing_ok=True)
         if not self._path.exists():
-            os.close(_write_new_file(self._path, _LOG_HEADER, fsync=True))
+            os.close(write_new_file(self._path, _LOG_HEADER, fsync=True))
         self._term, self._commit, synced, self._voted = _read_meta(self._meta_path)
         self._load(synced)
         self._synced = self._end  # what was read is what counts as durable from here on
@@ -127,13 +124,7 @@ class RaftJournal(Journal):
             raise ValueError(f"journal {self._path}: entry {idx} does not follow {self._entries[-1][1]}")
         record = _encode_record(command, idx, term)
         failpoints.hit("journal-append-before")
-        try:
-            _write_all(self._fd, record, self._path)
-        except BaseException as error:
-            os.ftruncate(self._fd, self._end)  # a partial record would make the log unreadable
-            self._full = isinstance(error, StorageFull)
-            raise
-        self._full = False
+        append_whole(self._fd, record, self._path, self._end, self._space)
         self._entries.append((command, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
@@ -149,7 +140,7 @@ class RaftJournal(Journal):
 
     @_locked
     def deleteEntriesFrom(self, entryFrom: int) -> None:
-        start = _position(entryFrom, len(self._entries))
+        start = list_position(entryFrom, len(self._entries))
         if start == len(self._entries):
             return
         self._end = self._offsets[start]
@@ -162,7 +153,7 @@ class RaftJournal(Journal):
 
     @_locked
     def deleteEntriesTo(self, entryTo: int) -> None:
-        start = _position(entryTo, len(self._entries))
+        start = list_position(entryTo, len(self._entries))
         if start:
             self._install(self._entries[start:])
 
@@ -184,9 +175,7 @@ class RaftJournal(Journal):
     @property
     def full(self) -> bool:
         """An add failed for want of space, and the disk has not had FULL_UNTIL_FREE_BYTES free since."""
-        if self._full and shutil.disk_usage(self._dir).free >= FULL_UNTIL_FREE_BYTES:
-            self._full = False
-        return self._full
+        return self._space.full
 
     @property
     def dirty(self) -> bool:
@@ -298,7 +287,7 @@ class RaftJournal(Journal):
     def _install(self, entries: list[Entry]) -> None:
         """Atomically replace the log file with one holding exactly `entries`."""
         records = [_encode_record(*entry) for entry in entries]
-        fd = _write_new_file(self._path, b"".join([_LOG_HEADER, *records]), fsync=True)
+        fd = write_new_file(self._path, b"".join([_LOG_HEADER, *records]), fsync=True)
         os.close(self._fd)
         self._fd = fd
         *self._offsets, self._end = accumulate(map(len, records), initial=len(_LOG_HEADER))
@@ -312,45 +301,23 @@ class RaftJournal(Journal):
         # default mode it may: pysyncobj clamps it to the log's end at start-up).
         self.sync()
         meta = _encode_meta(self._term, self._commit, self._synced, self._voted)
-        os.close(_write_new_file(self._meta_path, meta, fsync=self._fsync if fsync is None else fsync))
+        os.close(write_new_file(self._meta_path, meta, fsync=self._fsync if fsync is None else fsync))
         self._meta_saved = True
 
 
-def _position(item: int, length: int) -> int:
+def list_position(item: int, length: int) -> int:
     """The list position `item` means in a slice `[item:]` of a list of `length`."""
     return slice(item, None).indices(length)[0]
 
 
 def _encode_record(command: bytes, idx: int, term: int) -> bytes:
-    idx_term = _IDX_TERM.pack(idx, term)
-    crc = zlib.crc32(command, zlib.crc32(idx_term))
-    length = len(command)
-    return _RECORD_HEADER.pack(length, length ^ _LENGTH_MASK, crc) + idx_term + command
-
-
-class _BadRecord(Exception):
-    """A record failed a check; it is a torn write if only zeros follow `torn_if_zeros_from`."""
-
-    def __init__(self, reason: str, torn_if_zeros_from: int):
-        super().__init__(reason)
-        self.reason = reason
-        self.torn_if_zeros_from = torn_if_zeros_from
+    return frame(_IDX_TERM.pack(idx, term), command)
 
 
 def _decode_record(data: bytes, offset: int) -> tuple[Entry, int]:
     """The record at `offset` and the offset just after it."""
-    size = len(data)
-    body = offset + _RECORD_HEADER.size
-    if body + _IDX_TERM.size > size:
-        raise _BadRecord("incomplete record header", size)
-    length, length_check, crc = _RECORD_HEADER.unpack_from(data, offset)
-    if length ^ length_check != _LENGTH_MASK:
-        raise _BadRecord("bad record length", offset)
-    end = body + _IDX_TERM.size + length
-    if end > size:
-        raise _BadRecord("incomplete record", size)
-    if zlib.crc32(memoryview(data)[body:end]) != crc:
-        raise _BadRecord("checksum mismatch", end)
+    end = unframe(data, offset, _IDX_TERM.size)
+    body = offset + RECORD_HEADER.size
     idx, term = _IDX_TERM.unpack_from(data, body)
     return (data[body + _IDX_TERM.size : end], idx, term), end
 
@@ -366,13 +333,13 @@ def _scan(path: Path, data: bytes, synced: int | None = None) -> tuple[list[Entr
     _check_file_header(path, data, _LOG_MAGIC)
     entries: list[Entry] = []
     offsets: list[int] = []
-    offset = _FILE_HEADER.size
+    offset = FILE_HEADER.size
     while offset < len(data):
         try:
             entry, end = _decode_record(data, offset)
-        except _BadRecord as bad:
+        except BadRecord as bad:
             beyond_sync = synced is not None and offset >= synced
-            if not beyond_sync and data.count(0, bad.torn_if_zeros_from) != len(data) - bad.torn_if_zeros_from:
+            if not beyond_sync and not only_zeros_from(data, bad.torn_if_zeros_from):
                 raise _corrupt(path, offset, bad.reason) from None
             _logger.warning(
                 "journal %s: dropped %d bytes of a torn write at byte %d (%s); keeping %d entries",
@@ -390,7 +357,7 @@ def _scan(path: Path, data: bytes, synced: int | None = None) -> tuple[list[Entr
 def _encode_meta(term: int, commit: int, synced: int, voted: str | None) -> bytes:
     voted_bytes = b"" if voted is None else voted.encode()
     fields = _META_FIELDS.pack(term, commit, synced, -1 if voted is None else len(voted_bytes)) + voted_bytes
-    return _FILE_HEADER.pack(_META_MAGIC, META_VERSION) + _CRC.pack(zlib.crc32(fields)) + fields
+    return FILE_HEADER.pack(_META_MAGIC, META_VERSION) + _CRC.pack(zlib.crc32(fields)) + fields
 
 
 def _read_meta(path: Path) -> tuple[int, int, int | None, str | None]:
@@ -402,13 +369,13 @@ def _read_meta(path: Path) -> tuple[int, int, int | None, str | None]:
         return 0, 1, None, None
     version = _check_file_header(path, data, _META_MAGIC, (1, META_VERSION))
     fields = _META_FIELDS if version == META_VERSION else _META_FIELDS_V1
-    fields_at = _FILE_HEADER.size + _CRC.size
+    fields_at = FILE_HEADER.size + _CRC.size
     voted_at = fields_at + fields.size
     if len(data) < voted_at:
         raise _corrupt(path, len(data), "file cut short")
-    (crc,) = _CRC.unpack_from(data, _FILE_HEADER.size)
+    (crc,) = _CRC.unpack_from(data, FILE_HEADER.size)
     if zlib.crc32(memoryview(data)[fields_at:]) != crc:
-        raise _corrupt(path, _FILE_HEADER.size, "checksum mismatch")
+        raise _corrupt(path, FILE_HEADER.size, "checksum mismatch")
     if version == META_VERSION:
         term, commit, synced, voted_length = fields.unpack_from(data, fields_at)
     else:
@@ -419,25 +386,12 @@ def _read_meta(path: Path) -> tuple[int, int, int | None, str | None]:
 
 
 def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise
-    except OSError as error:
-        raise DiskFailed(f"reading {path} failed ({error.strerror}); check the disk (dmesg), then move "
-                         f"{path.parent} away and restart the node so the partition re-syncs from its peers") from error
+    return read_file(path, f"move {path.parent} away and restart the node so the partition re-syncs from its peers")
 
 
 def _check_file_header(path: Path, data: bytes, magic: bytes, versions: tuple[int, ...] = (FORMAT_VERSION,)) -> int:
     """The file's format version, one of `versions`."""
-    if len(data) < _FILE_HEADER.size:
-        raise _corrupt(path, len(data), "file header cut short")
-    found_magic, version = _FILE_HEADER.unpack_from(data)
-    if found_magic != magic:
-        raise _corrupt(path, 0, "not a raftkv journal file")
-    if version not in versions:
-        raise _corrupt(path, len(magic), f"unsupported format version {version}")
-    return version
+    return check_file_header(data, magic, versions, lambda offset, reason: _corrupt(path, offset, reason))
 
 
 def _corrupt(path: Path, offset: int, reason: str) -> CorruptData:
@@ -445,39 +399,3 @@ def _corrupt(path: Path, offset: int, reason: str) -> CorruptData:
         f"journal {path} is corrupt at byte {offset} ({reason}); stop the node, "
         f"move {path.parent} away and restart it so the partition re-syncs from its peers"
     )
-
-
-def _write_all(fd: int, data: bytes, path: Path) -> None:
-    try:
-        written = os.write(fd, data)
-        while written < len(data):  # a regular file only takes part of a write as the disk fills up
-            written += os.write(fd, data[written:])
-    except OSError as error:
-        if error.errno == errno.ENOSPC:
-            raise StorageFull(f"disk full while writing {path}; free space on that disk") from error
-        raise
-
-
-def _tmp_path(path: Path) -> Path:
-    return path.with_name(path.name + _TMP_SUFFIX)
-
-
-def _write_new_file(path: Path, data: bytes, fsync: bool) -> int:
-    """Atomically replace `path` with a file holding `data`; return an appending fd on it.
-
-    The new file's data is synced even without `fsync`, which only leaves out the directory's:
-    a later sync of the directory (a compaction's) makes the rename durable, and a rename
-    durable before its file's data leaves an empty file after a power cut."""
-    tmp = _tmp_path(path)
-    fd = os.open(tmp, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, data, tmp)
-        fsync_file(fd, tmp)
-        os.replace(tmp, path)
-        if fsync:
-            fsync_directory(path.parent)
-    except BaseException:
-        os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    return fd
