@@ -60,7 +60,8 @@ def test_every_variant_of_one_fault_type_breaks_nothing(fault, tmp_path):
     nodes = 4 if fault == "membership" else 3  # a replica moves only to a node without one
     durability = "fsync" if fault == "disk" else "default"  # where every write meets the disk's fsync
     if fault == "disk":  # scheduled (seed 1), with room for all five variants on a loaded machine: given steps
-        # (below) hit n1 with eio-read right after fsync-5s, and once it hung at start (issue 32's note)
+        # (below) hit n1 with eio-read right after fsync-5s, and once it hung at start (issue 32's note; a
+        # silent start is now a problem, with the node's stacks in its log)
         report = run_chaos(ChaosConfig(duration=60, faults=(FaultChoice(fault),), seed=1, out=tmp_path,
                                        durability=durability))
     else:

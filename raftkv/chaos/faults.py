@@ -166,10 +166,11 @@ class FaultInjector:
     def _heal_corrupt(self, record: FaultRecord) -> None:
         (node_id,) = record.targets
         self._start(node_id)
-        if self._serves_or_exits(node_id):
+        started = self._serves_or_exits(node_id, record)
+        if started == "served":
             record.notes.append(f"{node_id} started on the damaged files")
             self.damaged[node_id] = record  # it may still run into the damage later, and stop
-        else:
+        elif started == "exited":
             self._refused(node_id, record)
 
     def _refused(self, node_id: str, record: FaultRecord, says: tuple[str, ...] = ("corrupt",),
@@ -340,7 +341,7 @@ class FaultInjector:
             self._kill(node_id)
             disk.fail("read", "*")
             self._start(node_id)
-            if self._serves_or_exits(node_id):
+            if self._serves_or_exits(node_id, record) == "served":
                 record.problems.append(f"{node_id} started and served on a disk whose every read fails")
         else:
             disk.fail("fsync", "*")
@@ -351,9 +352,10 @@ class FaultInjector:
         if record.variant in SLOW_FSYNC_MS:
             delay = SLOW_FSYNC_MS[record.variant] / 1000
             if delay > SLOW_FSYNC_SECONDS and self.spec.durability == "fsync":
-                # The warning comes when a slow fsync returns: one that began during the fault may
-                # still be sleeping out its delay (a 5 s delay outlasts a 4 s fault).
-                deadline = max(time.monotonic(), record.start + delay) + SLOW_FSYNC_GRACE
+                # The warning comes when a slow fsync returns, and at most every 10 s: a previous
+                # fault's warning can silence the fsyncs of this one's first seconds, so the one that
+                # says it may begin just before the heal and still sleep out its whole delay.
+                deadline = time.monotonic() + delay + SLOW_FSYNC_GRACE
                 while not (said := self.logs.lines(node_id, "the disk is slow")) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 if not said:
@@ -401,8 +403,9 @@ class FaultInjector:
         fsync_directory(data_dir)  # a power cut must not bring the wiped files back
         record.notes.append(f"wiped {data_dir}; {node_id} re-syncs from its peers")
 
-    def _serves_or_exits(self, node_id: str) -> bool:
-        """True once the node answers on its API, False if it exits first."""
+    def _serves_or_exits(self, node_id: str, record: FaultRecord) -> str:
+        """"served" once the node answers on its API, "exited" if it exits first; "silent" if neither
+        within START_TIMEOUT, a problem: the node prints its threads' stacks to its log (SIGUSR1)."""
         address = self.spec.node(node_id).api_address
         proc = self.cluster.procs[node_id]
         deadline = time.monotonic() + START_TIMEOUT
@@ -410,13 +413,18 @@ class FaultInjector:
             stub = kv_pb2_grpc.KVStub(channel)
             while time.monotonic() < deadline:
                 if proc.poll() is not None:
-                    return False
+                    return "exited"
                 try:
                     stub.Status(pb.StatusRequest(), timeout=1.0)
-                    return True
+                    return "served"
                 except grpc.RpcError:
                     time.sleep(0.1)
-        return proc.poll() is None
+        if proc.poll() is not None:
+            return "exited"
+        self.cluster.signal(node_id, signal.SIGUSR1)
+        record.problems.append(f"{node_id} neither served nor exited within {START_TIMEOUT:.0f}s of its start; its "
+                               f"threads' stacks are in {self.cluster.log_path(node_id)}")
+        return "silent"
 
 
 def placement_of(spec: ClusterSpec) -> tuple[tuple[str, ...], ...]:
