@@ -10,7 +10,13 @@ import pytest
 
 from raftkv.core.commands import Put
 from raftkv.core.log_codec import encode_proposal
+from raftkv.core.spec import Tuning
+from raftkv.dev.local_cluster import free_port_block
+from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
+from raftkv.raft.journal import RaftJournal
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from tests.loopback_hubs import LoopbackHubs
 from tests.test_snapshot_writer import single_voter, until
 
 KEYS = [b"k%02d" % i for i in range(16)]
@@ -44,9 +50,96 @@ def test_a_database_a_power_cut_left_past_the_log_is_rolled_back_and_applied_fro
         await run(KEYS[:15], cut_after=9)
         shutil.rmtree(folder / "journal")
         shutil.copytree(kept, folder / "journal")  # the database kept everything, the journal up to k09
-        with caplog.at_level(logging.WARNING, logger="raftkv.raft.syncobj_group"):
+        with caplog.at_level(logging.WARNING, logger="raftkv.raft.state_repair"):
             after = await run(KEYS[15:])
+        assert "the database reached entry" in caplog.text
         assert "rolled back" in caplog.text
         assert after == {key: b"v" if key <= b"k09" or key == b"k15" else None for key in KEYS}
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("snapshot, commit_saved", [(True, True), (False, True), (True, False)],
+                         ids=["from-its-snapshot", "from-empty", "commit-index-not-saved"])
+def test_applied_entries_a_new_leader_replaces_after_a_whole_cluster_cut_are_rolled_back_and_applied_again(
+        tmp_path, snapshot, commit_saved, caplog):
+    """Found by the chaos harness (powerloss:cut, default mode, every node cut): two replicas lost the
+    last acknowledged entries from journal and database alike (but not the term: it is synced at each
+    election), the third kept them in both. A leader of the two wrote other entries at their indices, and the third, which had applied the old ones, stopped
+    on "committed entry 529 (term 3) cannot come before its position 529 (term 2)" (its saved commit
+    index was below 529); had it saved one above, it refused the leader's entries for ever."""
+    loop_port = free_port_block(3)
+    addresses = [f"127.0.0.1:{loop_port + i}" for i in range(3)]
+    keeper = addresses[2]  # the replica whose files kept the entries the others lost
+    folders = {address: tmp_path / address.replace(":", "_") for address in addresses}
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        hubs = LoopbackHubs()
+        hubs.know(*addresses)
+        replicas: dict[str, PartitionReplica] = {}
+
+        def open_replica(address: str) -> None:
+            config = GroupConfig(partition=0, hub=hubs.hub(address), self_address=address,
+                                 peers=tuple(a for a in addresses if a != address), folder=folders[address],
+                                 fsync=False, tuning=Tuning())
+            replicas[address] = PartitionReplica(0, folders[address], Tuning(),
+                                                 open_group=lambda sm: SyncObjGroup(config, sm, loop))
+
+        def close_all() -> None:
+            while replicas:
+                replicas.popitem()[1].close()
+
+        async def write(keys: list[bytes]) -> PartitionReplica:
+            await until(lambda: sum(r.group.role == Role.LEADER for r in replicas.values()) == 1)
+            leader = next(r for r in replicas.values() if r.group.role == Role.LEADER)
+            for key in keys:
+                done = loop.create_future()
+                leader.propose(encode_proposal([Put(key, b"v")]), lambda _, outcome, done=done: done.set_result(outcome))
+                assert await asyncio.wait_for(done, 10) == Outcome.APPLIED
+            await until(lambda: all(r.applied_index >= leader.applied_index for r in replicas.values()))
+            return leader
+
+        def data(replica: PartitionReplica) -> dict[bytes, bytes | None]:
+            return {key: replica.engine.get(key) for key in KEYS}
+
+        try:
+            for address in addresses:
+                open_replica(address)
+            await write(KEYS[:5])
+            if snapshot:
+                replicas[keeper].group.compact()
+                await until(lambda: replicas[keeper].group.snapshots.last_index() is not None)
+            close_all()
+            for address in addresses[:2]:
+                shutil.copytree(folders[address], tmp_path / f"cut-{address}")
+            for address in addresses:
+                open_replica(address)
+            leader = await write(KEYS[5:10])  # acknowledged, then lost by the cut on all but the keeper
+            term, cut_commit = leader.group.term, replicas[keeper].group.commit_index - 5
+            close_all()
+            if not commit_saved:
+                journal = RaftJournal(folders[keeper] / "journal", fsync=False)
+                journal.setRaftCommitIndex(cut_commit)
+                journal._destroy()
+            for address in addresses[:2]:
+                shutil.rmtree(folders[address])
+                shutil.copytree(tmp_path / f"cut-{address}", folders[address])
+                journal = RaftJournal(folders[address] / "journal", fsync=False)
+                journal.setCurrentTerm(term, None)  # synced at the election, in both modes
+                journal._destroy()
+
+            for address in addresses[:2]:
+                open_replica(address)
+            leader = await write(KEYS[10:11])
+            with caplog.at_level(logging.WARNING, logger="raftkv.raft.state_repair"):
+                open_replica(keeper)
+                await until(lambda: replicas[keeper].engine.position == leader.engine.position)
+            assert "the leader replaces committed entries" in caplog.text
+            assert data(replicas[keeper]) == data(leader) == {
+                key: b"v" if key <= b"k04" or key == b"k10" else None for key in KEYS}
+        finally:
+            close_all()
+            await hubs.close()
 
     asyncio.run(scenario())

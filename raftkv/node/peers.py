@@ -9,10 +9,16 @@ from typing import Awaitable, Callable, TypeVar
 import grpc
 
 from raftkv.api import kv_pb2_grpc
+from raftkv.api.rpc_errors import never_sent
 from raftkv.core.errors import Unavailable, Undetermined
 from raftkv.security.tls import Tls, open_channel
 
 T = TypeVar("T")
+
+# How long a call a peer's port refused is sent again: a node starting (its Raft groups may elect it
+# before its API listens) or a channel between reconnect attempts (at most a second apart) is a moment.
+CONNECT_PATIENCE = 2.0
+_RESEND_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -68,3 +74,18 @@ async def answer(call: Awaitable[T]) -> T:
         if asyncio.current_task().cancelling():
             raise
         raise Undetermined("the call to a peer was cut off: this node is stopping") from None
+
+
+async def answer_once_connected(send: Callable[[float], Awaitable[T]], timeout: float) -> T:
+    """`answer(send(the time left of timeout))`; a call never sent (`never_sent`: nothing reached the peer,
+    so sending again is safe for any request) is sent again for up to CONNECT_PATIENCE."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    patience = min(deadline, loop.time() + CONNECT_PATIENCE)
+    while True:
+        try:
+            return await answer(send(deadline - loop.time()))
+        except grpc.aio.AioRpcError as exc:
+            if not never_sent(exc) or loop.time() + _RESEND_SECONDS >= patience:
+                raise
+        await asyncio.sleep(_RESEND_SECONDS)

@@ -26,7 +26,7 @@ from raftkv.meta.records import ClusterMeta, NodeState
 from raftkv.node.client_limits import ClientLimits, ClientLoad, client_of
 from raftkv.node.gatekeeper import Gatekeeper, op_requests
 from raftkv.node.group_commit import PartitionFrontend
-from raftkv.node.peers import Peers, answer
+from raftkv.node.peers import Peers, answer_once_connected
 from raftkv.core.learner_registry import learners_from
 from raftkv.core.spec import ClusterSpec
 from raftkv.security.permissions import Access, Identity, Request
@@ -193,7 +193,8 @@ class KVService(kv_pb2_grpc.KVServicer):
             ops=[request.ops[i] for i in indexes], consistency=request.consistency, forwarded=True
         )
         try:
-            response = await answer(self._peers.stub(node_id).Execute(forwarded, timeout=self._timeout))
+            response = await answer_once_connected(
+                lambda left: self._peers.stub(node_id).Execute(forwarded, timeout=left), self._timeout)
             return list(response.results)
         except grpc.aio.AioRpcError as exc:
             sent, why = not never_sent(exc), f"{exc.code().name} {exc.details()}"

@@ -24,7 +24,6 @@ and every pysyncobj call happen on the loop.
 from __future__ import annotations
 
 import asyncio
-import logging
 import pickle
 import time
 from dataclasses import dataclass
@@ -40,18 +39,17 @@ from raftkv.core.durable import make_dirs
 from raftkv.core.errors import CorruptData
 from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
-from raftkv.raft.group import Entry, Outcome, ProposalCallback, Role, StateMachine, contradicts
+from raftkv.raft.group import Entry, Outcome, ProposalCallback, Role, StateMachine
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.syncobj_journal import JournalConfig, membership_change
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
 from raftkv.raft.syncobj_quiet import Quiet
+from raftkv.raft.state_repair import StateRepair
 from raftkv.raft.syncobj_snapshots import SnapshotFiles
 from raftkv.raft.hub import RaftHub
 from raftkv.raft.syncobj_transport import GroupTransport
 from raftkv.raft.vote_guard import VoteGuard
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -154,7 +152,7 @@ class _Member(PatchedSyncObj):
         quiet.after_tick()
 
     def _SyncObj__doApplyCommand(self, command: bytes):
-        self._group._check_committed()
+        self._group.repair.check_committed()
         return PatchedSyncObj._SyncObj__doApplyCommand(self, command)
 
     def sync_journal(self) -> None:
@@ -162,6 +160,13 @@ class _Member(PatchedSyncObj):
 
     def on_sent(self, message: dict) -> None:
         self._group.count_sent(message)
+
+    def _mayReplaceCommitted(self, idx: int) -> bool:
+        return not self._group.config.fsync
+
+    def _SyncObj__deleteEntriesFrom(self, fromIDx: int) -> None:
+        self._group.repair.before_truncation(fromIDx)
+        PatchedSyncObj._SyncObj__deleteEntriesFrom(self, fromIDx)
 
     def _SyncObj__deleteEntriesTo(self, toIDx: int) -> None:
         """A compaction drops the log up to its snapshot, but for the entries kept for seeded replicas."""
@@ -240,6 +245,7 @@ class SyncObjGroup:
         self._journal: RaftJournal = self._member._SyncObj__raftLog
         self._apply_id = self._member._methodToID[self._member._getFuncName("_apply")]
         self.snapshots.journal = self._journal
+        self.repair = StateRepair(config.partition, folder, config.fsync, state_machine, self.snapshots, self._member)
         self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2),
                              on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election,
                              next_timer=self._member.next_timer)
@@ -401,23 +407,12 @@ class SyncObjGroup:
     # -- called by pysyncobj ----------------------------------------------
 
     def load_state(self) -> None:
-        """The first tick: pysyncobj's load of the snapshot file, then a state that reaches past the log
-        rolled back. A power cut in the default mode may keep the database's last writes and lose the
-        journal's (the kernel writes pages back in any order), and if it cut the whole cluster, the
-        entries between may be gone from every log: a new leader's entries would then contradict this
-        state (`_check_committed`). Rolled back to the snapshot, the state is applied from the log again."""
+        """The first tick: pysyncobj's load of the snapshot file, then the state checked against the log."""
         member = self._member
         if self.snapshots.path.is_file():
             member._SyncObj__loadDumpFile(clearJournal=False)
         member._SyncObj__needLoadDumpFile = False
-        position, end = self._sm.position, self.last_log_index
-        if position.index > end:
-            snapshot = self.snapshots.current()
-            log.warning("partition %d: the database reached entry %d but the log ends at %d (a power cut kept "
-                        "the database's last writes and lost the log's); rolled back to %s and applied from the "
-                        "log again", self.partition, position.index, end,
-                        f"the snapshot at entry {snapshot.last.index}" if snapshot else "empty")
-            self._sm.roll_back(snapshot)
+        self.repair.after_load()
 
     def _apply_committed(self, payload: bytes):
         index = self._member.raftLastApplied + 1  # pysyncobj increments it right after this call
@@ -429,21 +424,6 @@ class SyncObjGroup:
         result = self._sm.apply(Entry(index, term, payload))
         failpoints.hit("apply-after")
         return result
-
-    def _check_committed(self) -> None:
-        """Before pysyncobj applies its next committed entry (no-ops and membership changes too): one the
-        state already reflects must fit the state's position, or this replica's log was rewound and
-        refilled with other entries (docs/chaos.md), and its state cannot be trusted."""
-        index = self._member.raftLastApplied + 1
-        position = self._sm.position
-        if index > position.index:
-            return
-        term = self._journal[index - self._journal[0][1]][2]
-        if contradicts(index, term, position):
-            raise CorruptData(
-                f"partition {self.partition}: the Raft log contradicts the database: committed entry {index} "
-                f"(term {term}) cannot come before its position {position.index} (term {position.term}); stop "
-                f"the node, move {self.config.folder} away and restart it so the partition re-syncs from its peers")
 
     def admits(self, message: dict) -> bool:
         """Whether pysyncobj may see `message`: a guarded voter (vote_guard) drops vote requests it may

@@ -158,7 +158,7 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         if firstNew < len(existing):
             conflictIdx = prevLogIdx + 1 + firstNew
             protectedIdx = max(self._SyncObj__raftCommitIndex, self._SyncObj__raftLastApplied)
-            if conflictIdx <= protectedIdx:
+            if conflictIdx <= protectedIdx and not self._mayReplaceCommitted(conflictIdx):
                 logger.critical(
                     'refusing append_entries from %s: entry %d (term %d) conflicts with '
                     'leader term %d but is committed (commit index %d, last applied %d)',
@@ -181,6 +181,13 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=lastVerifiedIdx + 1, success=True)
 
         self._patchedAdvanceCommitIndex(min(leaderCommitIndex, lastVerifiedIdx))
+
+    def _mayReplaceCommitted(self, idx: int) -> bool:
+        """Whether a leader may replace this log's committed entries from ``idx`` on. Never in Raft;
+        a subclass whose whole cluster can lose committed entries (no fsync before an acknowledgement,
+        and a power cut of every member) says where it may, and repairs its state in
+        ``__deleteEntriesFrom``."""
+        return False
 
     def _patchedInstallSnapshot(self, node: Node, serialized: Any) -> None:
         """Upstream's snapshot branch, but commit only what the snapshot holds, and never

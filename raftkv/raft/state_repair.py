@@ -1,0 +1,93 @@
+"""Where a replica's state and its Raft log disagree, and what it does about it.
+
+Only a power cut of the default mode (no fsync before an acknowledgement) leaves them so: the kernel
+writes dirty pages back in any order, across files too, so the database may keep writes the journal
+lost; and if the cut took the whole cluster, entries every member acknowledged may be gone from every
+log (within the bound docs/durability.md gives), and a new leader's entries take their indices. The
+state is then rolled back to the snapshot and the log applied again. Anything else that contradicts
+the state (fsync mode: an acknowledged entry lost) stops the replica: its state cannot be trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from raftkv.core.errors import CorruptData
+from raftkv.raft.group import Snapshot, StateMachine, contradicts
+from raftkv.raft.syncobj_snapshots import SnapshotFiles
+
+log = logging.getLogger(__name__)
+
+
+class StateRepair:
+    """Checks one member's state against its log: `member` is the pysyncobj SyncObj."""
+
+    def __init__(self, partition: int, folder, fsync: bool, state_machine: StateMachine, snapshots: SnapshotFiles,
+                 member):
+        self._partition = partition
+        self._folder = folder
+        self._fsync = fsync
+        self._sm = state_machine
+        self._snapshots = snapshots
+        self._member = member
+
+    def _term_at(self, index: int) -> int:
+        journal = self._member._SyncObj__raftLog
+        return journal[index - journal[0][1]][2]
+
+    def after_load(self) -> None:
+        """At start-up, once the snapshot is loaded: a state that reaches past the log's end."""
+        position, end = self._sm.position, self._member._SyncObj__raftLog[-1][1]
+        if position.index > end:
+            snapshot = self._snapshots.current()
+            log.warning("partition %d: the database reached entry %d but the log ends at %d (a power cut kept "
+                        "the database's last writes and lost the log's); rolled back to %s and applied from the "
+                        "log again", self._partition, position.index, end, _named(snapshot))
+            self._sm.roll_back(snapshot)
+
+    def before_truncation(self, first: int) -> None:
+        """A leader replaces this log's entries from `first` on. If they were committed here, the whole
+        cluster lost them in a power cut (Raft never replaces a committed entry a member still has; in
+        fsync mode `PatchedSyncObj` refuses): commit index and last applied go back below them, and if
+        the state applied some of them it goes back to the snapshot, from which the log is applied again.
+        Where the snapshot covers them too, `check_committed` stops the replica."""
+        if self._fsync:
+            return  # an acknowledged entry lost: `check_committed` stops the replica
+        member, position = self._member, self._sm.position
+        last_applied, commit = member._SyncObj__raftLastApplied, member._SyncObj__raftCommitIndex
+        if first > max(last_applied, commit, position.index):
+            return  # entries no member committed: Raft's own repair of a follower's log
+        restart = first - 1
+        if position.index >= first and position.term:
+            snapshot = self._snapshots.current()
+            restart = snapshot.last.index if snapshot else 1  # 1: pysyncobj's first no-op, never applied
+            if restart >= first or restart < member._SyncObj__raftLog[0][1]:
+                return  # the entries to apply again are gone from this log
+            self._sm.roll_back(snapshot)
+            rolled_back = f"; rolled back to {_named(snapshot)} and applied from the log again"
+        else:
+            rolled_back = ""
+        log.warning("partition %d: the leader replaces committed entries from %d on (to %d here): a power cut of "
+                    "the whole cluster lost them, within the default mode's bound (docs/durability.md)%s",
+                    self._partition, first, max(last_applied, commit, position.index), rolled_back)
+        member._SyncObj__raftLastApplied = min(last_applied, restart)
+        member._SyncObj__raftCommitIndex = min(commit, first - 1)
+
+    def check_committed(self) -> None:
+        """Before pysyncobj applies its next committed entry (no-ops and membership changes too): one the
+        state already reflects must fit the state's position, or this replica's log was rewound and
+        refilled with other entries (docs/chaos.md), and its state cannot be trusted."""
+        index = self._member._SyncObj__raftLastApplied + 1
+        position = self._sm.position
+        if index > position.index:
+            return
+        term = self._term_at(index)
+        if contradicts(index, term, position):
+            raise CorruptData(
+                f"partition {self._partition}: the Raft log contradicts the database: committed entry {index} "
+                f"(term {term}) cannot come before its position {position.index} (term {position.term}); stop "
+                f"the node, move {self._folder} away and restart it so the partition re-syncs from its peers")
+
+
+def _named(snapshot: Snapshot | None) -> str:
+    return f"the snapshot at entry {snapshot.last.index}" if snapshot else "empty"
