@@ -34,6 +34,10 @@
    pushes each synced delivery), and lag is the time the reader got an event
    minus the send time in its value. `warmup`
    seconds at the rate are discarded, then `duration` seconds are measured.
+   etcd's counterpart is a watch: the same writer (etcd3aio puts, round-robin
+   over the members) on a 3-member etcd cluster of its own, and a reader
+   watching the prefix at one member; its lag is the time the watch delivered
+   the event minus the send time.
 
 Every figure records the cores used meanwhile by the system under test, by the
 benchmark's own processes, and by everything else; figures measured while
@@ -64,9 +68,11 @@ from bench_clusters import ensure_etcd, ensure_etcd3aio, etcd_version, raftkv_cl
 from bench_host import machine, versions  # noqa: E402
 from bench_run import config_arguments, drop_data_dir, header, start_run  # noqa: E402
 
-from bench_learner_config import CATCH_UP_TARGET, Config, ETCD_CLIENT, LAG_TARGET_MS, LAG_TARGET_RATE, QUICK  # noqa: E402
+from bench_learner_config import (  # noqa: E402
+    CATCH_UP_TARGET, Config, ETCD_CLIENT, LAG_ETCD_TARGET, LAG_TARGET_MS, LAG_TARGET_RATE, QUICK,
+)
 from learner_catchup import CatchUp, Cores, etcd_catch_up, raftkv_learner_caught_up  # noqa: E402
-from learner_lag import Lag, feed_lag  # noqa: E402
+from learner_lag import Lag, etcd_watch_lags, feed_lag  # noqa: E402
 
 
 def measure_raftkv(config: Config, data_dir: Path, console: Console) -> tuple[CatchUp, list[Lag]]:
@@ -94,12 +100,19 @@ def _ratio(value: float) -> str:
     return "" if math.isnan(value) else f"{value:,.2f}×"
 
 
-def table(raftkv_up: CatchUp, etcd_up: CatchUp | None, lags: list[Lag], config: Config, loads: str) -> Table:
+def _problems(lag: Lag) -> str:
+    problems = [f"{count} {what}" for count, what in ((lag.missing, "missing"), (lag.errors, "errors"),
+                                                      (lag.skipped, "skipped")) if count]
+    return f" [red]({', '.join(problems)})[/red]" if problems else ""
+
+
+def table(raftkv_up: CatchUp, etcd_up: CatchUp | None, lags: list[Lag], config: Config, loads: str,
+          etcd_lags: list[Lag] | None = None) -> Table:
     t = comparison_table(
         title=f"Learner catch-up over {config.keys:,} keys (raftkv vs etcd 3.4, 3 voters each on loopback, "
         f"{config.partitions} raftkv partitions) and raftkv's change-feed lag",
         caption=f"* = other processes on the machine used more than {NOISY_CORES} cores during that measurement. "
-        f"Load average (1/5/15 min): {loads}. The lag rows are raftkv only: the etcd side has no change feed here.",
+        f"Load average (1/5/15 min): {loads}. etcd's lag is a watch on the written prefix's.",
     )
 
     def etcd_cell(get: Callable[[CatchUp], str]) -> str:
@@ -124,26 +137,33 @@ def table(raftkv_up: CatchUp, etcd_up: CatchUp | None, lags: list[Lag], config: 
               _num(config.keys / raftkv_up.load_s, 0), etcd_cell(lambda c: _num(c.keys / c.load_s, 0)),
               _ratio(load_ratio), "")
     t.add_section()
+    etcd_by_rate = {lag.rate: lag for lag in etcd_lags or ()}
     for lag in lags:
         label = f"feed at {lag.rate:,} writes/s:"
-        problems = []
-        if lag.missing:
-            problems.append(f"{lag.missing} missing")
-        if lag.errors:
-            problems.append(f"{lag.errors} errors")
-        if lag.skipped:
-            problems.append(f"{lag.skipped} skipped")
-        note = f" [red]({', '.join(problems)})[/red]" if problems else ""
-        t.add_row(f"{label} achieved writes/s", _num(lag.achieved, 0, lag.cores.noisy) + note, "", "", "")
-        t.add_row(f"{label} lag p50 (ms)", _num(lag.p50_ms, 1, lag.cores.noisy), "", "", "")
-        lag_target = ""
+        watch = etcd_by_rate.get(lag.rate)
+
+        def etcd_lag(get: Callable[[Lag], str]) -> str:
+            return get(watch) if watch else "skipped"
+
+        t.add_row(f"{label} achieved writes/s", _num(lag.achieved, 0, lag.cores.noisy) + _problems(lag),
+                  etcd_lag(lambda w: _num(w.achieved, 0, w.cores.noisy) + _problems(w)), "", "")
+        t.add_row(f"{label} lag p50 (ms)", _num(lag.p50_ms, 1, lag.cores.noisy),
+                  etcd_lag(lambda w: _num(w.p50_ms, 1, w.cores.noisy)),
+                  _ratio(lag.p50_ms / watch.p50_ms) if watch else "", "")
+        targets = []
         if lag.rate == LAG_TARGET_RATE:
             reached = lag.achieved >= 0.95 * lag.rate
             met = reached and not lag.missing and lag.p99_ms <= LAG_TARGET_MS
-            lag_target = f"≤ {LAG_TARGET_MS:.0f} ms {verdict(met)}" + ("" if reached else " (rate not reached)")
-        t.add_row(f"{label} lag p99 (ms)", _num(lag.p99_ms, 1, lag.cores.noisy), "", "", lag_target)
-        t.add_row(f"{label} put ack p50 / p99 (ms)", f"{lag.put_p50_ms:,.1f} / {lag.put_p99_ms:,.1f}  ", "", "", "")
-        t.add_row(f"{label} cores: voters / learner / other", _cores_cell(lag.cores), "", "", "")
+            targets.append(f"≤ {LAG_TARGET_MS:.0f} ms {verdict(met)}" + ("" if reached else " (rate not reached)"))
+        ratio = lag.p99_ms / watch.p99_ms if watch else math.nan
+        if watch:
+            targets.append(f"≤ {LAG_ETCD_TARGET:.1f}× {verdict(ratio <= LAG_ETCD_TARGET)}")
+        t.add_row(f"{label} lag p99 (ms)", _num(lag.p99_ms, 1, lag.cores.noisy),
+                  etcd_lag(lambda w: _num(w.p99_ms, 1, w.cores.noisy)), _ratio(ratio), "; ".join(targets))
+        t.add_row(f"{label} put ack p50 / p99 (ms)", f"{lag.put_p50_ms:,.1f} / {lag.put_p99_ms:,.1f}  ",
+                  etcd_lag(lambda w: f"{w.put_p50_ms:,.1f} / {w.put_p99_ms:,.1f}  "), "", "")
+        t.add_row(f"{label} cores: voters / learner / other", _cores_cell(lag.cores),
+                  etcd_lag(lambda w: _cores_cell(w.cores)), "", "")
     return t
 
 
@@ -170,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config, console, data_dir = start_run(args, Config(), QUICK, "raftkv-bench-learner-", width=160)
     started_at = time.monotonic()
-    etcd_up = None
+    etcd_up, etcd_lags = None, None
     try:
         etcd_binary = None if args.raftkv_only else ensure_etcd()
         ensure_etcd3aio()
@@ -179,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         header(console, host, vers, config, data_dir)
         if etcd_binary:
             etcd_up = etcd_catch_up(etcd_binary, data_dir / "etcd", config, console)
+            etcd_lags = etcd_watch_lags(etcd_binary, data_dir / "etcd-watch", config, console)
         raftkv_up, lags = measure_raftkv(config, data_dir / "raftkv", console)
     except KeyboardInterrupt:
         console.print("[red]interrupted; every started process has been stopped[/red]")
@@ -186,14 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         drop_data_dir(args, data_dir)
     loads = f"{host['load_average']} before, {_load_average()} after"
-    console.print(table(raftkv_up, etcd_up, lags, config, loads))
+    console.print(table(raftkv_up, etcd_up, lags, config, loads, etcd_lags))
     elapsed = time.monotonic() - started_at
     console.print(f"Total time {elapsed:.0f} s.")
     if args.json_out:
         report = {"machine": host, "versions": vers, "config": asdict(config), "elapsed_s": elapsed,
                   "load_average_after": _load_average(), "catch_up": {"raftkv": asdict(raftkv_up),
                                                                       "etcd": asdict(etcd_up) if etcd_up else None},
-                  "feed_lag": [asdict(lag) for lag in lags]}
+                  "feed_lag": [asdict(lag) for lag in lags],
+                  "etcd_watch_lag": [asdict(lag) for lag in etcd_lags] if etcd_lags else None}
         args.json_out.write_text(json.dumps(report, indent=2) + "\n")
     return 0
 

@@ -25,8 +25,10 @@ class Config:
 QUICK = Config(keys=20_000, duration=2.0, warmup=0.5)
 LEARNER = "catchup"
 ETCD_LEARNER = "learner"
-ETCD_CLIENT = "etcd3aio 0.3.0 (load); plain gRPC stubs from etcd3aio's generated code (MemberAdd, Status)"
+ETCD_CLIENT = ("etcd3aio 0.3.0 (load, paced puts, watch); plain gRPC stubs from etcd3aio's generated code "
+               "(MemberAdd, Status)")
 LAG_TARGET_MS, LAG_TARGET_RATE = 100.0, 5000
+LAG_ETCD_TARGET = 1.0  # raftkv's feed lag p99 / an etcd watch's at the same rate, at most
 CATCH_UP_TARGET = 1.0  # raftkv/etcd, at most
 REQUEST_TIMEOUT = 10.0
 MAX_PENDING = 5000  # the paced writer skips a send when this many puts are outstanding

@@ -1,8 +1,10 @@
-"""bench_learner.py, part 2: the change feed's lag behind paced writes (raftkv)."""
+"""bench_learner.py, part 2: the change feed's lag behind paced writes (raftkv), and an etcd watch's
+behind the same writes (etcd 3.4): the same paced writer, a reader of each system's own feed."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import multiprocessing
 import sys
@@ -16,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_clusters import Running  # noqa: E402
+from bench_clusters import Running, etcd_cluster  # noqa: E402
 from bench_load import VALUE_BYTES, percentile  # noqa: E402
 
 import raftkv  # noqa: E402
@@ -59,21 +61,35 @@ class Lag:
     cores: Cores
 
 
-def _writer_child(endpoints, rate, warmup, duration, prefix, inbox, results) -> None:
+def _writer_child(system, endpoints, rate, warmup, duration, prefix, inbox, results) -> None:
     try:
-        results.put(asyncio.run(_paced_puts(endpoints, rate, warmup, duration, prefix, inbox, results)))
+        results.put(asyncio.run(_paced_puts(system, endpoints, rate, warmup, duration, prefix, inbox, results)))
     except BaseException:
         results.put(traceback.format_exc())
 
 
-async def _paced_puts(endpoints, rate: int, warmup: float, duration: float, prefix: bytes, inbox, results) -> Writes:
+@contextlib.asynccontextmanager
+async def _putter(system: str, endpoints: tuple[str, ...]):
+    """`put(key, value)` on `system`: raftkv's client, or etcd3aio round-robin over the members."""
+    if system == "raftkv":
+        async with raftkv.AsyncClient(list(endpoints), timeout=REQUEST_TIMEOUT) as kv:
+            await kv.partitions()
+            yield kv.put
+    else:
+        from etcd3aio import Etcd3Client
+
+        async with Etcd3Client(list(endpoints)) as client:
+            yield lambda key, value: client.kv.put(key, value, timeout=REQUEST_TIMEOUT)
+
+
+async def _paced_puts(system: str, endpoints, rate: int, warmup: float, duration: float, prefix: bytes, inbox,
+                      results) -> Writes:
     """Send `rate` puts a second from `start_at` (from the inbox), each on its own, many in flight."""
     pad = b"x" * (VALUE_BYTES - 20)
     latencies = array("d")
     counts = {"sent": 0, "acked": 0, "skipped": 0, "errors": 0}
     first_error = ""
-    async with raftkv.AsyncClient(list(endpoints), timeout=REQUEST_TIMEOUT) as kv:
-        await kv.partitions()
+    async with _putter(system, endpoints) as send:
         results.put("ready")
         start_at = await asyncio.to_thread(inbox.get, True, 60)
         w0 = int((start_at + warmup) * 1e9)
@@ -85,7 +101,7 @@ async def _paced_puts(endpoints, rate: int, warmup: float, duration: float, pref
             measured = w0 <= sent < w1
             counts["sent"] += measured
             try:
-                await kv.put(prefix + b"%011d" % i, b"%020d" % sent + pad)
+                await send(prefix + b"%011d" % i, b"%020d" % sent + pad)
             except Exception as exc:  # counted and reported: a benchmark reports what it saw
                 counts["errors"] += 1
                 first_error = first_error or f"{type(exc).__name__}: {exc}"
@@ -116,20 +132,35 @@ async def _paced_puts(endpoints, rate: int, warmup: float, duration: float, pref
                   percentile(ordered, 0.5), percentile(ordered, 0.99), cpu)
 
 
-class FeedReader(threading.Thread):
-    """Follows the changelog (`ChangeLog.Follow`: pushed after each synced flush of the learner's sink).
+class _Reader(threading.Thread):
+    """Keeps, for changes whose key starts with `prefix` and whose send time (the value's first 20
+    digits) is in `window` (ns), the time it got them minus that send time."""
 
-    Keeps, for events whose key starts with `prefix` and whose send time is in
-    `window` (ns), the time it got them minus that send time.
-    """
-
-    def __init__(self, address: str, prefix: bytes):
+    def __init__(self, prefix: bytes):
         super().__init__(name="feed-reader", daemon=True)
-        self._log = ChangeLogClient(address)
         self._prefix = prefix
         self.window = (0, 0)
         self.lags_ns = array("q")
         self.errors, self.first_error = 0, ""
+
+    def ready(self, timeout: float) -> bool:
+        """Whether it reads by now (waiting up to `timeout` s): writes before that would go unseen."""
+        return True
+
+    def _got(self, key: bytes, value: bytes, at: int) -> None:
+        if key.startswith(self._prefix):
+            sent = int(value[:20])
+            w0, w1 = self.window
+            if w0 <= sent < w1:
+                self.lags_ns.append(at - sent)
+
+
+class FeedReader(_Reader):
+    """Follows the changelog (`ChangeLog.Follow`: pushed after each synced flush of the learner's sink)."""
+
+    def __init__(self, address: str, prefix: bytes):
+        super().__init__(prefix)
+        self._log = ChangeLogClient(address)
 
     def stop(self) -> None:
         self._log.close()  # ends the Follow call
@@ -140,26 +171,82 @@ class FeedReader(threading.Thread):
         try:
             for chunk in self._log.follow():
                 got = time.time_ns()
-                w0, w1 = self.window
                 for change in chunk.changes:
-                    if change.key.startswith(self._prefix) and change.HasField("after"):
-                        sent = int(change.after[:20])
-                        if w0 <= sent < w1:
-                            self.lags_ns.append(got - sent)
+                    if change.HasField("after"):
+                        self._got(change.key, change.after, got)
         except Unavailable as exc:
             self.errors += 1
             self.first_error = str(exc)
 
 
+class EtcdWatchReader(_Reader):
+    """An etcd watch on the prefix (etcd3aio, on a loop of its own), at one member."""
+
+    def __init__(self, endpoint: str, prefix: bytes):
+        super().__init__(prefix)
+        self._endpoint = endpoint
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._watching = threading.Event()
+
+    def ready(self, timeout: float) -> bool:
+        return self._watching.wait(timeout)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        if self.is_alive():
+            self.join(10)
+
+    def run(self) -> None:
+        asyncio.run(self._follow())
+
+    async def _follow(self) -> None:
+        from etcd3aio import Etcd3Client
+        from etcd3aio.kv import prefix_range_end
+
+        self._loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
+        try:
+            async with Etcd3Client([self._endpoint]) as client:
+                async for response in client.watch.watch(self._prefix, prefix_range_end(self._prefix)):
+                    got = time.time_ns()
+                    self._watching.set()  # the first response confirms the watch's creation
+                    for event in response.events:
+                        self._got(event.kv.key, event.kv.value, got)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # counted and reported: a benchmark reports what it saw
+            self.errors += 1
+            self.first_error = f"{type(exc).__name__}: {exc}"
+            self._watching.set()
+
+
 def feed_lag(cluster: Running, learner_pid: int, address: str, rate: int, run: int, config: Config,
              console: Console) -> Lag:
-    """One paced run at `rate` writes/s; keys `lag<run>/` + 11 digits (16 bytes), each written once."""
+    """One paced run at `rate` writes/s on raftkv, read from the learner's changelog."""
     prefix = b"lag%d/" % run
+    return _paced_run("raftkv", cluster, learner_pid, FeedReader(address, prefix), prefix, rate, config,
+                      console, "feed lag")
+
+
+def etcd_watch_lags(binary: str, data_dir: Path, config: Config, console: Console) -> list[Lag]:
+    """The same paced runs on a 3-member etcd cluster of its own, read by a watch on the prefix."""
+    with etcd_cluster(binary, data_dir) as etcd:
+        lags = []
+        for run, rate in enumerate(config.rate_list):
+            prefix = b"lag%d/" % run
+            reader = EtcdWatchReader(etcd.endpoints[0], prefix)
+            lags.append(_paced_run("etcd", etcd, None, reader, prefix, rate, config, console, "etcd watch lag"))
+        return lags
+
+
+def _paced_run(system: str, cluster: Running, learner_pid: int | None, reader: _Reader, prefix: bytes, rate: int,
+               config: Config, console: Console, name: str) -> Lag:
+    """Keys `prefix` + 11 digits (16 bytes), each written once, at `rate` writes/s; lag as `reader` sees it."""
     ctx = multiprocessing.get_context("spawn")
     inbox, results = ctx.Queue(), ctx.Queue()
-    writer = ctx.Process(target=_writer_child, daemon=True,
-                         args=(tuple(cluster.endpoints), rate, config.warmup, config.duration, prefix, inbox, results))
-    reader = FeedReader(address, prefix)
+    writer = ctx.Process(target=_writer_child, daemon=True, args=(
+        system, tuple(cluster.endpoints), rate, config.warmup, config.duration, prefix, inbox, results))
     try:
         writer.start()
         if (ready := _reply(writer, results, 60)) != "ready":
@@ -168,6 +255,8 @@ def feed_lag(cluster: Running, learner_pid: int, address: str, rate: int, run: i
         w0 = start_at + config.warmup
         reader.window = (int(w0 * 1e9), int((w0 + config.duration) * 1e9))
         reader.start()
+        if not reader.ready(10.0):
+            raise RuntimeError(f"the {system} reader did not start within 10 s")
         inbox.put(start_at)
         time.sleep(max(0.0, w0 - time.time()))
         meter = Meter(cluster.pids, learner_pid)
@@ -192,7 +281,7 @@ def feed_lag(cluster: Running, learner_pid: int, address: str, rate: int, run: i
                  writes.put_p50_ms, writes.put_p99_ms, writes.skipped, writes.errors + reader.errors,
                  writes.first_error or reader.first_error, cores)
     console.print(
-        f"[dim]feed lag {rate:>6,} writes/s: achieved {result.achieved:,.0f}/s, lag p50 {result.p50_ms:.1f} "
+        f"[dim]{name} {rate:>6,} writes/s: achieved {result.achieved:,.0f}/s, lag p50 {result.p50_ms:.1f} "
         f"p99 {result.p99_ms:.1f} max {result.max_ms:.1f} ms over {result.events:,} events "
         f"({result.missing} missing, {result.skipped} skipped, {result.errors} errors); put ack p50 "
         f"{result.put_p50_ms:.1f} p99 {result.put_p99_ms:.1f} ms; cores: {_cores_text(cores)}[/dim]"
