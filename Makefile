@@ -18,10 +18,11 @@ demo: install
 	$(VENV)/bin/raftkv dev up
 
 # The network-partition tests drive nftables on loopback, and the power-loss tests mount a FUSE
-# filesystem (root; Debian's nftables and fuse3 packages). A change-feed test runs Debian's kcat.
+# filesystem (root; Debian's nftables and fuse3 packages). A change-feed test runs Debian's kcat, and
+# the service units are checked with systemd-analyze (systemd).
 system-deps:
-	@{ command -v nft && command -v fusermount3 && command -v kcat; } >/dev/null || \
-		{ apt-get update -qq && apt-get install -y -qq nftables fuse3 kcat >/dev/null; }
+	@{ command -v nft && command -v fusermount3 && command -v kcat && command -v systemd-analyze; } >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq nftables fuse3 kcat systemd >/dev/null; }
 
 test: install system-deps
 	$(PY) -m pytest -q
