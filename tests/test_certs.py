@@ -12,7 +12,7 @@ from cryptography import x509
 
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import build_spec
-from raftkv.security.certs import Identity, identity_of, init_certs
+from raftkv.security.certs import Identity, identity_of, init_certs, list_certs, renew_certs
 from tests.test_cli import assert_one_line_error, run
 
 
@@ -104,3 +104,42 @@ def test_a_node_certificate_serves_mutual_tls_to_this_clusters_clients_only(tmp_
         assert seen == [[b"alice"]]  # no refused connection reached the service
     finally:
         server.stop(None)
+
+
+def test_renew_issues_expiring_certificates_again_for_their_keys_and_they_still_handshake(tmp_path, spec):
+    out = tmp_path / "certs"
+    init_certs(out, spec, ["alice"], days=30)
+    init_certs(out, spec, ["bob"], days=800)  # bob's is not due
+    keys = {p.name: p.read_bytes() for p in out.glob("*.key")}
+    old = cert(out / "node-n2.pem")
+
+    held = renew_certs(out, days=400, within_days=60)
+    assert {h.path.name: h.renewed for h in held} == {
+        "learner.pem": True, "node-n1.pem": True, "node-n2.pem": True, "user-alice.pem": True, "user-bob.pem": False}
+    assert {p.name: p.read_bytes() for p in out.glob("*.key")} == keys  # the same keys: each .pem replaced alone
+    new = cert(out / "node-n2.pem")
+    new.verify_directly_issued_by(cert(out / "ca.pem"))
+    assert new.subject == old.subject and list(new.extensions) == list(old.extensions)
+    assert new.public_key() == old.public_key()
+    assert (new.not_valid_after_utc - new.not_valid_before_utc).days == 400
+    assert [h.path.name for h in list_certs(out)] == sorted(h.path.name for h in held)
+
+    seen: list = []
+    server, address = _serve(out, seen)  # the renewed node certificate serves, the renewed user's is accepted
+    try:
+        with grpc.secure_channel(address, grpc.ssl_channel_credentials(
+                (out / "ca.pem").read_bytes(), (out / "user-alice.key").read_bytes(),
+                (out / "user-alice.pem").read_bytes())) as channel:
+            assert _call(channel) == b"ping"
+        assert seen == [[b"alice"]]
+    finally:
+        server.stop(None)
+
+
+def test_renew_without_the_ca_key_and_list_of_a_folder_without_a_ca_are_one_line(tmp_path, spec):
+    out = tmp_path / "certs"
+    init_certs(out, spec, [], days=30)
+    (out / "ca.key").unlink()
+    assert_one_line_error(run("certs", "renew", "--out", str(out)), "ca.key is missing")
+    (tmp_path / "empty").mkdir()
+    assert_one_line_error(run("certs", "list", "--out", str(tmp_path / "empty")), "ca.pem is missing")

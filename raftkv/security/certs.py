@@ -4,7 +4,8 @@ and learner processes (docs/security.md §3).
 The role a certificate grants is its subject's organizational unit (`raftkv-node`,
 `raftkv-learner`, `raftkv-user`), so a node can tell it from the TLS session alone;
 the name is the common name (node id, user name, `learner`). Keys are EC P-256,
-written 0600 and never overwritten: running `init` again adds what is missing.
+written 0600 and never overwritten: running `init` again adds what is missing, and
+`renew` re-issues certificates for the keys they have (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import datetime
 import ipaddress
 import os
 import re
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
@@ -41,6 +43,19 @@ class Identity:
 class Written:
     path: Path  # the certificate; its key is beside it
     created: bool  # False: it was there already and is kept
+
+
+@dataclass(frozen=True)
+class Held:
+    """A certificate of the folder, as `list_certs` and `renew_certs` see it."""
+
+    path: Path
+    identity: Identity
+    expires: datetime.datetime
+    renewed: bool = False
+
+    def days_left(self, now: datetime.datetime) -> float:
+        return (self.expires - now).total_seconds() / 86400
 
 
 def identity_of(cert: x509.Certificate) -> Identity:
@@ -77,6 +92,65 @@ def init_certs(out: Path, spec: ClusterSpec | None, users: Iterable[str], days: 
     return written
 
 
+def list_certs(out: Path) -> list[Held]:
+    """The CA's leaf certificates in `out`, by file name."""
+    ca_cert = _load_cert(out / "ca.pem")
+    held = []
+    for path in sorted(out.glob("*.pem")):
+        if path.name == "ca.pem":
+            continue
+        cert = _load_cert(path)
+        if cert.issuer == ca_cert.subject:
+            held.append(Held(path, identity_of(cert), cert.not_valid_after_utc))
+    return held
+
+
+def renew_certs(out: Path, days: int, within_days: float, now: datetime.datetime | None = None) -> list[Held]:
+    """Every leaf certificate in `out` that expires within `within_days`, issued again for `days` by the
+    folder's CA: the same subject, names and uses, and the same key, so each file is replaced on its own
+    (atomically) and a node keeps serving with either. The rest are listed as they are."""
+    ca_cert, ca_key, _ = _ca(out, create=False)
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    held = []
+    for entry in list_certs(out):
+        if entry.days_left(now) > within_days:
+            held.append(entry)
+            continue
+        old = _load_cert(entry.path)
+        builder = (x509.CertificateBuilder().subject_name(old.subject).issuer_name(ca_cert.subject)
+                   .public_key(old.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - _BACKDATE).not_valid_after(now + datetime.timedelta(days=days)))
+        for extension in old.extensions:
+            builder = builder.add_extension(extension.value, extension.critical)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        _replace(entry.path, cert.public_bytes(serialization.Encoding.PEM))
+        held.append(Held(entry.path, entry.identity, cert.not_valid_after_utc, renewed=True))
+    return held
+
+
+def _load_cert(path: Path) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(path.read_bytes())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is missing: give the folder `raftkv certs init` wrote", source="--out") from None
+    except ValueError:
+        raise ConfigError(f"{path} is not a PEM certificate", source="--out") from None
+
+
+def _replace(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 CERTS_DIR = "certs"
 ADMIN_USER = "admin"
 
@@ -92,13 +166,13 @@ def with_certificates(spec: ClusterSpec, folder: Path, days: int = 825) -> Clust
         client_cert=out / f"user-{ADMIN_USER}.pem", client_key=out / f"user-{ADMIN_USER}.key"))
 
 
-def _ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey, list[Written]]:
+def _ca(out: Path, create: bool = True) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey, list[Written]]:
     cert_path, key_path = out / "ca.pem", out / "ca.key"
-    if cert_path.exists():
+    if cert_path.exists() or not create:
         if not key_path.exists():
             raise ConfigError(f"{key_path} is missing: certificates cannot be issued without the CA's key; "
                               "bring it back, or use another --out for a new CA", source="--out")
-        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        cert = _load_cert(cert_path)
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
         return cert, key, [Written(cert_path, False)]
     key = ec.generate_private_key(ec.SECP256R1())
