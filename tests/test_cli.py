@@ -18,6 +18,7 @@ from raftkv import Client, InvalidRequest
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.partitioning import partition_for_key
+from raftkv.core.release import VERSION
 from raftkv.core.spec import ports_per_node
 from raftkv.core.spec_toml import load_spec
 from raftkv.dev.local_cluster import free_port_block, port_free
@@ -137,8 +138,11 @@ def test_cli_data_commands_status_and_limits(make_cluster):
     status = json.loads(run("status", "--json", *config).stdout)
     assert len(status["partitions"]) == 4 * 3
     assert sorted(r["partition"] for r in status["partitions"] if r["role"] == "leader") == [0, 1, 2, 3]
+    assert [(n["node"], n["version"]) for n in status["nodes"]] == [(n, VERSION) for n in ("n1", "n2", "n3")]
     table = run("status", *config).stdout
     assert "leader" in table and "n1" in table
+    assert f"releases: n1 {VERSION}, n2 {VERSION}, n3 {VERSION}" in table
+    assert run("--version").stdout.strip() == f"raftkv, version {VERSION}"
 
 
 def test_api_rejects_bad_input_and_writes_nothing(make_cluster):

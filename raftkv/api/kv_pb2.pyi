@@ -308,20 +308,22 @@ class LearnerStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., sink: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., progress: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "cluster", "partitions", "nodes", "hosted", "meta_epoch")
+    __slots__ = ("node_id", "cluster", "partitions", "nodes", "hosted", "meta_epoch", "version")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     HOSTED_FIELD_NUMBER: _ClassVar[int]
     META_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     cluster: str
     partitions: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
     hosted: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
     meta_epoch: int
-    def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., partitions: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., hosted: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., meta_epoch: _Optional[int] = ...) -> None: ...
+    version: str
+    def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., partitions: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., hosted: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., meta_epoch: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
 
 class FollowRequest(_message.Message):
     __slots__ = ("after",)

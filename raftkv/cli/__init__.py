@@ -18,6 +18,7 @@ import click
 
 from raftkv.cli.output import err_console
 from raftkv.core.errors import RaftKVError, one_line
+from raftkv.core.release import VERSION
 
 # Made absolute here, where the current directory is the user's: a node that joins records them in its
 # data dir's spec, whose relative paths are read against that dir.
@@ -42,7 +43,7 @@ class _LazyGroup(click.Group):
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="raftkv")
+@click.version_option(version=VERSION, prog_name="raftkv")
 @click.option("--cacert", envvar="RAFTKV_CACERT", type=_ABSOLUTE_FILE, default=None,
               help="The cluster CA (PEM); default: the spec's [tls] ca.")
 @click.option("--cert", envvar="RAFTKV_CERT", type=_ABSOLUTE_FILE, default=None,

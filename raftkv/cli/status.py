@@ -13,7 +13,6 @@ from raftkv.cli.output import console
 from raftkv.client.sync_client import NodeStatus
 
 
-
 def status_rows(statuses: list[NodeStatus]) -> list[dict]:
     rows = []
     for s in statuses:
@@ -31,13 +30,15 @@ def status_rows(statuses: list[NodeStatus]) -> list[dict]:
 @endpoints_option
 @json_option
 def status(config: str, endpoints: str | None, as_json: bool) -> None:
-    """Partitions, leaders, terms, commit/applied indexes and replicas, as each node sees them."""
+    """Partitions, leaders, terms, commit/applied indexes and replicas, as each node sees them, and each
+    node's release."""
     with open_client(config, endpoints, timeout=5.0) as kv:
         statuses = kv.status()
     rows = status_rows(statuses)
     down = [{"node": s.node_id, "address": s.address, "error": s.error} for s in statuses if not s.reachable]
+    nodes = [{"node": s.node_id, "address": s.address, "version": s.version or None} for s in statuses if s.reachable]
     if as_json:
-        console.print_json(json.dumps({"partitions": rows, "unreachable": down}))
+        console.print_json(json.dumps({"partitions": rows, "nodes": nodes, "unreachable": down}))
         return
     table = Table(title="raftkv partitions")
     for column in ("partition", "node", "role", "leader", "term", "commit", "applied", "replicas"):
@@ -47,5 +48,7 @@ def status(config: str, endpoints: str | None, as_json: bool) -> None:
         table.add_row(str(r["partition"]), r["node"], role, r["leader"] or "-", str(r["term"]),
                       str(r["commit_index"]), str(r["applied_index"]), ",".join(r["replicas"]))
     console.print(table)
+    releases = ", ".join(f"{n['node']} {n['version'] or 'unknown'}" for n in sorted(nodes, key=lambda n: n["node"]))
+    console.print(f"releases: {releases}")
     for d in down:
         console.print(Text.assemble(("unreachable", "red"), f": {d['node']} at {d['address']} ({d['error']})"))

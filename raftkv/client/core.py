@@ -47,6 +47,7 @@ class NodeStatus:
     partitions: tuple[pb.PartitionStatus, ...] = ()
     error: str = ""
     meta_epoch: int = 0  # of the cluster metadata the node has applied
+    version: str = ""  # the node's raftkv release
 
 
 class _TransportError(Exception):
@@ -233,7 +234,8 @@ class ClientCore:
                 result.append(NodeStatus(self.routing.node_of(address), address, False,
                                          error=detail or type(reply).__name__))
             else:
-                result.append(NodeStatus(reply.node_id, address, True, tuple(reply.hosted), meta_epoch=reply.meta_epoch))
+                result.append(NodeStatus(reply.node_id, address, True, tuple(reply.hosted), meta_epoch=reply.meta_epoch,
+                                         version=reply.version))
         if not answered:
             refused = [refusal(r.details() or "", self.tls) for r in replies if isinstance(r, grpc.aio.AioRpcError)]
             if refused and len(refused) == len(replies) and all(refused):

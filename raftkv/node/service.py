@@ -28,6 +28,7 @@ from raftkv.node.gatekeeper import Gatekeeper, op_requests
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.peers import Peers, answer_once_connected
 from raftkv.core.learner_registry import learners_from
+from raftkv.core.release import VERSION
 from raftkv.core.spec import ClusterSpec
 from raftkv.security.permissions import Access, Identity, Request
 
@@ -280,6 +281,7 @@ class KVService(kv_pb2_grpc.KVServicer):
                    if n.state != NodeState.REMOVED],
             hosted=hosted,
             meta_epoch=self._topology().epoch,
+            version=VERSION,
         )
 
     def _hosted(self) -> list[pb.PartitionStatus]:
