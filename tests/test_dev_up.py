@@ -32,10 +32,10 @@ def test_a_removed_node_leaves_and_any_other_exit_is_restarted_until_it_keeps_ex
 class DevUp:
     """One `raftkv dev up` process, its output collected as it comes."""
 
-    def __init__(self, cwd: Path, args: list[str]):
-        self.proc = subprocess.Popen([*RAFTKV, "dev", "up", *args], cwd=cwd, stdout=subprocess.PIPE,
+    def __init__(self, cwd: Path, args: list[str], raftkv: list[str] = RAFTKV, env: dict[str, str] | None = None):
+        self.proc = subprocess.Popen([*raftkv, "dev", "up", *args], cwd=cwd, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, "COLUMNS": "300"})
+                                     env={**os.environ, **(env or {}), "COLUMNS": "300"})
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

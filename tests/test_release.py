@@ -1,0 +1,74 @@
+"""The wheel a release ships: built from the tracked files alone, installed apart from the source tree,
+it runs `raftkv dev up` and serves (issue 29 item 2). Its dependencies come from this environment: the
+test checks what the wheel holds (code, package data, entry points), not PyPI."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from raftkv.core.release import VERSION
+from raftkv.core.spec import ports_per_node
+from raftkv.dev.local_cluster import free_port_block
+from tests.conftest import wait_until
+from tests.test_cli import _running
+from tests.test_dev_up import DevUp, _kill_all
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _wheel(tmp_path: Path) -> Path:
+    """`pip wheel` (PEP 517, as `python -m build` does) of a copy of what git tracks: nothing untracked
+    in the working tree can make the wheel work."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    source = tmp_path / "source"
+    for name in filter(None, tracked.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    [wheel] = (tmp_path / "dist").glob("raftkv-*.whl")
+    return wheel
+
+
+def test_the_wheel_installs_apart_from_the_source_and_runs_the_demo(tmp_path):
+    wheel = _wheel(tmp_path)
+    assert wheel.name.startswith(f"raftkv-{VERSION}-")
+    site = tmp_path / "site"
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                                str(wheel)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    env = {"PYTHONPATH": str(site)}
+    where = subprocess.run([sys.executable, "-c", "import raftkv, learners; print(raftkv.__file__, learners.__file__)"],
+                           capture_output=True, text=True, env={**os.environ, **env}, cwd=tmp_path, timeout=60)
+    assert all(Path(f).is_relative_to(site) for f in where.stdout.split()), where.stdout + where.stderr
+
+    base = free_port_block(ports_per_node(2) * 3 + 1)  # three nodes, then the broker's port
+    demo = DevUp(tmp_path, ["--partitions", "2", "--base-port", str(base), "--data-dir", "devdata"],
+                 raftkv=[str(site / "bin" / "raftkv")], env=env)
+    started: list[int] = []
+    try:
+        demo.wait_for("ready")
+        started = demo.descendants()
+        config = ("--config", str(tmp_path / "devdata" / "cluster.toml"))
+        cli = [str(site / "bin" / "raftkv")]
+
+        def run(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([*cli, *args, *config], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                                  env={**os.environ, **env}, stdin=subprocess.DEVNULL)
+
+        assert run("put", "hello", "wheel").returncode == 0
+        assert run("get", "hello").stdout.strip() == "wheel"
+        assert f"releases: n1 {VERSION}" in run("status").stdout
+        demo.proc.send_signal(signal.SIGINT)
+        assert demo.proc.wait(60) == 0, demo.output
+        wait_until(lambda: not any(_running(pid) for pid in started), 30, "everything dev up started to stop")
+    finally:
+        demo.close()
+        _kill_all(started)
