@@ -1,0 +1,357 @@
+"""N simulated nodes, each hosting its members of M Raft groups: real `SyncObjGroup`s (pysyncobj with
+every override of ours) over `SimHub`s, `SimJournal`s and `SimStateMachine`s, ticked by `SimLoop`s.
+
+The cluster carries out what the faults and the client ask (`faults.py`): kill -9 and power cuts of
+nodes, restarts, proposals, leadership transfers and membership changes as a node's mover asks them.
+After every step it reads the members the step touched and hands what it sees to the `Checker`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from raftkv.core.spec import Tuning
+from raftkv.raft.group import Outcome, Role
+from raftkv.raft.hub import Directory
+from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from tests.engine_sim.checker import Checker
+from tests.engine_sim.clock import Scheduler, SimLoop
+from tests.engine_sim.network import SimNetwork
+from tests.engine_sim.storage import JournalDisk, SimJournal, SimStateMachine, StateDisk
+from tests.engine_sim.trace import Trace
+
+TUNING = Tuning()
+_LEADER = Role.LEADER.value
+
+
+def address(node: str, group: int) -> str:
+    return f"{node}:{group}"
+
+
+@dataclass
+class Member:
+    node: str
+    group: int
+    raft: SyncObjGroup
+    loop: SimLoop
+    checked_commit: int  # the commit index the checker has seen
+    led_term: int = -1  # the last term the checker saw it lead in
+
+    @property
+    def journal(self) -> SimJournal:
+        return self.raft._journal
+
+    @property
+    def state(self) -> int:
+        return self.raft._member._SyncObj__raftState
+
+
+class SimCluster:
+    def __init__(self, nodes: int, groups: int, replicas: int, fsync: bool, seed: int, folder: Path,
+                 scheduler: Scheduler, network_factory, trace: Trace, checker: Checker):
+        self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
+        self.groups = list(range(groups))
+        self.fsync = fsync
+        self.scheduler = scheduler
+        self.trace = trace
+        self.checker = checker
+        self._folder = folder
+        self._rng = random.Random(seed * 7919 + 1)  # what the disks keep at a power cut
+        directory = Directory({}, {address(n, g): (n, g) for n in self.nodes for g in self.groups})
+        self.network: SimNetwork = network_factory(directory)
+        # the cluster metadata's view: each group's voters, placed round the nodes
+        self.voters = {g: [self.nodes[(g + i) % nodes] for i in range(min(replicas, nodes))] for g in self.groups}
+        self.members: dict[tuple[str, int], Member] = {}
+        self.journals: dict[tuple[str, int], JournalDisk] = {}
+        self.states: dict[tuple[str, int], StateDisk] = {}
+        self.down: set[str] = set()
+        self.unsure: set[int] = set()  # groups a membership change may have changed without the answer saying so
+        self.lost_acknowledged = 0  # default mode: acknowledged proposals a power cut may have taken
+        self._opening: tuple[str, int] | None = None
+
+    def start(self) -> None:
+        """Every node up with its members (inside `virtual_time`, whose journal factory is `create_journal`)."""
+        for node in self.nodes:
+            self.network.node_up(node)
+        for group in self.groups:
+            for node in self.voters[group]:
+                self._open(node, group)
+
+    # -- members ----------------------------------------------------------------
+
+    def create_journal(self, _config) -> SimJournal:
+        """pysyncobj's `createJournal` while a member opens: its journal, on its disk."""
+        node, group = key = self._opening
+        disk = self.journals.setdefault(key, JournalDisk())
+        return SimJournal(disk, self.fsync, partial(self.checker.on_append, node, group))
+
+    def _open(self, node: str, group: int) -> None:
+        key = (node, group)
+        folder = self._folder / node / str(group)
+        folder.mkdir(parents=True, exist_ok=True)  # make_dirs would fsync its parents
+        state = SimStateMachine(self.states.setdefault(key, StateDisk()), partial(self.checker.on_apply, node, group),
+                                partial(self.checker.on_roll_back, node, group))
+        voters = self.voters[group]
+        config = GroupConfig(
+            partition=group, hub=self.network.hubs[node], self_address=address(node, group),
+            peers=tuple(address(n, group) for n in voters if n != node), folder=folder, fsync=self.fsync,
+            tuning=TUNING, membership_changes=True, on_corrupt=partial(self._stopped, node, group))
+        loop = SimLoop(self.scheduler, key)
+        self._opening = key
+        try:
+            raft = SyncObjGroup(config, state, loop)
+        finally:
+            self._opening = None
+        if not self.fsync:
+            raft._journal.sync_elsewhere()  # the node's syncer thread, `sync_node`, as journal_syncer does
+        raft.name_members(frozenset(address(n, group) for n in voters))
+        # fsync mode: what the log says is committed is checked again; the default mode may have lost it
+        self.members[key] = Member(node, group, raft, loop, 1 if self.fsync else raft.commit_index)
+        self.trace.add("open", f"g{group} {node} term {raft.term} log ..{raft.last_log_index} "
+                               f"commit {raft.commit_index} state at {state.position.index}")
+
+    def _close(self, node: str, group: int) -> None:
+        member = self.members.pop((node, group), None)
+        if member is not None:
+            member.raft.close()
+            member.loop.dead = True
+
+    def _stopped(self, node: str, group: int, error) -> None:
+        self.checker.fail(f"g{group} {node} stopped: {error}")
+
+    def running(self, group: int) -> list[Member]:
+        return [m for n in self.voters[group] if (m := self.members.get((n, group))) is not None]
+
+    def leader(self, group: int) -> Member | None:
+        leaders = [m for m in self.running(group) if m.state == _LEADER]
+        return max(leaders, key=lambda m: m.raft.term) if leaders else None
+
+    def name_members(self, group: int) -> None:
+        addresses = frozenset(address(n, group) for n in self.voters[group])
+        for member in self.running(group):
+            member.raft.name_members(addresses)
+
+    # -- checks -------------------------------------------------------------------
+
+    def check(self, key) -> None:
+        """After a step: the member it touched (a tick, a message delivered). The cluster's own events (a
+        fault, a client's call) change no member's Raft state until it ticks or handles a message."""
+        if key is not None and (member := self.members.get(key)) is not None:
+            self._check(member)
+
+    def _check(self, member: Member) -> None:
+        raft, checker = member.raft, self.checker
+        journal = member.journal
+        if member.state == _LEADER:
+            term = raft.term
+            if member.led_term != term and checker.leads(member.node, member.group, term):
+                member.led_term = term
+                self.trace.add("leader", f"g{member.group} {member.node} term {term}")
+                checker.new_leader(member.node, member.group, term, journal)
+        commit = min(raft.commit_index, journal[-1][1])
+        if commit > member.checked_commit:
+            checker.committed(member.node, member.group, journal, member.checked_commit, commit)
+        member.checked_commit = commit
+
+    # -- at the end ------------------------------------------------------------------
+
+    def unsettled(self) -> dict[int, str]:
+        """The groups that have not settled, and why: no leader, or members behind it."""
+        waiting = {}
+        for group in self.groups:
+            leader = self.leader(group)
+            if leader is None:
+                waiting[group] = f"g{group}: no leader among {self.voters[group]}"
+                continue
+            last = leader.raft.last_log_index
+            behind = [f"{m.node} applied {m.raft.last_applied}" for m in self.running(group)
+                      if m.raft.last_applied != last]
+            missing = [n for n in self.voters[group] if (n, group) not in self.members]
+            if behind or missing or leader.raft.commit_index != last:
+                waiting[group] = (f"g{group}: leader {leader.node} at {leader.raft.commit_index}/{last}, "
+                                  f"{', '.join(behind) or 'none behind'}{', not open: ' + str(missing) if missing else ''}")
+        return waiting
+
+    def check_final(self, groups: list[int]) -> None:
+        """Settled groups: one applied history each, holding every acknowledged proposal."""
+        for group in groups:
+            members = self.running(group)
+            states = {m.node: m.raft._sm for m in members}
+            if len({state.history for state in states.values()}) > 1:
+                self.checker.fail(f"g{group}: replicas settled on different histories: "
+                                  + "; ".join(f"{n} at {s.position.index}" for n, s in states.items()))
+                continue
+            applied = {index: payload for index, _, payload, _ in members[0].raft._sm.disk.applied}
+            record = self.checker.group(group)
+            for payload, index in record.acked.items():
+                if applied.get(index) == payload:
+                    continue
+                if record.forgotten:
+                    self.trace.add("ack-lost", f"g{group} acknowledged {payload.decode()} at {index}: a power cut of a "
+                                           "majority took it (default mode)")
+                else:
+                    self.checker.fail(f"g{group}: acknowledged {payload!r} at {index} is not in the settled state")
+
+    def stats(self) -> dict[str, int]:
+        counts = self.trace.counts
+        return {
+            "leaders": len(self.checker.leaders), "proposals": counts["propose"],
+            "acknowledged": sum(len(r.acked) for r in self.checker.groups.values()),
+            "messages": counts["recv"], "messages lost": counts["lost"] + counts["cut"],
+            "kills": counts["kill"], "power cuts": counts["power"], "restarts": counts["restart"],
+            "transfers": counts["transfer"], "members added": counts["added"], "members removed": counts["removed"],
+            "rollbacks": counts["rollback"],
+            "committed entries forgotten": sum(r.forgotten for r in self.checker.groups.values()),
+            "acknowledged lost": counts["ack-lost"],
+            "handler exceptions": len(self.network.errors),
+        }
+
+    # -- faults -------------------------------------------------------------------
+
+    def crash(self, node: str, power: bool) -> None:
+        """kill -9 of the node's process; with `power`, a power cut: what was not synced may go."""
+        if node not in self.down:
+            for key in [k for k in self.members if k[0] == node]:
+                self.members.pop(key).loop.dead = True
+            self.network.node_down(node)
+            self.down.add(node)
+        lost = ""
+        if power:
+            ops = sum(disk.power_cut(self._rng) for key, disk in self.journals.items() if key[0] == node)
+            applied = sum(disk.power_cut(self._rng) for key, disk in self.states.items() if key[0] == node)
+            lost = f": {ops} journal writes and {applied} applied entries lost"
+        self.trace.add("power" if power else "kill", f"{node}{lost}")
+
+    def after_power_cut(self) -> None:
+        """Default mode: committed entries a majority of their group no longer holds may be replaced."""
+        if self.fsync:
+            return
+        for group in self.groups:
+            record = self.checker.group(group)
+            if not record.committed:
+                continue
+            logs = [self._log(n, group) for n in self.voters[group]]
+            majority = len(logs) // 2 + 1
+            lowest_lost = None
+            for index in sorted(record.committed, reverse=True):
+                term = record.committed[index][0]
+                if sum(1 for log in logs if _holds(log, index, term)) >= majority:
+                    break
+                lowest_lost = index
+            if lowest_lost is not None:
+                self.lost_acknowledged += self.checker.forget_from(group, lowest_lost)
+                # a membership change among the entries lost: the metadata names voters the group lacks
+                self.unsure.add(group)
+
+    def _log(self, node: str, group: int) -> list:
+        member = self.members.get((node, group))
+        if member is not None:
+            return member.journal._entries
+        disk = self.journals.get((node, group))
+        return disk.entries() if disk is not None else []
+
+    def restart(self, node: str) -> None:
+        if node not in self.down:
+            return
+        self.down.discard(node)
+        self.network.node_up(node)
+        self.trace.add("restart", node)
+        for group in self.groups:
+            if node in self.voters[group]:
+                self._open(node, group)
+
+    def sync_node(self, node: str) -> None:
+        """The default mode's once-a-second sync of every journal of a node (journal_syncer)."""
+        for key, member in self.members.items():
+            if key[0] == node:
+                member.journal.sync_in_background()
+
+    # -- what a client and an operator ask --------------------------------------
+
+    def propose(self, group: int, payload: bytes, member: Member) -> None:
+        self.trace.add("propose", f"g{group} {payload.decode()} at {member.node}")
+        member.raft.propose(payload, partial(self._answered, group, payload))
+
+    def _answered(self, group: int, payload: bytes, result, outcome: Outcome) -> None:
+        self.trace.add("answer", f"g{group} {payload.decode()} {outcome.value} {result}")
+        if outcome is Outcome.APPLIED:
+            if result is None:
+                self.checker.fail(f"g{group}: {payload!r} acknowledged, but its state machine skipped it")
+            else:
+                self.checker.acknowledged(group, payload, result)
+        elif outcome is Outcome.REJECTED:
+            self.checker.rejected(group, payload)
+
+    def transfer(self, group: int, to: str | None) -> None:
+        leader = self.leader(group)
+        if leader is not None:
+            self.trace.add("transfer", f"g{group} {leader.node} -> {to or 'any'}")
+            leader.raft.transfer_leadership(None if to is None else address(to, group))
+
+    def change(self, group: int, action: str, node: str, done) -> bool:
+        """Ask the group's leader to add or remove `node`'s member; `done()` when it answered."""
+        leader = self.leader(group)
+        if leader is None or action == "remove" and node == leader.node:
+            return False
+        if action == "add":  # a new member starts with no data
+            self._close(node, group)  # a removed one the node has not closed yet
+            self.journals.pop((node, group), None)
+            self.states.pop((node, group), None)
+        self.trace.add(action, f"g{group} {node} asked of {leader.node}")
+        ask = leader.raft.add_member if action == "add" else leader.raft.remove_member
+        ask(address(node, group), partial(self._changed, group, action, node, done))
+        return True
+
+    def _changed(self, group: int, action: str, node: str, done, result, outcome: Outcome) -> None:
+        done_kind = {"add": "added", "remove": "removed"}[action]
+        self.trace.add(done_kind if outcome is Outcome.APPLIED else action, f"g{group} {node} {outcome.value}")
+        if outcome is Outcome.APPLIED:
+            if action == "add":
+                self.voters[group].append(node)
+                if node not in self.down:
+                    self._open(node, group)
+            else:
+                self.voters[group].remove(node)
+                # the node closes the replica once its copy of the metadata says so: a moment later
+                self.scheduler.after(self._rng.uniform(0.0, 1.0), self._removed, node, group)
+            self.name_members(group)
+        elif outcome is not Outcome.REJECTED:
+            self.unsure.add(group)
+        done()
+
+    def reconcile(self, group: int) -> None:
+        """A change whose answer was lost may have committed anyway: as a node's mover asks again until it
+        knows, the metadata takes the voters of a leader whose log holds no uncommitted change."""
+        leader = self.leader(group)
+        if group not in self.unsure or leader is None or leader.raft._uncommitted_membership():
+            return
+        self.unsure.discard(group)
+        actual = sorted(a.rsplit(":", 1)[0] for a in leader.raft.voters)
+        voters = self.voters[group]
+        if actual == sorted(voters):
+            return
+        self.trace.add("reconcile", f"g{group} voters {sorted(voters)} -> {actual} (as {leader.node} has them)")
+        for node in [n for n in voters if n not in actual]:
+            voters.remove(node)
+            self._removed(node, group)
+        for node in [n for n in actual if n not in voters]:
+            voters.append(node)
+            if node not in self.down and (node, group) not in self.members:
+                self._open(node, group)
+        self.name_members(group)
+
+    def _removed(self, node: str, group: int) -> None:
+        if node not in self.voters[group]:
+            self._close(node, group)
+            self.journals.pop((node, group), None)
+            self.states.pop((node, group), None)
+
+
+def _holds(log: list, index: int, term: int) -> bool:
+    if not log:
+        return False
+    first = log[0][1]
+    return first <= index <= log[-1][1] and log[index - first][2] == term

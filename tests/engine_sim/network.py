@@ -1,0 +1,198 @@
+"""The simulated network: one `SimHub` per running node, in place of `raftkv.raft.hub.RaftHub`, and
+links between nodes that the faults cut and heal.
+
+As with the real hub, node A's groups see node B as reachable while A's connection to B is up: it
+goes down at once when B's process dies (a reset), only after a while when the network between them
+is cut (the hub's pings time out), and comes up again a little after both are back (the dialer's
+retry). A message on a connection that went down is lost. A message whose handling raises closes its
+connection, as `RaftHub`'s reader does (`errors` keeps what was raised). On top of that, each message may be lost,
+duplicated or delayed past later ones (`NetFaults`), which TCP would not do but Raft must survive.
+Each link draws from a random generator of its own, so the schedule does not depend on the order in
+which pysyncobj walks its sets of peers (string hashes differ between processes).
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from dataclasses import dataclass
+
+from raftkv.raft.hub import Directory
+from tests.engine_sim.clock import Scheduler
+from tests.engine_sim.trace import Trace, describe
+
+
+@dataclass(frozen=True)
+class NetFaults:
+    loss: float = 0.02  # per message
+    duplication: float = 0.02
+    reorder: bool = True  # delays drawn independently: a message may overtake an earlier one
+    delay: float = 0.002  # the least a message takes, seconds
+    jitter: float = 0.010
+    detect: float = 2.0  # at most this long before a cut connection is noticed (the hub's pings)
+    reconnect: float = 0.5  # at most this long before a connection is made again (the hub's retry)
+
+
+class _Connection:
+    joined: frozenset = frozenset()  # the simulation opens no learners
+
+
+CONNECTION = _Connection()
+
+
+class SimNetwork:
+    def __init__(self, scheduler: Scheduler, seed: int, faults: NetFaults, directory: Directory, trace: Trace):
+        self._scheduler = scheduler
+        self._seed = seed
+        self.faults = faults
+        self.directory = directory
+        self._trace = trace
+        self.hubs: dict[str, SimHub] = {}  # running nodes
+        self._side: dict[str, int] = {}  # partition: nodes on different sides cannot talk
+        self._up: dict[tuple[str, str], bool] = {}  # A's connection to B, as A's hub sees it
+        self._epoch: dict[tuple[str, str], int] = {}
+        self._fifo: dict[tuple[str, str], float] = {}
+        self._rngs: dict[tuple[str, str, int], random.Random] = {}
+        self.errors: list[str] = []  # exceptions a delivered message raised (the hub logs them, drops the link)
+
+    # -- faults -------------------------------------------------------------
+
+    def node_up(self, node: str) -> SimHub:
+        hub = self.hubs[node] = SimHub(self, node)
+        self._refresh()
+        return hub
+
+    def node_down(self, node: str) -> None:
+        self.hubs.pop(node, None)
+        self._refresh()
+
+    def partition(self, sides: dict[str, int]) -> None:
+        self._side = dict(sides)
+        self._refresh()
+
+    def heal(self) -> None:
+        self.partition({})
+
+    def _reachable(self, a: str, b: str) -> bool:
+        return a in self.hubs and b in self.hubs and self._side.get(a, 0) == self._side.get(b, 0)
+
+    def _refresh(self) -> None:
+        nodes = sorted(set(self.hubs) | {a for a, _ in self._up})
+        for a in nodes:
+            for b in nodes:
+                if a == b:
+                    continue
+                want, now = self._reachable(a, b), self._up.get((a, b), False)
+                if want == now:
+                    continue
+                if not want and (a not in self.hubs or b not in self.hubs):
+                    self._set_link(a, b, False)  # a process died: its connections reset now
+                else:
+                    rng = self._rng(a, b, -1)
+                    wait = self.faults.detect if not want else self.faults.reconnect
+                    self._scheduler.after(rng.uniform(0.05, wait), self._settle_link, a, b)
+
+    def _settle_link(self, a: str, b: str) -> None:
+        want = self._reachable(a, b)
+        if want != self._up.get((a, b), False):
+            self._set_link(a, b, want)
+
+    def _set_link(self, a: str, b: str, up: bool) -> None:
+        self._up[(a, b)] = up
+        if not up:
+            self._epoch[(a, b)] = self._epoch.get((a, b), 0) + 1
+        self._trace.add("link", f"{a}->{b} {'up' if up else 'down'}")
+        hub = self.hubs.get(a)
+        if hub is not None:
+            hub.links_changed()
+
+    # -- messages -----------------------------------------------------------
+
+    def _rng(self, a: str, b: str, group: int) -> random.Random:
+        key = (a, b, group)
+        rng = self._rngs.get(key)
+        if rng is None:
+            rng = self._rngs[key] = random.Random(zlib.crc32(f"{self._seed}/{a}/{b}/{group}".encode()))
+        return rng
+
+    def is_up(self, a: str, b: str) -> bool:
+        return self._up.get((a, b), False)
+
+    def send(self, a: str, b: str, group: int, message: object) -> bool:
+        if not self._up.get((a, b), False):
+            return False
+        faults, rng = self.faults, self._rng(a, b, group)
+        if rng.random() < faults.loss:
+            self._trace.message("lost", a, b, group, message)
+            return True
+        copies = 2 if rng.random() < faults.duplication and _idempotent(message) else 1
+        epoch = self._epoch.get((a, b), 0)
+        for _ in range(copies):
+            when = self._scheduler.now + faults.delay + rng.random() * faults.jitter
+            if not faults.reorder:
+                when = self._fifo[(a, b)] = max(when, self._fifo.get((a, b), 0.0))
+            self._scheduler.at(when, self._deliver, a, b, group, message, epoch, member=(b, group))
+        return True
+
+    def _deliver(self, a: str, b: str, group: int, message: object, epoch: int) -> None:
+        if self._epoch.get((a, b), 0) != epoch or not self._reachable(a, b):
+            self._trace.message("cut", a, b, group, message)
+            return
+        self._trace.message("recv", a, b, group, message)
+        try:
+            self.hubs[b].deliver(a, group, message)
+        except Exception as exc:  # noqa: BLE001 - what the hub does with it: log it, close the connection
+            self.errors.append(f"g{group} {a}->{b} {describe(message)}: {type(exc).__name__}: {exc}")
+            self._trace.add("error", f"delivering to {b} raised {type(exc).__name__}: {exc}; the connection "
+                                     f"{a}->{b} closes (RaftHub's read_frames)")
+            self._set_link(a, b, False)
+            self._refresh()
+
+
+def _idempotent(message: object) -> bool:
+    """Raft's messages may arrive twice; a proposal forwarded to the leader (pysyncobj's `apply_command`)
+    is a client's request, appended once per delivery: TCP never delivers it twice, and neither does this."""
+    return not (isinstance(message, dict) and message.get("type") == "apply_command")
+
+
+class SimHub:
+    """What `GroupTransport` uses of a node's `RaftHub`."""
+
+    def __init__(self, network: SimNetwork, node: str):
+        self._network = network
+        self.node_id = node
+        self._groups: dict[int, object] = {}
+
+    def directory(self) -> Directory:
+        return self._network.directory
+
+    def attach(self, group: int, endpoint) -> None:
+        self._groups[group] = endpoint
+        endpoint.links_changed()
+
+    def detach(self, group: int) -> None:
+        self._groups.pop(group, None)
+
+    def subscribers(self, group: int) -> frozenset:
+        return frozenset()
+
+    def is_up(self, node_id: str) -> bool:
+        return self._network.is_up(self.node_id, node_id)
+
+    def send(self, node_id: str, group: int, message: object) -> bool:
+        return self._network.send(self.node_id, node_id, group, message)
+
+    def reply(self, connection, group: int, message: object) -> bool:
+        raise AssertionError("the simulation opens no learners")
+
+    def join(self, group: int, node_ids: frozenset[str]) -> None:
+        raise AssertionError("the simulation opens no learners")
+
+    def links_changed(self) -> None:
+        for endpoint in list(self._groups.values()):
+            endpoint.links_changed()
+
+    def deliver(self, sender: str, group: int, message: object) -> None:
+        endpoint = self._groups.get(group)
+        if endpoint is not None:
+            endpoint.deliver(sender, CONNECTION, message)
