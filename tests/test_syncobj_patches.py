@@ -374,3 +374,20 @@ def test_chunked_transmission_finish_uses_patched_logic(
                               'reset': False, 'success': True}
     assert f.log == log_before
     assert f.commit_index == 11
+
+
+@pytest.mark.parametrize('cls', [UNPATCHED_BASELINE, PATCHED])
+def test_a_leader_ignores_a_reply_from_a_member_it_removed(make_follower: Callable[..., Follower],
+                                                           cls: Type[SyncObj]) -> None:
+    """Found by the simulation (tests/engine_sim): a member whose removal the leader appended is still
+    linked while the cluster metadata names it, and its reply raised KeyError in the leader's handler."""
+    f = make_follower(cls)
+    f.obj._SyncObj__onBecomeLeader()
+    removed = TCPNode('127.0.0.1:1')
+    reply = {'type': 'next_node_idx', 'next_node_idx': 2, 'success': True, 'reset': True}
+    if cls is SyncObj:
+        with pytest.raises(KeyError):
+            f.deliver_raw(removed, reply)
+        return
+    f.deliver_raw(removed, reply)
+    assert removed not in f.obj._SyncObj__raftNextIndex and removed not in f.obj._SyncObj__raftMatchIndex

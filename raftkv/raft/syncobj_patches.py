@@ -106,6 +106,11 @@ class PatchedSyncObj(pysyncobj.SyncObj):
     """
 
     def _patchedOnMessageReceived(self, node: Node, message: Message) -> None:
+        if message['type'] == 'next_node_idx' and node not in self._SyncObj__raftMatchIndex:
+            # A reply from a member this leader removed (its link lives on while the cluster metadata
+            # still names it, or arrives late): upstream reads its match index and raises KeyError,
+            # and the transport drops the connection every group shares. Found by tests/engine_sim.
+            return
         if (message['type'] == 'append_entries'
                 and message['term'] >= self._SyncObj__raftCurrentTerm
                 and message.get('transmission') in (None, 'finish')):
