@@ -10,6 +10,9 @@ import pytest
 from raftkv.core.errors import ChangeRefused
 from raftkv.core.spec import build_spec
 from raftkv.meta.bootstrap import bootstrap_command, first_meta_voters, node_record, spec_meta
+from raftkv.node.gatekeeper import Gatekeeper
+from raftkv.security.certs import with_certificates
+from raftkv.security.permissions import Identity, Request
 from raftkv.meta.records import (
     META, AddNode, AdvanceMove, BeginMove, ClusterMeta, EndMove, MoveStep, NodeRecord, NodeState, SetNodeState,
     apply, decode_command, decode_meta, encode_command, encode_meta,
@@ -41,6 +44,16 @@ def test_bootstrap_takes_the_specs_nodes_and_placement_once(spec, meta):
     assert len(meta.cluster_id) == 32 and meta.cluster_id != apply(ClusterMeta(), bootstrap_command(spec)).cluster_id
     with pytest.raises(ChangeRefused, match="already exists"):
         apply(meta, bootstrap_command(spec))
+
+
+def test_before_the_bootstrap_applies_a_node_already_knows_the_admin_user(spec, tmp_path):
+    """Found by a console test on a loaded machine: the metadata group had not elected a leader within a
+    node's start-up wait, so the node served on the spec's metadata, which lacked the users the bootstrap
+    brings, and refused the admin's change ("user admin may not run change_topology")."""
+    tls_spec = with_certificates(spec, tmp_path)
+    assert spec_meta(tls_spec) == replace(apply(ClusterMeta(), bootstrap_command(tls_spec)), epoch=0, cluster_id="")
+    gate = Gatekeeper(enforce=True, meta=lambda: spec_meta(tls_spec))
+    assert gate.refusal(Identity("admin", "user"), [Request.admin("change_topology")]) is None
 
 
 def test_nothing_but_the_bootstrap_applies_before_it():

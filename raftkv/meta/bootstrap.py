@@ -36,4 +36,4 @@ def spec_meta(spec: ClusterSpec) -> ClusterMeta:
     """What the metadata will be once bootstrapped (epoch 0 says it is not yet)."""
     command = bootstrap_command(spec)
     return ClusterMeta(epoch=0, replication=command.replication, nodes=command.nodes, placement=command.placement,
-                       meta_voters=command.meta_voters)
+                       meta_voters=command.meta_voters, users=command.users)
