@@ -61,7 +61,7 @@ STORAGE_FULL = Gauge("raftkv_storage_full_replicas", "Replicas here that cannot 
 REPLICATION_FACTOR = Gauge("raftkv_replication_factor", "Voters each partition should have")
 LIVE_VOTERS = Gauge("raftkv_partition_live_voters",
                     "On a partition's leader: its voters this node is connected to, itself included", ["partition"])
-LEARNER_LAG = Gauge("raftkv_learner_lag_entries",
+LEARNER_LAG = Gauge("raftkv_learner_undelivered_entries",
                     "On a partition's leader: data entries a learner has not yet delivered", ["partition", "learner"])
 MOVES = Gauge("raftkv_moves_in_progress", "Replica moves under way, as this node's metadata has them")
 MOVE_AGE = Gauge("raftkv_move_age_seconds", "How long this node has seen a move under way", ["group"])
