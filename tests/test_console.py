@@ -4,6 +4,7 @@ the pages' shaping; and its HTTP rules on a real socket, in process."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import threading
@@ -90,7 +91,8 @@ def test_topology_changes_become_events():
 
 
 def test_merge_keeps_one_record_of_a_change_every_node_saw_and_every_leader_change():
-    seen = [[Event(10.0, "node", "node n3", "up → dead", "n1")], [Event(11.5, "node", "node n3", "up → dead", "n2")],
+    seen = [[Event(10.0, "node", "node n3", "up → dead", "n1")],
+            [Event(11.5, "node", "node n3", "up → dead", "n2")],
             [Event(12.0, "leader", "partition 1", "n2 leads (term 2)", "n2"),
              Event(30.0, "node", "node n3", "up → dead", "n2")]]
     merged = merge(seen)
@@ -115,6 +117,7 @@ def test_the_event_log_is_bounded_and_newest_first():
     ("overview", {"p": ["1"]}, "unknown parameter 'p' for the overview page (it takes: none)"),
     ("series", {"window": ["5"]}, "window=5 is out of range: expected seconds, 10 to 3600"),
     ("events", {"kind": ["x"]}, "kind 'x' is none of leader, node, move, learner, storage"),
+    ("series", {"since": ["nan"]}, "since='nan' is not a time: expected unix seconds"),
 ])
 def test_a_bad_parameter_is_one_clear_line(page, query, message):
     with pytest.raises(BadParameter) as raised:
@@ -124,7 +127,8 @@ def test_a_bad_parameter_is_one_clear_line(page, query, message):
 
 def test_parameters_get_their_defaults():
     assert parse("partition", {"p": ["3"]}, 4) == {"p": 3}
-    assert parse("series", {}, 4) == {"window": 3600}
+    assert parse("series", {}, 4) == {"window": 3600, "since": 0.0}
+    assert parse("series", {"since": ["1795735239.07"]}, 4)["since"] == 1795735239.07
     assert parse("events", {"kind": ["move"]}, 4) == {"limit": 200, "kind": "move"}
 
 
@@ -235,3 +239,33 @@ def test_the_console_is_read_only_and_answers_unknown_paths_with_404(console_por
 def test_an_answer_that_takes_too_long_is_a_504_within_the_bound(console_port):
     status, body, _ = _get(console_port, "/api/slow")
     assert status == 504 and b"did not answer" in body
+
+
+# -- the sampler ------------------------------------------------------------
+
+def test_the_sampler_records_leader_changes_stalled_learners_and_full_disks(tmp_path):
+    from raftkv.console.sampler import ReplicaView, Sampler
+
+    now = [1000.0]
+    log, ring = EventLog("n1"), Ring()
+    sampler = Sampler("n1", tmp_path, log, ring, clock=lambda: now[0])
+    meta = _meta(1)
+
+    def tick(*replicas: ReplicaView, seconds: float = 1.0, topology: ClusterMeta = meta) -> None:
+        now[0] += seconds
+        sampler.tick(topology, replicas)
+
+    leading = ReplicaView(0, True, 3, False, live_voters=3, last_data_index=500, learners=(("feed", 400),))
+    tick(leading)
+    tick(leading, seconds=20)
+    tick(leading, seconds=20)  # 40 s without delivering, 100 entries behind
+    tick(dataclasses.replace(leading, learners=(("feed", 450),)))
+    tick(ReplicaView(0, True, 4, True), topology=_meta(2, states=("up", "dead", "up")))
+    texts = [(e.kind, e.text) for e in reversed(log.newest())]
+    assert texts == [("leader", "n1 leads (term 3)"),
+                     ("learner", "partition 0: nothing delivered for 40s, 100 entries behind"),
+                     ("learner", "partition 0: delivering again"),
+                     ("leader", "n1 leads (term 4)"),
+                     ("storage", "disk full on n1: writes refused"),
+                     ("node", "up → dead")]
+    assert len(ring.since(0)) == 4 and ring.last()[5] == 0  # the feed lag: no learner reported any more

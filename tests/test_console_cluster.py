@@ -6,9 +6,11 @@ tmp_path."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import ssl
@@ -18,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
@@ -30,6 +33,7 @@ from raftkv.core.partitioning import partition_for_key
 from raftkv.core.spec import Tuning, build_spec, ports_per_node
 from raftkv.core.spec_toml import save_spec
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
+from raftkv.meta.access import GrantPermission, Permission, PutUser, UserRecord
 from tests import node_logs
 from tests.conftest import wait_until
 
@@ -37,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium")
 PROMETHEUS = shutil.which("prometheus")
 PARTITIONS = 4
-MOVED_MB = 12  # the moved partition's size: the copy reads 1 MB a second (fail point), so a 12 s move
+MOVED_MB = 10  # the moved partition's size: the copy reads 1 MB a second (a fail point), so a 10 s move
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None or PROMETHEUS is None,
                                 reason="needs Debian's chromium and prometheus (make system-deps)")
@@ -52,6 +56,7 @@ class Scene:
     prometheus: subprocess.Popen | None = None
     prometheus_port: int = 0
     scraped: dict[str, str] = dataclasses.field(default_factory=dict)  # process -> its /metrics text
+    moved: tuple[int, str, str] | None = None  # (partition, from, to) of the move the first test began
 
     def url(self, node: str, path: str = "/") -> str:
         return f"http://127.0.0.1:{self.cluster.spec.node(node).metrics_port}{path}"
@@ -150,10 +155,16 @@ class Page(HTMLParser):
         return " ".join(" ".join(self.text).split())
 
 
+def render(urls: dict[str, str]) -> dict[str, Page]:
+    """Each page as a person's browser draws it, several browsers at once."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        doms = dict(zip(urls, pool.map(lambda url: _chromium(url, "--dump-dom"), urls.values())))
+    return {name: Page(dom) for name, dom in doms.items()}
+
+
 @contextmanager
-def looking_at(url: str, shots: Path, name: str) -> Iterator[Page]:
-    """The page as a person's browser draws it; a screenshot in `shots` if what follows fails."""
-    page = Page(_chromium(url, "--dump-dom"))
+def checking(page: Page, url: str, shots: Path, name: str) -> Iterator[Page]:
+    """A screenshot of the page in `shots` if what the block asserts fails."""
     try:
         assert page.having(tag="body", data_ready="1"), f"{url} did not finish drawing"
         yield page
@@ -197,34 +208,35 @@ def test_every_page_during_a_replica_move_with_a_learner_behind(scene, tmp_path)
     wait_until(lambda: (moves := _api(scene, "moves")["under_way"]) and (moves[0]["bytes"] or 0) > 0, 20,
                "the move's copy to begin")
     _scrape_nodes(scene)  # the move's and the learners' series exist now: for the dashboards' test
-    with looking_at(scene.url("n1", "/moves"), tmp_path, "moves") as page:
-        row = page.having(tag="tr", data_move=str(p))
-        assert row, page.words
+    urls = {"moves": scene.url("n1", "/moves"), "placement": scene.url("n1", "/placement")}
+    pages = render(urls)  # first the two that need the move under way
+    urls |= {"learners": scene.url("n1", "/learners"), "overview": scene.url("n1", "/"),
+             "partition": scene.url("n2", f"/partition?p={p}"), "bad-partition": scene.url("n1", "/partition?p=99"),
+             "series": scene.url("n1", "/series?window=600"), "events": scene.url("n3", "/events")}
+    pages |= render({name: url for name, url in urls.items() if name not in pages})
+    scene.moved = (p, source, target)
+    with checking(pages["moves"], urls["moves"], tmp_path, "moves") as page:
+        assert page.having(tag="tr", data_move=str(p)), page.words
         assert f"partition {p} {source} {target} catching_up" in page.words
-        assert re.search(r"[\d.]+ MB copied|[\d.]+ MB", page.words)
-        assert page.having(tag="span", **{"class": "bar"})
-    with looking_at(scene.url("n1", "/placement"), tmp_path, "placement") as page:
-        moving = [e for e in page.having(tag="span", data_role="moving")]
-        assert moving, page.words
-        assert "copied" in page.words
-    with looking_at(scene.url("n1", "/learners"), tmp_path, "learners") as page:
+        assert re.search(r"[\d.]+ MB", page.words) and page.having(tag="span", **{"class": "bar"})
+    with checking(pages["placement"], urls["placement"], tmp_path, "placement") as page:
+        assert page.having(tag="span", data_role="moving") and "copied" in page.words, page.words
+    with checking(pages["learners"], urls["learners"], tmp_path, "learners") as page:
         heading = page.having(tag="h2", data_learner="changes")
         assert heading and int(heading[0]["data-max-lag"]) >= MOVED_MB * 4, page.words
         assert "sink changelog" in page.words
-    with looking_at(scene.url("n1", "/"), tmp_path, "overview") as page:
+    with checking(pages["overview"], urls["overview"], tmp_path, "overview") as page:
         assert sorted(e["data-node"] for e in page.having(tag="tr", data_state="up")) == ["n1", "n2", "n3", "n4"]
         assert "every partition has a leader and its replicas" in page.words
-    with looking_at(scene.url("n2", f"/partition?p={p}"), tmp_path, "partition") as page:
+    with checking(pages["partition"], urls["partition"], tmp_path, "partition") as page:
         assert f"Partition {p}" in page.words and "leads (term" in page.words
-    with looking_at(scene.url("n1", "/partition?p=99"), tmp_path, "bad-partition") as page:
+    with checking(pages["bad-partition"], urls["bad-partition"], tmp_path, "bad-partition") as page:
         assert page.having(tag="p", id="error") and "p=99 is out of range" in page.words
-    with looking_at(scene.url("n1", "/series?window=600"), tmp_path, "series") as page:
+    with checking(pages["series"], urls["series"], tmp_path, "series") as page:
         writes = page.having(tag="div", data_field="writes")
         assert writes and int(writes[0]["data-points"]) > 0
-    with looking_at(scene.url("n3", "/events"), tmp_path, "events") as page:
+    with checking(pages["events"], urls["events"], tmp_path, "events") as page:
         assert f"move {source} → {target} begun" in page.words and page.having(tag="tr", data_kind="leader")
-    wait_until(lambda: not _api(scene, "moves")["under_way"], 60, "the move to complete")
-    assert any(e["text"] == f"move {source} → {target} completed" for e in _api(scene, "moves")["recent"])
 
 
 def test_every_metric_a_dashboard_panel_queries_is_exported(scene):
@@ -279,6 +291,10 @@ def _up(scene: Scene) -> dict[str, float]:
 def test_a_killed_node_is_shown_dead_and_prometheus_alerts_on_it(scene, tmp_path):
     cluster = scene.cluster
     _start_prometheus(scene)
+    if scene.moved:  # the move the first test saw under way, ended since
+        p, source, target = scene.moved
+        wait_until(lambda: not _api(scene, "moves")["under_way"], 60, "the move to complete")
+        assert any(e["text"] == f"move {source} → {target} completed" for e in _api(scene, "moves")["recent"])
     wait_until(lambda: sorted(_up(scene).values()) == [1.0] * 4, 30, "Prometheus to scrape every node")
     # an evaluation before every node's first scrape may have seen no leader: it clears at the next one
     wait_until(lambda: _alerts(scene) == [], 10, "no alert on the healthy cluster")
@@ -288,10 +304,12 @@ def test_a_killed_node_is_shown_dead_and_prometheus_alerts_on_it(scene, tmp_path
     overview = _api(scene, "overview")
     assert time.monotonic() - started < 2.0
     assert next(n for n in overview["nodes"] if n["id"] == victim)["state"] == "dead"
-    with looking_at(scene.url("n1", "/"), tmp_path, "overview-after-kill") as page:
+    urls = {"overview": scene.url("n1", "/"), "placement": scene.url("n2", "/placement")}
+    pages = render(urls)
+    with checking(pages["overview"], urls["overview"], tmp_path, "overview-after-kill") as page:
         dead = page.having(tag="tr", data_state="dead")
         assert [e["data-node"] for e in dead] == [victim], page.words
-    with looking_at(scene.url("n2", "/placement"), tmp_path, "placement-after-kill") as page:
+    with checking(pages["placement"], urls["placement"], tmp_path, "placement-after-kill") as page:
         assert f"{victim} (no answer)" in page.words
         assert page.having(tag="span", data_role="unknown")
     instance = f"127.0.0.1:{cluster.spec.node(victim).metrics_port}"
@@ -318,3 +336,40 @@ def test_a_page_asked_of_a_node_whose_peer_hangs_answers_within_two_seconds(scen
     assert took < 2.0
     assert placement["answered"][hung] is False
     assert all(row["cells"][hung] == {"role": "unknown"} for row in placement["rows"])
+
+
+def test_with_tls_the_console_is_https_asks_for_a_token_and_shows_what_the_role_may_read(make_cluster, tmp_path):
+    cluster = make_cluster(nodes=1, partitions=1, replication=1, tls="metrics")
+    with Client(cluster.endpoints, tls=cluster.tls, timeout=10) as admin:
+        admin.change_topology(GrantPermission("reader", Permission("read", "")), everywhere=True)
+        tokens = {}
+        for name, role in (("rita", "reader"), ("ada", "root")):
+            tokens[name] = secrets.token_urlsafe(16)
+            admin.change_topology(PutUser(UserRecord(name, (role,), hashlib.sha256(tokens[name].encode()).hexdigest())),
+                                  everywhere=True)
+    node = cluster.spec.nodes[0]
+    https = ssl.create_default_context(cafile=str(cluster.spec.tls.ca))
+
+    def get(path: str, token: str | None = None) -> tuple[int, dict | bytes]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        status, body = _get(f"https://{node.host}:{node.metrics_port}{path}", headers=headers, context=https)
+        return status, json.loads(body) if path.startswith("/api/") else body
+
+    assert get("/metrics")[0] == 200 and b"raftkv_is_leader" in get("/metrics")[1]  # Prometheus needs no token
+    assert get("/api/overview") == (401, {"error": "this console needs a user's token", "login": True})
+    assert get("/api/overview", "wrong")[1]["error"] == "the token is no user's: revoked, or mistyped"
+    status, who = get("/api/whoami", tokens["rita"])
+    assert (status, who["user"], who["pages"]) == (200, "rita", ["overview", "placement", "partition", "series",
+                                                                   "events"])
+    assert get("/api/overview", tokens["rita"])[0] == 200
+    assert get("/api/learners", tokens["rita"]) == (403, {"error": "permission denied: user rita may not run learners"})
+    assert get("/api/learners", tokens["ada"])[0] == 200
+    url = f"https://{node.host}:{node.metrics_port}/"
+    page = Page(_chromium(url, "--ignore-certificate-errors", "--dump-dom"))
+    try:
+        form = page.having(tag="form", id="login")
+        assert form and "hidden" not in form[0] and "needs a user's token" in page.words
+        assert not page.having(tag="tr")  # nothing of the cluster without a token
+    except AssertionError:
+        _chromium(url, "--ignore-certificate-errors", f"--screenshot={tmp_path / 'login.png'}")
+        raise

@@ -60,7 +60,8 @@ def topology_events(before: ClusterMeta, after: ClusterMeta, at: float) -> list[
     for g, m in old_moves.items():
         if g not in new_moves:
             done = not m.target or m.target in after.group_voters(g)
-            events.append(Event(at, "move", group_name(g), f"move {_route(m)} {'completed' if done else 'rolled back'}"))
+            ended = "completed" if done else "rolled back"
+            events.append(Event(at, "move", group_name(g), f"move {_route(m)} {ended}"))
     return events
 
 

@@ -15,7 +15,7 @@ PAGES: dict[str, tuple[str, ...]] = {
     "partition": ("p",),
     "learners": (),
     "moves": (),
-    "series": ("window",),
+    "series": ("window", "since"),
     "events": ("limit", "kind"),
 }
 EVENT_KINDS = ("leader", "node", "move", "learner", "storage")
@@ -43,6 +43,7 @@ def parse(page: str, query: Mapping[str, Sequence[str]], partitions: int) -> dic
         out["p"] = _integer("p", value["p"], 0, partitions - 1, f"a partition number, 0 to {partitions - 1}")
     if page == "series":
         out["window"] = _integer("window", value.get("window", str(HOUR)), 10, HOUR, f"seconds, 10 to {HOUR}")
+        out["since"] = _time("since", value.get("since", "0"))
     if page == "events":
         out["limit"] = _integer("limit", value.get("limit", "200"), 1, 500, "a count, 1 to 500")
         kind = value.get("kind", "")
@@ -60,3 +61,14 @@ def _integer(name: str, text: str, low: int, high: int, what: str) -> int:
     if not low <= number <= high:
         raise BadParameter(f"{name}={number} is out of range: expected {what}")
     return number
+
+
+def _time(name: str, text: str) -> float:
+    """Unix seconds (the `at` of the last row a page has: live updates ask only for what came after)."""
+    try:
+        at = float(text)
+    except ValueError:
+        at = -1.0
+    if not 0 <= at < float("inf"):
+        raise BadParameter(f"{name}={text!r} is not a time: expected unix seconds")
+    return at

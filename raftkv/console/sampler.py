@@ -17,7 +17,7 @@ from raftkv.console.ring import Reading, Ring, sample
 from raftkv.core import metrics
 from raftkv.meta.records import ClusterMeta, group_name
 
-DATA_BYTES_EVERY = 10  # seconds: walking the data directory costs more than the rest together
+DATA_BYTES_EVERY = 10  # seconds: walking the data directory costs more than the rest together (off the loop)
 STALL_SECONDS = 30.0  # a learner with lag that delivered nothing this long is reported stalled
 
 
@@ -48,7 +48,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _tree_bytes(folder: Path) -> int:
+def tree_bytes(folder: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(folder):
         for name in files:
@@ -70,13 +70,17 @@ class Sampler:
         self.data_bytes = 0
         self.rss = 0
         self.disk_free = 0
-        self._turns = 0
         self._topology: ClusterMeta | None = None
         self._leading: dict[int, int] = {}  # partition -> term this node leads it in
         self._full: set[int] = set()
         self._shown: dict[tuple, float] = {}  # gauge series -> value set (set only when they change)
         self._moves: dict[int, float] = {}  # group -> when this node first saw its move
         self._delivered: dict[tuple[str, int], tuple[int, float, bool]] = {}  # -> (index, since, reported)
+
+    def measured_data(self, size: int) -> None:
+        """The data directory's size (`tree_bytes`, walked off the loop every DATA_BYTES_EVERY seconds)."""
+        self.data_bytes = size
+        self._set(metrics.DATA_BYTES, (), size)
 
     def rates(self) -> tuple[float, float]:
         """(writes, reads) per second over the last second."""
@@ -89,8 +93,8 @@ class Sampler:
         self._process(now)
         feed_lag = self._leaders_and_learners(now, replicas)
         ops = {s.labels["kind"]: s.value for s in metrics.CLIENT_OPS.collect()[0].samples if s.name.endswith("_total")}
-        reading = Reading(now, ops.get("read", 0.0), ops.get("write", 0.0), _buckets(metrics.REQUEST_SECONDS), _total(metrics.JOURNAL_FSYNCS),
-                          _total(metrics.RAFT_BYTES_SENT), feed_lag)
+        reading = Reading(now, ops.get("read", 0.0), ops.get("write", 0.0), _buckets(metrics.REQUEST_SECONDS),
+                          _total(metrics.NODE_FSYNCS), _total(metrics.NODE_RAFT_BYTES_SENT), feed_lag)
         if self._reading is not None:
             self._ring.add(sample(self._reading, reading))
         self._reading = reading
@@ -116,10 +120,6 @@ class Sampler:
         self.disk_free = usage.free
         self._set(metrics.DISK_FREE, (), usage.free)
         self._set(metrics.DISK_SIZE, (), usage.total)
-        if self._turns % DATA_BYTES_EVERY == 0:
-            self.data_bytes = _tree_bytes(self._data_dir)
-            self._set(metrics.DATA_BYTES, (), self.data_bytes)
-        self._turns += 1
         self.rss = _rss()
 
     def _leaders_and_learners(self, now: float, replicas: list[ReplicaView]) -> int:

@@ -4,6 +4,7 @@ others (Admin.NodeReport), and each API call's answer: who asks, may they, what 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from raftkv.console.events import Event, EventLog, merge
 from raftkv.console.gather import PeerStubs, gather
 from raftkv.console.params import BadParameter, parse
 from raftkv.console.ring import FIELDS, Ring
-from raftkv.console.sampler import ReplicaView, Sampler
+from raftkv.console.sampler import DATA_BYTES_EVERY, ReplicaView, Sampler, tree_bytes
 from raftkv.core.errors import Unauthenticated
 from raftkv.meta.records import ClusterMeta
 from raftkv.security.permissions import Identity, Request
@@ -54,8 +55,10 @@ class Console:
 
     async def run(self) -> None:
         """Sample once a second until cancelled."""
-        while True:
+        for turn in itertools.count():
             try:
+                if turn % DATA_BYTES_EVERY == 0:
+                    self.sampler.measured_data(await asyncio.to_thread(tree_bytes, self._host.data_dir))
                 self.sampler.tick(self._host.topology(), self._host.replica_views())
             except Exception:
                 log.exception("console: sampling failed; trying again in a second")
@@ -97,7 +100,7 @@ class Console:
     async def page(self, page: str, params: dict) -> dict:
         if page == "series":
             return {"node": self._host.me_id,
-                    **views.series(self.ring.since(time.time() - params["window"]), FIELDS)}
+                    **views.series(self.ring.since(max(time.time() - params["window"], params["since"])), FIELDS)}
         host = self._host
         g = await gather(host.me_id, host.partitions, host.topology(), host.meta_leader_id(), host.peers,
                          self.scheme, moves=page in ("moves", "placement", "partition"))

@@ -6,6 +6,7 @@ page), never guessed from an older answer.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -32,10 +33,17 @@ class Gathered:
     def members(self) -> list[str]:
         return [n.id for n in self.topology.nodes if n.state != NodeState.REMOVED]
 
+    @functools.cached_property
+    def _by_partition(self) -> dict[int, dict[str, pb.PartitionStatus]]:
+        found: dict[int, dict[str, pb.PartitionStatus]] = {}
+        for n, s in self.statuses.items():
+            for ps in s.hosted if s is not None else ():
+                found.setdefault(ps.partition, {})[n] = ps
+        return found
+
     def hosted(self, partition: int) -> dict[str, pb.PartitionStatus]:
         """What each node that answered says of its replica of `partition`."""
-        return {n: ps for n, s in self.statuses.items() if s is not None for ps in s.hosted
-                if ps.partition == partition}
+        return self._by_partition.get(partition, {})
 
     def leaders(self) -> dict[int, str]:
         return leaders_from((n, ps.partition, ps.role, ps.term)

@@ -200,11 +200,16 @@ function chart(s, field, unit) {
 async function series() {
   const params = new URLSearchParams(location.search);
   const window = params.get("window") || "3600";
-  const draw = async () => {
-    const s = await api(`series?window=${encodeURIComponent(window)}`);
+  let rows = [];
+  const draw = async () => {  // the first call gets the window; each later one only the rows since the last
+    const since = rows.length ? `&since=${rows[rows.length - 1][0]}` : "";
+    const s = await api(`series?window=${encodeURIComponent(window)}${since}`);
+    const oldest = Date.now() / 1000 - Number(window);
+    rows = rows.concat(s.rows).filter((r) => r[0] > oldest);
+    const all = { ...s, rows };
     return [el("p", { class: "muted" }, `node ${s.node}, sampled every second; live`),
-      chart(s, "writes", "ops/s"), chart(s, "reads", "ops/s"), chart(s, "p50_ms", "ms"), chart(s, "p99_ms", "ms"),
-      chart(s, "feed_lag", "entries"), chart(s, "fsyncs", "/s"), chart(s, "raft_bytes", "bytes/s")];
+      chart(all, "writes", "ops/s"), chart(all, "reads", "ops/s"), chart(all, "p50_ms", "ms"), chart(all, "p99_ms", "ms"),
+      chart(all, "feed_lag", "entries"), chart(all, "fsyncs", "/s"), chart(all, "raft_bytes", "bytes/s")];
   };
   setInterval(() => draw().then((nodes) => main.replaceChildren(...nodes)).catch(() => {}), 2000);
   return draw();
@@ -213,10 +218,13 @@ async function series() {
 async function events() {
   const kind = new URLSearchParams(location.search).get("kind") || "";
   const d = await api(`events${kind ? `?kind=${encodeURIComponent(kind)}` : ""}`);
-  return d.events.length ? table([
+  const kinds = ["", "leader", "node", "move", "learner", "storage"].map((k) =>
+    el("a", { href: k ? `/events?kind=${k}` : "/events", class: k === kind ? "active" : "" }, k || "all"));
+  const filter = el("p", { class: "filter" }, "show: ", kinds.flatMap((a) => [a, " "]));
+  return [filter, d.events.length ? table([
     { title: "time", cell: (e) => time(e.at) }, { title: "kind", cell: (e) => badge("kind", e.kind) },
     { title: "subject", cell: (e) => e.subject }, { title: "", cell: (e) => e.text }, { title: "seen by", cell: (e) => e.node },
-  ], d.events.map((e) => ({ ...e, attrs: { "data-kind": e.kind } }))) : el("p", { class: "muted" }, "no events since the nodes started");
+  ], d.events.map((e) => ({ ...e, attrs: { "data-kind": e.kind } }))) : el("p", { class: "muted" }, "no events since the nodes started")];
 }
 
 const PAGES = { overview, placement, partition, learners, moves, series, events };
