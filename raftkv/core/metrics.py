@@ -45,8 +45,9 @@ JOURNAL_WRITES = Counter("raftkv_journal_writes_total",
                          "Writes (os.write calls) to this node's Raft logs: one per entry to a RaftJournal, "
                          "one per batch of many groups' records to the node log")
 # Node-wide sums for the console's per-second series: summing a thousand partitions' series each second
-# cost 20 ms of the loop. Fsyncs of either Raft log (a journal per replica, or the node log).
-NODE_FSYNCS = Counter("raftkv_node_fsyncs_total", "fdatasync calls on this node's Raft logs, every group's")
+# cost 20 ms of the loop.
+NODE_FSYNCS = Counter("raftkv_node_fsyncs_total",
+                      "fsync and fdatasync calls of this node: its Raft logs, their meta files, snapshots (durable.py)")
 NODE_RAFT_BYTES_SENT = Counter("raftkv_node_raft_bytes_sent_total",
                                "Bytes of log entries and snapshot chunks this node's replicas sent")
 API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from raftkv import failpoints
-from raftkv.core import metrics
 from raftkv.core.errors import CorruptData, StorageFull
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.node_log_format import (
@@ -418,7 +417,6 @@ class NodeLog:
             floor = self._floor() if collect and not self._pending else None
         if writes != self._synced_writes:
             files.fsync(fd, point[0], "journal-fsync-before")  # retired by a roll meanwhile, it is still open
-            metrics.NODE_FSYNCS.inc()
             with self._lock:
                 self._synced_writes = max(self._synced_writes, writes)
                 files.mark_durable(point)

@@ -445,4 +445,3 @@ class SyncObjGroup:
         if self._journal.dirty:
             self._journal.sync()
             self._fsyncs.inc()
-            metrics.NODE_FSYNCS.inc()

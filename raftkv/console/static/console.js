@@ -154,7 +154,7 @@ async function learners() {
     ], Object.entries(l.partitions).map(([p, c]) => ({ p: +p, ...c, attrs: { "data-partition": p } })), true));
     if (l.unknown.length) out.push(el("p", { class: "unknown" }, `partitions ${l.unknown.join(", ")}: unknown (no leader answered)`));
   }
-  out.push(el("h2", {}, `Largest feed lag on ${s.node}, last 10 minutes`), chart(s, "feed_lag", "entries"));
+  out.push(el("h2", {}, `Largest feed lag on ${s.node}, last 10 minutes`), chart(s, "feed_lag", "entries behind"));
   return out;
 }
 
@@ -178,7 +178,7 @@ async function moves() {
   ];
 }
 
-function chart(s, field, unit) {
+function chart(s, field, title) {
   const i = s.fields.indexOf(field), t = s.fields.indexOf("at");
   const points = s.rows.filter((r) => r[i] !== null).map((r) => [r[t], r[i]]);
   const w = 420, h = 120, pad = 4;
@@ -194,7 +194,7 @@ function chart(s, field, unit) {
   }
   const last = points.length ? points[points.length - 1][1] : null;
   return el("div", { class: "chart", "data-field": field, "data-points": points.length },
-    el("div", { class: "title" }, `${field.replace("_", " ")} (${unit}) — now ${last == null ? "–" : last.toFixed(last < 10 ? 2 : 0)}, max ${points.length ? max.toFixed(max < 10 ? 2 : 0) : "–"}`), svg);
+    el("div", { class: "title" }, `${title} — now ${last == null ? "–" : last.toFixed(last < 10 ? 2 : 0)}, max ${points.length ? max.toFixed(max < 10 ? 2 : 0) : "–"}`), svg);
 }
 
 async function series() {
@@ -208,8 +208,9 @@ async function series() {
     rows = rows.concat(s.rows).filter((r) => r[0] > oldest);
     const all = { ...s, rows };
     return [el("p", { class: "muted" }, `node ${s.node}, sampled every second; live`),
-      chart(all, "writes", "ops/s"), chart(all, "reads", "ops/s"), chart(all, "p50_ms", "ms"), chart(all, "p99_ms", "ms"),
-      chart(all, "feed_lag", "entries"), chart(all, "fsyncs", "/s"), chart(all, "raft_bytes", "bytes/s")];
+      chart(all, "writes", "writes/s"), chart(all, "reads", "reads/s"), chart(all, "p50_ms", "latency p50 (ms)"),
+      chart(all, "p99_ms", "latency p99 (ms)"), chart(all, "feed_lag", "feed lag (entries)"),
+      chart(all, "fsyncs", "fsyncs/s"), chart(all, "raft_bytes", "Raft bytes sent/s")];
   };
   setInterval(() => draw().then((nodes) => main.replaceChildren(...nodes)).catch(() => {}), 2000);
   return draw();
