@@ -18,11 +18,13 @@ demo: install
 	$(VENV)/bin/raftkv dev up
 
 # The network-partition tests drive nftables on loopback, and the power-loss tests mount a FUSE
-# filesystem (root; Debian's nftables and fuse3 packages). A change-feed test runs Debian's kcat, and
+# filesystem (root; Debian's nftables and fuse3 packages). A change-feed test runs Debian's kcat; the
+# console's tests render its pages in Debian's chromium and check the alert rules with its prometheus;
 # the service units are checked with systemd-analyze (systemd).
 system-deps:
-	@{ command -v nft && command -v fusermount3 && command -v kcat && command -v systemd-analyze; } >/dev/null || \
-		{ apt-get update -qq && apt-get install -y -qq nftables fuse3 kcat systemd >/dev/null; }
+	@{ command -v nft && command -v fusermount3 && command -v kcat && command -v chromium && command -v promtool \
+		&& command -v systemd-analyze; } >/dev/null || \
+		{ apt-get update -qq && apt-get install -y -qq nftables fuse3 kcat chromium prometheus systemd >/dev/null; }
 
 test: install system-deps
 	$(PY) -m pytest -q

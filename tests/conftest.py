@@ -122,11 +122,13 @@ def quiet_process_logs(request):
 
 @pytest.fixture
 def make_cluster(tmp_path: Path):
-    """make_cluster(nodes=3, partitions=4, backup=None, tls=False, **tuning) -> a started, ready LocalCluster."""
+    """make_cluster(nodes=3, partitions=4, backup=None, tls=False, **tuning) -> a started, ready LocalCluster;
+    tls="metrics" serves the metrics port (and the console) over HTTPS too."""
     clusters: list[LocalCluster] = []
 
     def make(nodes: int = 3, partitions: int = 4, replication: int = 3, durability: str = "default",
-             start: bool = True, backup: BackupConfig | None = None, tls: bool = False, **tuning) -> LocalCluster:
+             start: bool = True, backup: BackupConfig | None = None, tls: bool | str = False,
+             **tuning) -> LocalCluster:
         base = free_port_block(nodes * ports_per_node(partitions))
         spec: ClusterSpec = build_spec(nodes=nodes, partitions=partitions, replication=replication,
                                        base_port=base, data_dir=tmp_path / f"c{len(clusters)}", durability=durability)
@@ -134,6 +136,8 @@ def make_cluster(tmp_path: Path):
         folder = tmp_path / f"c{len(clusters)}"
         if tls:
             spec = with_certificates(spec, folder)
+        if tls == "metrics":
+            spec = dataclasses.replace(spec, tls=dataclasses.replace(spec.tls, metrics=True))
         spec_path = save_spec(spec, folder / "cluster.toml")
         cluster = LocalCluster(spec, spec_path)
         clusters.append(cluster)

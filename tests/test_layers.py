@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("raftkv", "learners", "spark_connector")
 # lowest first: a module may import its own layer and the ones before it
-LAYERS = ("raftkv.core", "raftkv.failpoints", "raftkv.powerloss", "raftkv.storage", "raftkv.security", "raftkv.backup", "raftkv.raft", "raftkv.api", "raftkv.meta", "raftkv.node", "raftkv.client",
+LAYERS = ("raftkv.core", "raftkv.failpoints", "raftkv.powerloss", "raftkv.storage", "raftkv.security", "raftkv.backup", "raftkv.raft", "raftkv.api", "raftkv.meta", "raftkv.console", "raftkv.node", "raftkv.client",
           "learners", "raftkv.dev", "raftkv.chaos", "raftkv.cli", "spark_connector", "raftkv")
 
 

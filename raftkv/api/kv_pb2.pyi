@@ -423,6 +423,46 @@ class ChangesChunk(_message.Message):
     through: int
     def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., partition: _Optional[int] = ..., through: _Optional[int] = ...) -> None: ...
 
+class NodeReportRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ConsoleEvent(_message.Message):
+    __slots__ = ("at", "kind", "subject", "text", "node")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    kind: str
+    subject: str
+    text: str
+    node: str
+    def __init__(self, at: _Optional[float] = ..., kind: _Optional[str] = ..., subject: _Optional[str] = ..., text: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+
+class NodeReportResponse(_message.Message):
+    __slots__ = ("node_id", "started_at", "rss_bytes", "cpu_percent", "data_bytes", "disk_free_bytes", "write_rate", "read_rate", "events")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    DATA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITE_RATE_FIELD_NUMBER: _ClassVar[int]
+    READ_RATE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    started_at: float
+    rss_bytes: int
+    cpu_percent: float
+    data_bytes: int
+    disk_free_bytes: int
+    write_rate: float
+    read_rate: float
+    events: _containers.RepeatedCompositeFieldContainer[ConsoleEvent]
+    def __init__(self, node_id: _Optional[str] = ..., started_at: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., cpu_percent: _Optional[float] = ..., data_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., write_rate: _Optional[float] = ..., read_rate: _Optional[float] = ..., events: _Optional[_Iterable[_Union[ConsoleEvent, _Mapping]]] = ...) -> None: ...
+
 class TopologyRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -452,6 +452,11 @@ class AdminStub:
                 request_serializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
                 response_deserializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
                 _registered_method=True)
+        self.NodeReport = channel.unary_unary(
+                '/raftkv.v1.Admin/NodeReport',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.NodeReportRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.NodeReportResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -519,6 +524,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NodeReport(self, request, context):
+        """The web console's figures of this node and its recent events (docs/console.md), for any identity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -561,6 +573,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Reseed,
                     request_deserializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.FromString,
                     response_serializer=raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.SerializeToString,
+            ),
+            'NodeReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.NodeReport,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.NodeReportRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.NodeReportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -783,6 +800,33 @@ class Admin:
             '/raftkv.v1.Admin/Reseed',
             raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
             raftkv_dot_api_dot_kv__pb2.ChangeMembershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NodeReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.Admin/NodeReport',
+            raftkv_dot_api_dot_kv__pb2.NodeReportRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.NodeReportResponse.FromString,
             options,
             channel_credentials,
             insecure,

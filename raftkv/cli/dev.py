@@ -76,10 +76,11 @@ def up(nodes, partitions, replication, base_port, data_dir, durability, tls, lea
     try:
         cluster.start_all()
         cluster.wait_ready(timeout=60, tend=tend_or_stop)
+        scheme = "https" if spec.tls is not None and spec.tls.metrics else "http"
         for n in spec.nodes:
             if n.id in cluster.procs:
-                console.print(f"  {n.id}: api {n.api_address}  metrics http://{n.host}:{n.metrics_port}/metrics  "
-                              f"log {cluster.log_path(n.id)}", soft_wrap=True)
+                console.print(f"  {n.id}: api {n.api_address}  console {scheme}://{n.host}:{n.metrics_port}/  "
+                              f"metrics .../metrics  log {cluster.log_path(n.id)}", soft_wrap=True)
         if learner:
             feed = _start_feed(spec, broker_port)
         keeper.tend()  # a node that exited while the feed started is dealt with before `ready`

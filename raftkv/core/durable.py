@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from raftkv.core.errors import DiskFailed
+from raftkv.core.metrics import NODE_FSYNCS
 
 SLOW_FSYNC_SECONDS = 0.25  # an fsync slower than this is logged (at most every SLOW_FSYNC_LOG_SECONDS)
 SLOW_FSYNC_LOG_SECONDS = 10.0
@@ -59,6 +60,7 @@ def fsync_file(fd: int, path: Path, data_only: bool = False) -> None:
         (os.fdatasync if data_only else os.fsync)(fd)
     except OSError as error:
         raise fsync_failed(path, error) from error
+    NODE_FSYNCS.inc()
     took = time.monotonic() - started
     if took > SLOW_FSYNC_SECONDS and started - _slow_fsync_logged[0] >= SLOW_FSYNC_LOG_SECONDS:
         _slow_fsync_logged[0] = started

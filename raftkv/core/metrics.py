@@ -44,8 +44,33 @@ RAFT_SOCKET_WRITES = Counter("raftkv_raft_socket_writes_total",
 JOURNAL_WRITES = Counter("raftkv_journal_writes_total",
                          "Writes (os.write calls) to this node's Raft logs: one per entry to a RaftJournal, "
                          "one per batch of many groups' records to the node log")
+# Node-wide sums for the console's per-second series: summing a thousand partitions' series each second
+# cost 20 ms of the loop.
+NODE_FSYNCS = Counter("raftkv_node_fsyncs_total",
+                      "fsync and fdatasync calls of this node: its Raft logs, their meta files, snapshots (durable.py)")
+NODE_RAFT_BYTES_SENT = Counter("raftkv_node_raft_bytes_sent_total",
+                               "Bytes of log entries and snapshot chunks this node's replicas sent")
 API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")
 API_OPS = Counter("raftkv_api_ops_total", "Operations received in Execute requests (several per request)")
+# What a client asked of this node (forwarded requests are counted where they arrived): the console's
+# rates and latencies, the dashboards' (docs/console.md §7).
+CLIENT_OPS = Counter("raftkv_client_ops_total", "Operations clients sent to this node", ["kind"])
+CLIENT_READS = CLIENT_OPS.labels("read")
+CLIENT_WRITES = CLIENT_OPS.labels("write")
+REQUEST_SECONDS = Histogram("raftkv_request_seconds", "Time to answer one client Execute request",
+                            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5))
+# Set once a second by the console's sampler (raftkv/console/sampler.py), for the alert rules.
+DISK_FREE = Gauge("raftkv_disk_free_bytes", "Free bytes on the filesystem of the node's data directory")
+DISK_SIZE = Gauge("raftkv_disk_size_bytes", "Size of the filesystem of the node's data directory")
+DATA_BYTES = Gauge("raftkv_data_bytes", "Bytes of the node's data directory (every ten seconds)")
+STORAGE_FULL = Gauge("raftkv_storage_full_replicas", "Replicas here that cannot write: their disk was full")
+REPLICATION_FACTOR = Gauge("raftkv_replication_factor", "Voters each partition should have")
+LIVE_VOTERS = Gauge("raftkv_partition_live_voters",
+                    "On a partition's leader: its voters this node is connected to, itself included", ["partition"])
+LEARNER_LAG = Gauge("raftkv_learner_undelivered_entries",
+                    "On a partition's leader: data entries a learner has not yet delivered", ["partition", "learner"])
+MOVES = Gauge("raftkv_moves_in_progress", "Replica moves under way, as this node's metadata has them")
+MOVE_AGE = Gauge("raftkv_move_age_seconds", "How long this node has seen a move under way", ["group"])
 
 
 def init_partition(partition: int) -> None:

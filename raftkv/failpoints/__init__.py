@@ -38,17 +38,20 @@ POINTS: dict[str, str] = {
     "sink-flush-after": "a learner's sink flushed the batch; the learner has not yet recorded that",
     "backup-upload-after": "a backup uploaded a file; its manifest is not written yet",
     "backup-download-after": "a restore, a verify or a seed downloaded and checked a file of a backup",
+    "checkpoint-read-before": "a voter is about to read the next chunk of a checkpoint it sends a new replica",
 }
 NAMES = tuple(POINTS)
 LEARNER_POINTS = ("learner-deliver-before", "sink-flush-before", "sink-flush-after")
 # reached by a backup sink's learner, `raftkv backup create`, `restore` and `verify` (and rarely, a node's seed)
 BACKUP_POINTS = ("backup-upload-after", "backup-download-after")
 FSYNC_POINTS = ("journal-fsync-before", "journal-fsync-after")  # reached only with durability = "fsync"
+COPY_POINTS = ("checkpoint-read-before",)  # reached only while a replica is copied to a node (a move, a re-seed)
 
 
 def node_points(fsync: bool) -> tuple[str, ...]:
-    """The points a node process reaches."""
-    return tuple(n for n in NAMES if n not in LEARNER_POINTS + BACKUP_POINTS and (fsync or n not in FSYNC_POINTS))
+    """The points every node process reaches (under writes alone)."""
+    return tuple(n for n in NAMES if n not in LEARNER_POINTS + BACKUP_POINTS + COPY_POINTS
+                 and (fsync or n not in FSYNC_POINTS))
 
 _log = logging.getLogger(__name__)
 _armed: dict[str, Program] = {}

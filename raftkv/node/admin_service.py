@@ -9,6 +9,7 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.console.service import Console
 from raftkv.core import metrics
 from raftkv.api.rpc_errors import error_metadata
 from raftkv.core.errors import ChangeRefused, RaftKVError, Unauthenticated
@@ -39,6 +40,7 @@ class AdminHost(Protocol):
     spec_toml: str
     gate: Gatekeeper
     lost_data: LostData
+    console: Console
 
     def meta_leader_id(self) -> str | None: ...
 
@@ -182,6 +184,10 @@ class AdminService(kv_pb2_grpc.AdminServicer):
             return pb.ChangeMembershipResponse(done=False, leader=hint or "")
         frontend.replica.maybe_compact(eager=True)
         return pb.ChangeMembershipResponse(done=True, leader=self._node.me_id)
+
+    async def NodeReport(self, request: pb.NodeReportRequest, context) -> pb.NodeReportResponse:
+        await self._node.gate.admit(context, Request.admin("status"))
+        return self._node.console.report()
 
     async def Reseed(self, request: pb.ReplicaRequest, context) -> pb.ChangeMembershipResponse:
         await self._node.gate.admit(context, Request.admin("reseed"))

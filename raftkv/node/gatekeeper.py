@@ -50,15 +50,25 @@ class Gatekeeper:
             return ANYONE
         for key, value in context.invocation_metadata() or ():
             if key == "authorization" and value.startswith("Bearer "):
-                name = self._current().token_users.get(hashlib.sha256(value[7:].encode()).hexdigest())
-                if name is None:
-                    raise Unauthenticated("the token is no user's: revoked, or mistyped")
-                return Identity(name, "user")
+                return self.bearer(value)
         pem = (context.auth_context().get("x509_pem_cert") or [b""])[0]
         try:
             return _certificate_identity(pem)
         except (ConfigError, ValueError) as exc:
             raise Unauthenticated(f"the client certificate names no raftkv identity: {exc}") from None
+
+    @property
+    def enforcing(self) -> bool:
+        return self._enforce
+
+    def bearer(self, authorization: str) -> Identity:
+        """The user an `Authorization: Bearer <token>` value names (the gRPC metadata's, the console's
+        HTTP header); Unauthenticated for one that names no one."""
+        token = authorization[7:] if authorization.startswith("Bearer ") else ""
+        name = self._current().token_users.get(hashlib.sha256(token.encode()).hexdigest()) if token else None
+        if name is None:
+            raise Unauthenticated("the token is no user's: revoked, or mistyped")
+        return Identity(name, "user")
 
     @staticmethod
     def checks(caller: Identity) -> bool:

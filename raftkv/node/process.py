@@ -28,7 +28,9 @@ from raftkv.meta.bootstrap import bootstrap_command, spec_meta
 from raftkv.meta.records import (META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command,
                                  raft_directory)
 from raftkv.meta.wire import topology_of
+from raftkv.console.service import Console
 from raftkv.node.admin_service import AdminService
+from raftkv.node.console_host import console_url, start_console
 from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.node.hosted_replicas import HostedReplicas, opening
 from raftkv.node.lost_data import LostData
@@ -86,6 +88,7 @@ class Node:
         self._next_rebalance = 0.0
         self._leaderless = 0  # seconds this node's metadata group has known no leader
         self._server: grpc.aio.Server | None = None
+        self.console: Console | None = None  # the web console on the metrics port, made in `start`
         self.failure: asyncio.Future | None = None  # set to the error that must stop the node (corrupt data)
         self.backups = BackupCatalog(spec.backup, lambda: self.topology.cluster_id) if spec.backup else None
         self.replicas = HostedReplicas(spec, node_id, lambda: self.topology, self.peers, self.lost_data, self.backups,
@@ -174,15 +177,11 @@ class Node:
             KVService(self.spec, self.me.id, self.replicas.frontends, lambda: self.topology, self.peers, self.gate),
             self._server)
         kv_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self._server)
-        try:
-            https = self.tls is not None and self.spec.tls.metrics
-            metrics.serve(self.me.host, self.me.metrics_port, (self.tls.cert, self.tls.key) if https else None)
-        except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on port {self.me.metrics_port}: {exc.strerror}",
-                              source=f"node {self.me.id} metrics_port") from None
+        self.console = start_console(self)
         await self._server.start()
         self._tasks += [background(self._housekeeping(), "housekeeping"),
-                        background(self._metadata_loop(), "metadata duties")]
+                        background(self._metadata_loop(), "metadata duties"),
+                        background(self.console.run(), "console sampling")]
         self.lost_data.remember()
         if self.backups is not None:
             self._tasks.append(background(self.backups.watch(self.spec.tuning.backup_poll_seconds), "backup watch"))
@@ -285,6 +284,8 @@ class Node:
         """Stop serving: a replica ran into corrupt data, and nothing it holds can be trusted now."""
         if not self.failure.done():
             log.error("stopping: %s", error)
+            if self.console is not None:
+                self.console.record("storage", f"node {self.me_id}", f"stopped: {error}")
             self.failure.set_exception(error)
 
     async def _metadata_duties(self) -> None:
@@ -389,7 +390,7 @@ async def serve(spec: ClusterSpec, node_id: str, initial: ClusterMeta | None = N
         loop.add_signal_handler(sig, stop.set)
     try:
         await node.start()
-        print(f"raftkv node {node_id} ready on {node.me.api_address}", flush=True)
+        print(f"raftkv node {node_id} ready on {node.me.api_address}; console {console_url(node)}", flush=True)
         stopped = asyncio.ensure_future(stop.wait())
         removed = asyncio.ensure_future(node.removed.wait())
         await asyncio.wait([stopped, removed, node.failure], return_when=asyncio.FIRST_COMPLETED)

@@ -21,6 +21,7 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api.checkpoint_stream import receive_checkpoint
+from raftkv import failpoints
 from raftkv.core.errors import CorruptData, Unavailable
 from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
@@ -59,7 +60,7 @@ async def checkpoint_chunks(replica: Replica) -> AsyncIterator[pb.CheckpointChun
             name = path.relative_to(root).as_posix()
             with open(path, "rb") as f:
                 while True:
-                    data = await asyncio.to_thread(f.read, CHUNK_BYTES)
+                    data = await asyncio.to_thread(_read_chunk, f)
                     yield pb.CheckpointChunk(index=position.index, term=position.term, path=name, data=data,
                                              base=base)
                     base = []
@@ -67,6 +68,11 @@ async def checkpoint_chunks(replica: Replica) -> AsyncIterator[pb.CheckpointChun
                         break
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _read_chunk(f) -> bytes:
+    failpoints.hit("checkpoint-read-before")  # in the reading thread: a delay slows the copy, not the loop
+    return f.read(CHUNK_BYTES)
 
 
 async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, folder: Path, members: Iterable[str],

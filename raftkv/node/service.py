@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from array import array
 from collections import defaultdict
 from contextlib import asynccontextmanager
@@ -70,6 +71,15 @@ class KVService(kv_pb2_grpc.KVServicer):
     async def Execute(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
         metrics.API_REQUESTS.inc()
         metrics.API_OPS.inc(len(request.ops))
+        if request.forwarded:  # timed and counted where the client sent it
+            return await self._admitted(request, context)
+        started = time.perf_counter()
+        try:
+            return await self._admitted(request, context)
+        finally:
+            metrics.REQUEST_SECONDS.observe(time.perf_counter() - started)
+
+    async def _admitted(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
         caller = await self._caller(context)
         client = client_of(caller, context.peer(), request.forwarded)
         async with self._counted(client, context):
@@ -87,10 +97,12 @@ class KVService(kv_pb2_grpc.KVServicer):
         results: list[pb.Result | None] = [None] * len(request.ops)
         waits: list[tuple[int, asyncio.Future | asyncio.Task]] = []
         forwards: dict[str, list[int]] = defaultdict(list)
+        asked_writes = 0
         for i, op in enumerate(request.ops):
             try:
                 command = self._validated(op)
                 if command is not None:
+                    asked_writes += 1
                     if writes == 0:
                         raise self._load.refusal(client)
                     writes -= 1
@@ -102,6 +114,9 @@ class KVService(kv_pb2_grpc.KVServicer):
                     forwards[target].append(i)
             except RaftKVError as error:
                 results[i] = result_from_error(error)
+        if not request.forwarded:
+            metrics.CLIENT_WRITES.inc(asked_writes)
+            metrics.CLIENT_READS.inc(len(request.ops) - asked_writes)
         for node_id, indexes in forwards.items():
             waits.append((indexes, asyncio.ensure_future(self._forward(node_id, request, indexes))))
         for where, fut in waits:

@@ -435,11 +435,10 @@ class SyncObjGroup:
     def count_sent(self, message: dict) -> None:
         """An append-entries message left for another member: count its entries' or snapshot chunk's bytes."""
         serialized = message.get("serialized")
-        if serialized is not None:
-            self._snapshot_bytes_sent.inc(len(serialized[0]))
-        else:
-            self._entry_bytes_sent.inc(sum(len(entry[0]) for entry in message.get("entries", ()))
-                                       + len(message.get("data", b"")))
+        sent = len(serialized[0]) if serialized is not None else \
+            sum(len(entry[0]) for entry in message.get("entries", ())) + len(message.get("data", b""))
+        (self._snapshot_bytes_sent if serialized is not None else self._entry_bytes_sent).inc(sent)
+        metrics.NODE_RAFT_BYTES_SENT.inc(sent)
 
     def sync_journal(self) -> None:
         """fsync mode: make every journal write so far durable (one fdatasync for all of them)."""
