@@ -42,6 +42,7 @@ from raftkv.node.tasks import background
 from raftkv.raft.hub import Directory, RaftHub
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.security.tls import listen, node_tls
+from raftkv.storage.rocks_engine import RocksEngine
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ class Node:
             guard=self.lost_data.guard(META, self.me.data_dir / "meta") if voting else None,
         )
         with opening(self.me):
-            return MetaReplica(config.folder, lambda sm: SyncObjGroup(config, sm, loop),
+            return MetaReplica(RocksEngine(config.folder), lambda sm: SyncObjGroup(config, sm, loop),
                                on_change=lambda _meta: loop.call_soon(self._on_meta_change), voting=voting)
 
     def _on_meta_change(self) -> None:
