@@ -4,6 +4,7 @@ are served (leases, follower reads from learners) is a change to this module."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Iterator, Mapping
 
 from raftkv.api import kv_pb2 as pb
@@ -28,14 +29,16 @@ class LocalReads:
 
     async def get(self, partition: int, key: bytes, consistency: int) -> tuple[bytes | None, int]:
         voter = self._voters[partition]
-        await _ready(voter, consistency)
+        if (wait := _wait(voter, consistency)) is not None:
+            await wait
         replica = voter.replica
         return replica.engine.get(key), replica.applied_index
 
     async def scan(self, partition: int, key_range: KeyRange,
                    consistency: int) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
         voter = self._voters[partition]
-        await _ready(voter, consistency)
+        if (wait := _wait(voter, consistency)) is not None:
+            await wait
         replica = voter.replica
         applied = replica.applied_position  # nothing applies between these two lines
         _, items = replica.engine.scan(key_range)
@@ -53,11 +56,13 @@ class LocalReads:
         return statuses
 
 
-async def _ready(voter: PartitionFrontend, consistency: int) -> None:
-    """Wait until a read at `consistency` may be answered from `voter`'s state: a linearizable read
-    behind a barrier (once it is applied here, so is every write acknowledged before the read), a
-    leader read only on a replica that believes it leads, a follower read at once."""
+def _wait(voter: PartitionFrontend, consistency: int) -> asyncio.Future | None:
+    """What a read at `consistency` waits for before it is answered from `voter`'s state (None: nothing):
+    a linearizable read a barrier (once it is applied here, so is every write acknowledged before the
+    read); a leader read nothing, on a replica that believes it leads (NotLeader elsewhere); a follower
+    read nothing. Not a coroutine: a read that waits for nothing costs none."""
     if consistency == pb.LINEARIZABLE:
-        await voter.barrier()
-    elif consistency == pb.LEADER and not voter.is_leader:
+        return voter.barrier()
+    if consistency == pb.LEADER and not voter.is_leader:
         raise voter.not_leader()
+    return None
