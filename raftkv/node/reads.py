@@ -15,7 +15,8 @@ from raftkv.storage.engine import KeyRange, Position
 
 
 class LocalReads:
-    """Reads from the voters this node holds (`voters`: kept up to date by `HostedReplicas`)."""
+    """Reads from the replicas in `voters`: a node's voters (`HostedReplicas.frontends`, kept up to date
+    there), or a learner process's copies."""
 
     def __init__(self, voters: Mapping[int, PartitionFrontend]):
         self._voters = voters
