@@ -155,7 +155,7 @@ class FeedPump:
         snapshot = replica.pending_snapshot
         index, term = snapshot.last.index, snapshot.last.term
         delivered = self.delivered_before_start.get(replica.partition, 0)
-        with tempfile.TemporaryDirectory(dir=replica.folder, prefix="resync-") as tmp:
+        with tempfile.TemporaryDirectory(dir=replica.engine.folder, prefix="resync-") as tmp:
             checkpoint = await asyncio.to_thread(snapshot_file.extract_db, snapshot.path, Path(tmp))
             if index > delivered:
                 theirs = RocksEngine(checkpoint.parent)  # opens <tmp>/db

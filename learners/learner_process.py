@@ -28,6 +28,7 @@ from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.peers import Peers
 from raftkv.node.process import api_server, close_reporting
+from raftkv.node.reads import LocalReads
 from raftkv.node.service import KVService
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.client.async_client import AsyncClient
@@ -79,7 +80,7 @@ async def _serve_reads(spec: ClusterSpec, topology: ClusterMeta, name: str, repl
         frontends[p] = PartitionFrontend(replica, loop, max_batch_ops=1, max_batch_bytes=1, request_timeout=1.0,
                                          leader_id_of=by_address.get)
     gate = Gatekeeper(enforce=spec.tls is not None, meta=current)
-    service = KVService(spec, f"learner/{name}", frontends, lambda: topology,
+    service = KVService(spec, f"learner/{name}", frontends, LocalReads(frontends), lambda: topology,
                         Peers(lambda node_id: topology.node(node_id).api_address, learner_tls(spec)), gate)
     server = api_server()
     kv_pb2_grpc.add_KVServicer_to_server(service, server)

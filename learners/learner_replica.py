@@ -27,7 +27,7 @@ from raftkv.storage.rocks_engine import RocksEngine
 
 
 class _FeedStateMachine:
-    """The learner's copy, as its Raft group sees it."""
+    """The learner's copy, as its Raft group sees it. RocksDB: the snapshots it installs are the voters'."""
 
     def __init__(self, engine: RocksEngine):
         self.engine = engine
@@ -58,12 +58,12 @@ class _FeedStateMachine:
         self.engine.flush()
 
 
-class LearnerReplica(Replica):
+class LearnerReplica(Replica[RocksEngine]):
     state_machine: _FeedStateMachine
 
     def __init__(self, partition: int, folder: Path, open_group: Callable[[StateMachine], RaftGroup],
                  on_corrupt: Callable[[CorruptData], None] | None = None):
-        super().__init__(partition, folder, open_group, _FeedStateMachine, on_corrupt)
+        super().__init__(partition, RocksEngine(folder, on_corrupt=on_corrupt), open_group, _FeedStateMachine)
 
     @property
     def applied_index(self) -> int:

@@ -20,6 +20,7 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.storage.engine import KeyRange
+from raftkv.storage.rocks_engine import RocksEngine
 from tests.loopback_hubs import LoopbackHubs
 
 WRITERS, PUTS_EACH = 32, 40
@@ -34,7 +35,7 @@ def replicas_on_one_loop(folder: Path, hubs: LoopbackHubs) -> list[PartitionRepl
     for i, address in enumerate(addresses):
         config = GroupConfig(partition=0, hub=hubs.hub(address), self_address=address, peers=tuple(a for a in addresses if a != address),
                              folder=folder / f"r{i}", fsync=False, tuning=Tuning())
-        replicas.append(PartitionReplica(0, config.folder, Tuning(),
+        replicas.append(PartitionReplica(0, RocksEngine(config.folder), Tuning(),
                                          open_group=lambda sm, config=config: SyncObjGroup(config, sm, loop)))
     return replicas
 

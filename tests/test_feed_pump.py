@@ -19,6 +19,7 @@ from raftkv.raft.group import Outcome, Role
 from raftkv.raft.memory_group import Disk, MemoryGroup
 from raftkv.raft.memory_network import MemoryNetwork
 from raftkv.storage.engine import KeyRange
+from raftkv.storage.rocks_engine import RocksEngine
 
 
 class Feed:
@@ -31,7 +32,7 @@ class Feed:
         self.disks = {name: Disk(tmp_path / name, voters=frozenset({"n1"})) for name in ("n1", "l1")}
         for disk in self.disks.values():
             disk.folder.mkdir()
-        self.voter = PartitionReplica(partition, tmp_path / "n1", Tuning(), open_group=self._group("n1"))
+        self.voter = PartitionReplica(partition, RocksEngine(tmp_path / "n1"), Tuning(), open_group=self._group("n1"))
         self.voter.group.campaign()
         assert self.voter.role == Role.LEADER
         self.sink = MemorySink()

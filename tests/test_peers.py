@@ -15,6 +15,7 @@ from raftkv.dev.local_cluster import free_port_block
 from raftkv.meta.bootstrap import spec_meta
 from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.node.peers import CONNECT_PATIENCE, Peers
+from raftkv.node.reads import LocalReads
 from raftkv.node.service import KVService
 
 PUT = pb.Op(partition=0, put=pb.Put(key=b"k", value=b"v"))
@@ -49,7 +50,7 @@ async def _forwarding(tmp_path, scenario) -> None:
     servers[0].add_insecure_port(peer_address)
     topology = spec_meta(spec)
     kv_pb2_grpc.add_KVServicer_to_server(
-        KVService(spec, "n1", {}, lambda: topology, peers, Gatekeeper(enforce=False, meta=lambda: topology)),
+        KVService(spec, "n1", {}, LocalReads({}), lambda: topology, peers, Gatekeeper(enforce=False, meta=lambda: topology)),
         servers[1])
     servers[1].add_insecure_port(spec.nodes[0].api_address)
     for server in servers:

@@ -16,6 +16,7 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from raftkv.storage.rocks_engine import RocksEngine
 from tests.loopback_hubs import LoopbackHubs
 from tests.test_snapshot_writer import single_voter, until
 
@@ -83,7 +84,7 @@ def test_applied_entries_a_new_leader_replaces_after_a_whole_cluster_cut_are_rol
             config = GroupConfig(partition=0, hub=hubs.hub(address), self_address=address,
                                  peers=tuple(a for a in addresses if a != address), folder=folders[address],
                                  fsync=False, tuning=Tuning())
-            replicas[address] = PartitionReplica(0, folders[address], Tuning(),
+            replicas[address] = PartitionReplica(0, RocksEngine(folders[address]), Tuning(),
                                                  open_group=lambda sm: SyncObjGroup(config, sm, loop))
 
         def close_all() -> None:

@@ -22,6 +22,7 @@ from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.raft.syncobj_snapshots import snapshot_writer
 from raftkv.raft.syncobj_patches import KEPT_ASIDE
+from raftkv.storage.rocks_engine import RocksEngine
 from tests.loopback_hubs import LoopbackHubs, unconnected_hub
 
 
@@ -31,7 +32,7 @@ def single_voter(folder: Path, fsync: bool = False, hubs: LoopbackHubs | None = 
     config = GroupConfig(partition=0, hub=hubs.hub(address) if hubs else unconnected_hub(), self_address=address,
                          peers=(), folder=folder, fsync=fsync, tuning=Tuning())
     loop = asyncio.get_running_loop()
-    return PartitionReplica(0, folder, Tuning(), open_group=lambda sm: SyncObjGroup(config, sm, loop))
+    return PartitionReplica(0, RocksEngine(folder), Tuning(), open_group=lambda sm: SyncObjGroup(config, sm, loop))
 
 
 def test_a_worker_that_finishes_before_pysyncobj_renames_still_leaves_the_new_snapshot(tmp_path):

@@ -1,4 +1,4 @@
-"""The metadata group's state machine: `ClusterMeta` in a RocksDB database, one JSON value."""
+"""The metadata group's state machine: `ClusterMeta` in its engine (a RocksDB database), one JSON value."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from raftkv.core.errors import ChangeRefused
 from raftkv.meta.records import ClusterMeta, apply, decode_command, decode_meta, encode_meta
 from raftkv.raft.engine_state import EngineStateMachine
 from raftkv.raft.group import Entry
-from raftkv.storage.engine import Position
-from raftkv.storage.rocks_engine import RocksEngine
+from raftkv.storage.engine import Position, ReplicaEngine
 
 _KEY = b"cluster-meta"
 
@@ -21,7 +20,7 @@ class MetaStateMachine(EngineStateMachine):
     gets the `ChangeRefused` as the result.
     """
 
-    def __init__(self, engine: RocksEngine, on_change: Callable[[ClusterMeta], None] | None = None):
+    def __init__(self, engine: ReplicaEngine, on_change: Callable[[ClusterMeta], None] | None = None):
         super().__init__("metadata", engine)
         self._on_change = on_change
         raw = engine.meta_get(_KEY)

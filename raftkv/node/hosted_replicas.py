@@ -25,6 +25,7 @@ from raftkv.node.tasks import background
 from raftkv.raft.group import Role
 from raftkv.raft.hub import RaftHub
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from raftkv.storage.rocks_engine import RocksEngine
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class HostedReplicas:
         shutil.rmtree(self._folder(p), ignore_errors=True)
         log.info("partition %d: no replica here any more; its data is deleted", p)
 
-    def _open(self, p: int, voter: bool) -> PartitionReplica:
+    def _open(self, p: int, voter: bool) -> PartitionReplica[RocksEngine]:
         """Partition p's replica: a voter of its group, or a learner catching up to become one."""
         topology = self._topology()
         loop = self._loop
@@ -184,9 +185,8 @@ class HostedReplicas:
         )
         with opening(self.me):
             return PartitionReplica(
-                p, config.folder, self.spec.tuning,
+                p, RocksEngine(config.folder, on_corrupt=self._corrupt), self.spec.tuning,
                 open_group=lambda state_machine: SyncObjGroup(config, state_machine, loop),
-                on_corrupt=self._corrupt,
                 backup_index=(lambda: self.backups.index(p)) if self.backups is not None else lambda: 0,
             )
 

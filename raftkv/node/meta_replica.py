@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Callable
 
 from raftkv.core.errors import Undetermined, Unavailable
@@ -11,16 +10,16 @@ from raftkv.meta.records import META, ClusterMeta, MetaCommand, encode_command
 from raftkv.meta.state_machine import MetaStateMachine
 from raftkv.node.replica import Replica
 from raftkv.raft.group import Outcome, RaftGroup, Role, StateMachine
+from raftkv.storage.engine import ReplicaEngine
 
 
 class MetaReplica(Replica):
     state_machine: MetaStateMachine
 
-    def __init__(self, folder: Path, open_group: Callable[[StateMachine], RaftGroup],
+    def __init__(self, engine: ReplicaEngine, open_group: Callable[[StateMachine], RaftGroup],
                  on_change: Callable[[ClusterMeta], None], voting: bool):
         self.voting = voting  # a voter of the metadata group, or a learner following it
-        super().__init__(META, folder, open_group,
-                         lambda engine: MetaStateMachine(engine, on_change))
+        super().__init__(META, engine, open_group, lambda engine: MetaStateMachine(engine, on_change))
 
     @property
     def meta(self) -> ClusterMeta:

@@ -37,13 +37,16 @@ from raftkv.node.lost_data import LostData
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
 from raftkv.node.peers import Peers, answer
+from raftkv.node.reads import LocalReads
 from raftkv.node.rebalancer import Rebalancer
+from raftkv.node.replica_admin import ReplicaAdmin
 from raftkv.node.backup_seed import BackupCatalog
 from raftkv.node.service import KVService
 from raftkv.node.tasks import background
 from raftkv.raft.hub import Directory, RaftHub
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.security.tls import listen, node_tls
+from raftkv.storage.rocks_engine import RocksEngine
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,8 @@ def api_server() -> grpc.aio.Server:
 
 class Node:
     """`initial` is the topology until this node's copy of the metadata has one: the spec's for a
-    node of the spec, the one its join was answered with for a node that joined."""
+    node of the spec, the one its join was answered with for a node that joined. The node is the
+    `ports.TopologyPort` of its services."""
 
     def __init__(self, spec: ClusterSpec, node_id: str, initial: ClusterMeta | None = None):
         self.spec = spec
@@ -173,10 +177,14 @@ class Node:
         listen(self._server, self.me.api_address, self.tls)
         self.replicas.start(loop, self.hub)
         self._reconcile(at_start=True)
+        voters = self.replicas.frontends
         kv_pb2_grpc.add_KVServicer_to_server(
-            KVService(self.spec, self.me.id, self.replicas.frontends, lambda: self.topology, self.peers, self.gate),
+            KVService(self.spec, self.me.id, voters, LocalReads(voters), lambda: self.topology, self.peers, self.gate),
             self._server)
-        kv_pb2_grpc.add_AdminServicer_to_server(AdminService(self), self._server)
+        replica_admin = ReplicaAdmin(self.me_id, self.replicas, lambda: self.meta, lambda: self.topology)
+        kv_pb2_grpc.add_AdminServicer_to_server(
+            AdminService(self.me_id, self.spec_toml, self.gate, self, voters, replica_admin,
+                         report=lambda: self.console.report()), self._server)
         self.console = start_console(self)
         await self._server.start()
         self._tasks += [background(self._housekeeping(), "housekeeping"),
@@ -240,7 +248,7 @@ class Node:
             guard=self.lost_data.guard(META, self.me.data_dir / "meta") if voting else None,
         )
         with opening(self.me):
-            return MetaReplica(config.folder, lambda sm: SyncObjGroup(config, sm, loop),
+            return MetaReplica(RocksEngine(config.folder), lambda sm: SyncObjGroup(config, sm, loop),
                                on_change=lambda _meta: loop.call_soon(self._on_meta_change), voting=voting)
 
     def _on_meta_change(self) -> None:

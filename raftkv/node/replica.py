@@ -1,4 +1,5 @@
-"""A voter's replica of one partition: a Raft group over a RocksDB state machine.
+"""A voter's replica of one partition: a Raft group over a state machine in an engine (RocksDB on a
+node, `MemoryEngine` in tests).
 
 Every committed proposal is applied by `state_machine.apply_proposal` and
 written with its Raft position in one atomic engine write, so the engine's
@@ -9,22 +10,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
-from typing import Callable
+from typing import Callable, Generic, TypeVar
 
 from raftkv.core import metrics
 from raftkv.core.log_codec import decode_proposal
-from raftkv.core.durable import make_dirs
-from raftkv.core.errors import CorruptData
 from raftkv.core.learner_registry import learners_from, only_progress
 from raftkv.core.retention import compaction_due, compaction_wanted, kept_for_seeds
 from raftkv.core.spec import Tuning
 from raftkv.core.state_machine import apply_proposal
 from raftkv.raft.engine_state import EngineStateMachine
 from raftkv.raft.group import Entry, ProposalCallback, RaftGroup, Role, Snapshot, StateMachine
-from raftkv.storage.engine import Position
-from raftkv.storage.rocks_engine import RocksEngine
+from raftkv.storage.engine import Position, ReplicaEngine
 
+E = TypeVar("E", bound=ReplicaEngine)
 
 EAGER_COMPACTION_ENTRIES = 64
 
@@ -32,7 +30,7 @@ EAGER_COMPACTION_ENTRIES = 64
 class KVStateMachine(EngineStateMachine):
     """The partition's key-value state: what a voter's Raft group applies entries to."""
 
-    def __init__(self, partition: int, engine: RocksEngine):
+    def __init__(self, partition: int, engine: ReplicaEngine):
         super().__init__(f"partition {partition}", engine)
         self.partition = partition
         self._apply_seconds = metrics.APPLY_SECONDS.labels(partition)
@@ -59,18 +57,16 @@ class KVStateMachine(EngineStateMachine):
         self.last_data_index = self.engine.position.index
 
 
-class Replica:
-    """A partition's RocksDB database and the Raft group that drives the state machine over it."""
+class Replica(Generic[E]):
+    """A group's engine and the Raft group that drives the state machine over it. The replica owns
+    the engine from here on: it closes it (also when the group does not open)."""
 
-    def __init__(self, partition: int, folder: Path, open_group: Callable[[StateMachine], RaftGroup],
-                 state_machine: Callable[[RocksEngine], StateMachine],
-                 on_corrupt: Callable[[CorruptData], None] | None = None):
+    def __init__(self, partition: int, engine: E, open_group: Callable[[StateMachine], RaftGroup],
+                 state_machine: Callable[[E], StateMachine]):
         self.partition = partition
-        self.folder = Path(folder)
-        make_dirs(self.folder)
-        self.engine = RocksEngine(self.folder, on_corrupt=on_corrupt)
+        self.engine = engine
         try:
-            self.state_machine = state_machine(self.engine)
+            self.state_machine = state_machine(engine)
             self.group = open_group(self.state_machine)
         except BaseException:
             self.engine.close()
@@ -96,19 +92,17 @@ class Replica:
             self.engine.close()
 
 
-class PartitionReplica(Replica):
+class PartitionReplica(Replica[E]):
     """The replica a node serves a partition from: a voter applying every committed entry."""
 
-    def __init__(self, partition: int, folder: Path, tuning: Tuning,
+    def __init__(self, partition: int, engine: E, tuning: Tuning,
                  open_group: Callable[[StateMachine], RaftGroup],
-                 on_corrupt: Callable[[CorruptData], None] | None = None,
                  backup_index: Callable[[], int] = lambda: 0):
         self._tuning = tuning
         self._backup_index = backup_index  # of the newest backup copy of the partition (0: none)
         self._last_compaction = time.monotonic()
         self._stepped_aside = 0.0  # when this leader last handed leadership on for want of disk space
-        super().__init__(partition, folder, open_group,
-                         lambda engine: KVStateMachine(partition, engine), on_corrupt)
+        super().__init__(partition, engine, open_group, lambda engine: KVStateMachine(partition, engine))
 
     def propose(self, payload: bytes, callback: ProposalCallback) -> None:
         self.group.propose(payload, callback)

@@ -27,6 +27,7 @@ from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
 from raftkv.raft.syncobj_seed import base_problem, seed
 from raftkv.storage.engine import Position
+from raftkv.storage.rocks_engine import RocksEngine
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,10 @@ class ReplicaCopying:
         self.received += n
 
 
-async def checkpoint_chunks(replica: Replica) -> AsyncIterator[pb.CheckpointChunk]:
-    """The replica's state, checkpointed now, as chunks of its files (the scratch copy is removed after)."""
-    work = Path(tempfile.mkdtemp(dir=replica.folder, prefix="copy-"))
+async def checkpoint_chunks(replica: Replica[RocksEngine]) -> AsyncIterator[pb.CheckpointChunk]:
+    """The replica's state, checkpointed now, as chunks of its files (the scratch copy is removed after):
+    RocksDB's, which the receiving node opens as its replica's database."""
+    work = Path(tempfile.mkdtemp(dir=replica.engine.folder, prefix="copy-"))
     try:
         # No await between these: the entries applied since the database's position changed nothing in it.
         # A replica still replaying its journal after a restart has applied less than its database holds

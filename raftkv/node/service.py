@@ -10,7 +10,7 @@ from array import array
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from itertools import accumulate, islice
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Mapping
 
 import grpc
 
@@ -26,9 +26,8 @@ from raftkv.core.errors import (InvalidRequest, NotLeader, PermissionDenied, Raf
 from raftkv.meta.records import ClusterMeta, NodeState
 from raftkv.node.client_limits import ClientLimits, ClientLoad, client_of
 from raftkv.node.gatekeeper import Gatekeeper, op_requests
-from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.peers import Peers, answer_once_connected
-from raftkv.core.learner_registry import learners_from
+from raftkv.node.ports import Proposals, ReadPort
 from raftkv.core.release import VERSION
 from raftkv.core.spec import ClusterSpec
 from raftkv.security.permissions import Access, Identity, Request
@@ -42,11 +41,14 @@ _SCAN_CODES = {NotLeader: grpc.StatusCode.FAILED_PRECONDITION, InvalidRequest: g
 
 
 class KVService(kv_pb2_grpc.KVServicer):
+    """`proposals`: the partitions this node holds a voter of; `reads`: the read path."""
+
     def __init__(
         self,
         spec: ClusterSpec,
         node_id: str,
-        frontends: dict[int, PartitionFrontend],
+        proposals: Mapping[int, Proposals],
+        reads: ReadPort,
         topology: Callable[[], ClusterMeta],
         peers: Peers,
         gate: Gatekeeper,
@@ -54,7 +56,8 @@ class KVService(kv_pb2_grpc.KVServicer):
         self._spec = spec
         self._gate = gate
         self._node_id = node_id
-        self._frontends = frontends
+        self._proposals = proposals
+        self._reads = reads
         self._topology = topology
         self._limits = Limits(spec.max_key_bytes, spec.max_value_bytes)
         self._timeout = spec.tuning.request_timeout
@@ -172,15 +175,18 @@ class KVService(kv_pb2_grpc.KVServicer):
         """None when this node serves the op, else the node to forward it to."""
         p = op.partition
         self._check_partition(p)
-        frontend = self._frontends.get(p)
-        is_follower_read = op.WhichOneof("op") == "get" and request.consistency == pb.FOLLOWER
-        if frontend is not None and (frontend.is_leader or is_follower_read):
+        voter = self._proposals.get(p)
+        if op.WhichOneof("op") == "get":
+            here = self._reads.serves(p, request.consistency)
+        else:
+            here = voter is not None and voter.is_leader
+        if here:
             return None
         if request.forwarded:
-            raise frontend.not_leader() if frontend else NotLeader(p, self._replicas_of(p)[0])
-        leader = frontend.not_leader().leader_hint if frontend else None
+            raise voter.not_leader() if voter else NotLeader(p, self._replicas_of(p)[0])
+        leader = voter.not_leader().leader_hint if voter else None
         if leader is None or leader == self._node_id:
-            if frontend is None:
+            if voter is None:
                 return self._replicas_of(p)[0]  # a replica knows the leader and forwards once more if needed
             raise Unavailable(f"partition {p} has no leader right now (election in progress); retry")
         return leader
@@ -190,19 +196,13 @@ class KVService(kv_pb2_grpc.KVServicer):
             raise InvalidRequest(f"partition {partition} does not exist; the cluster has {self._spec.partitions}")
 
     def _local(self, op: pb.Op, command: Command | None, consistency: int) -> asyncio.Future:
-        frontend = self._frontends[op.partition]
         if command is None:
-            return asyncio.ensure_future(self._get(frontend, op.get.key, consistency))
-        return _chain(frontend.submit(command), result_from_write)
+            return asyncio.ensure_future(self._get(op.partition, op.get.key, consistency))
+        return _chain(self._proposals[op.partition].submit(command), result_from_write)
 
-    async def _get(self, frontend: PartitionFrontend, key: bytes, consistency: int) -> pb.Result:
-        if consistency == pb.LINEARIZABLE:
-            await frontend.barrier()
-        elif consistency == pb.LEADER and not frontend.is_leader:
-            raise frontend.not_leader()
-        replica = frontend.replica
-        value = replica.engine.get(key)
-        return pb.Result(found=value is not None, value=value or b"", applied_index=replica.applied_index)
+    async def _get(self, partition: int, key: bytes, consistency: int) -> pb.Result:
+        value, applied_index = await self._reads.get(partition, key, consistency)
+        return pb.Result(found=value is not None, value=value or b"", applied_index=applied_index)
 
     async def _forward(self, node_id: str, request: pb.ExecuteRequest, indexes: list[int]) -> list[pb.Result]:
         forwarded = pb.ExecuteRequest(
@@ -236,24 +236,19 @@ class KVService(kv_pb2_grpc.KVServicer):
             yield
 
     async def _scan(self, request: pb.ScanRequest, context):
-        frontend = self._frontends.get(request.partition)
+        p = request.partition
+        key_range = KeyRange(request.start, request.end if request.HasField("end") else None, request.limit)
         try:
-            self._check_partition(request.partition)
-            if frontend is None:
-                raise NotLeader(request.partition, self._replicas_of(request.partition)[0])
-            if request.consistency == pb.LINEARIZABLE:
-                await frontend.barrier()
-            elif request.consistency == pb.LEADER and not frontend.is_leader:
-                raise frontend.not_leader()
-        except RaftKVError as error:
+            self._check_partition(p)
+            if not self._reads.holds(p):
+                raise NotLeader(p, self._replicas_of(p)[0])
+            applied, items = await self._reads.scan(p, key_range, request.consistency)
+        except RaftKVError as error:  # a damaged block or the node stopping as well: another replica may serve
             await context.abort(_SCAN_CODES.get(type(error), grpc.StatusCode.UNAVAILABLE), str(error),
                                 trailing_metadata=error_metadata(error))
-        key_range = KeyRange(request.start, request.end if request.HasField("end") else None, request.limit)
         next_chunk = _next_columns if request.columnar else _next_chunk
         sent_any = False
         try:
-            applied = frontend.replica.applied_position  # nothing applies between these two lines
-            _, items = frontend.replica.engine.scan(key_range)
             while chunk := await asyncio.to_thread(next_chunk, items, applied.index):
                 sent_any = True
                 chunk.applied_term = applied.term
@@ -268,14 +263,13 @@ class KVService(kv_pb2_grpc.KVServicer):
             return await self._split_keys(request, context)
 
     async def _split_keys(self, request: pb.SplitKeysRequest, context) -> pb.SplitKeysResponse:
-        frontend = self._frontends.get(request.partition)
-        if frontend is None or request.every < 1:
+        if not self._reads.holds(request.partition) or request.every < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"partition {request.partition} is not hosted here, or every < 1")
         key_range = KeyRange(request.start, request.end if request.HasField("end") else None)
         every = request.every
-        try:
-            _, items = frontend.replica.engine.scan(key_range)
+        try:  # split keys are only boundaries: any replica's will do
+            _, items = await self._reads.scan(request.partition, key_range, pb.FOLLOWER)
             keys = await asyncio.to_thread(lambda: [key for key, _ in islice(items, every, None, every)])
         except RaftKVError as error:  # as in a scan
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error), trailing_metadata=error_metadata(error))
@@ -300,28 +294,15 @@ class KVService(kv_pb2_grpc.KVServicer):
         )
 
     def _hosted(self) -> list[pb.PartitionStatus]:
-        hosted = []
-        for p, frontend in sorted(self._frontends.items()):
-            r = frontend.replica
-            hosted.append(
-                pb.PartitionStatus(
-                    partition=p,
-                    role=r.role.label,
-                    leader=frontend.not_leader().leader_hint or "",
-                    term=r.group.term,
-                    commit_index=r.group.commit_index,
-                    applied_index=r.applied_index,
-                    last_log_index=r.group.last_log_index,
-                    replicas=self._replicas_of(p),
-                    has_quorum=r.group.has_quorum,
-                    last_data_index=r.last_data_index,
-                    learners=[
-                        pb.LearnerStatus(name=i.name, sink=i.sink, options=i.options, progress=i.progress)
-                        for i in learners_from(r.engine.meta_items()).values()
-                    ],
-                )
-            )
-        return hosted
+        return [
+            pb.PartitionStatus(
+                partition=s.partition, role=s.role, leader=s.leader, term=s.term, commit_index=s.commit_index,
+                applied_index=s.applied_index, last_log_index=s.last_log_index, replicas=self._replicas_of(s.partition),
+                has_quorum=s.has_quorum, last_data_index=s.last_data_index,
+                learners=[pb.LearnerStatus(name=i.name, sink=i.sink, options=i.options, progress=i.progress)
+                          for i in s.learners])
+            for s in self._reads.statuses()
+        ]
 
 
 def _next_chunk(items, applied_index: int) -> pb.ScanChunk | None:

@@ -1,4 +1,4 @@
-"""The part of a state machine every RocksDB-backed group shares: where the state stands,
+"""The part of a state machine every engine-backed group shares: where the state stands,
 checkpoints for snapshots, and installing a snapshot a leader sent."""
 
 from __future__ import annotations
@@ -9,25 +9,24 @@ from pathlib import Path
 
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import Snapshot
-from raftkv.storage.engine import Position
-from raftkv.storage.rocks_engine import RocksEngine, empty_database
+from raftkv.storage.engine import Position, ReplicaEngine
 
 log = logging.getLogger(__name__)
 
 
-def install(engine: RocksEngine, snapshot: Snapshot | None) -> None:
-    """Replace `engine`'s database with `snapshot`'s (None: an empty one)."""
+def install(engine: ReplicaEngine, snapshot: Snapshot | None) -> None:
+    """Replace `engine`'s state with `snapshot`'s (None: the empty state)."""
+    if snapshot is None:
+        engine.install(None)
+        return
     with tempfile.TemporaryDirectory(dir=engine.folder, prefix="install-") as tmp:
-        if snapshot is None:
-            engine.install(empty_database(Path(tmp) / "db"))
-        else:
-            engine.install(snapshot_file.extract_db(snapshot.path, Path(tmp)))
+        engine.install(snapshot_file.extract_db(snapshot.path, Path(tmp)))
 
 
 class EngineStateMachine:
-    """A `StateMachine` over a `RocksEngine`, less `apply` (each subclass brings its own)."""
+    """A `StateMachine` over a `ReplicaEngine`, less `apply` (each subclass brings its own)."""
 
-    def __init__(self, name: str, engine: RocksEngine):
+    def __init__(self, name: str, engine: ReplicaEngine):
         self.name = name  # for the log: "partition 3", "metadata"
         self.engine = engine
 

@@ -4,13 +4,20 @@
 `rocks_engine.RocksEngine` implements it on RocksDB and `MemoryEngine` is its
 in-memory twin for tests. Writes are a closed set (Put, Delete, DeleteRange)
 applied atomically together with the Raft position they came from.
+`ReplicaEngine` adds what a replica's Raft state machine needs of the engine
+it owns: durability, and its whole state as a directory (a snapshot's checkpoint)
+and back. Both engines have it; a checkpoint is installed only into an engine of
+its own kind. What must be RocksDB's files (a checkpoint streamed to another
+node, which opens it as its database) takes a `RocksEngine`.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Mapping, Protocol, Sequence
 
 from raftkv.core.command_kinds import write_mutation
@@ -70,6 +77,29 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+class ReplicaEngine(Engine, Protocol):
+    """The engine a replica's state machine owns."""
+
+    @property
+    def folder(self) -> Path | None:
+        """Where a checkpoint on its way in is unpacked, beside the engine's files (so that installing it
+        is a rename); None: anywhere."""
+
+    @property
+    def broken(self) -> bool:
+        """A write failed (a full disk): writes fail until the engine recovers."""
+
+    def flush(self) -> None:
+        """Make everything written so far durable."""
+
+    def checkpoint(self, dest: Path) -> Position:
+        """A consistent copy of the whole state at `dest` (a directory it creates), and its position."""
+
+    def install(self, checkpoint_dir: Path | None) -> Position:
+        """Replace the state with the `checkpoint` at `checkpoint_dir`, which it may move away (None: the
+        empty state)."""
+
+
 def prefix_end(prefix: bytes) -> bytes | None:
     """The smallest key greater than every key starting with `prefix` (None: unbounded)."""
     stripped = prefix.rstrip(b"\xff")
@@ -96,7 +126,11 @@ class _DictWriter:
 
 
 class MemoryEngine:
-    """A dict-backed Engine for tests; same semantics as RocksEngine."""
+    """A dict-backed ReplicaEngine for tests; same semantics as RocksEngine. Its checkpoint is one file
+    of its own (`_STATE_FILE`)."""
+
+    folder = None
+    broken = False
 
     def __init__(self) -> None:
         self._data: dict[bytes, bytes] = {}
@@ -143,5 +177,30 @@ class MemoryEngine:
             selected = selected[: key_range.limit]
         return position, iter(selected)
 
+    def flush(self) -> None:
+        pass
+
+    def checkpoint(self, dest: Path) -> Position:
+        with self._lock:
+            state = {"index": self._position.index, "term": self._position.term,
+                     "data": [[k.hex(), v.hex()] for k, v in self._data.items()],
+                     "meta": [[k.hex(), v.hex()] for k, v in self._meta.items()]}
+        dest.mkdir(parents=True)
+        (dest / _STATE_FILE).write_text(json.dumps(state))
+        return Position(state["index"], state["term"])
+
+    def install(self, checkpoint_dir: Path | None) -> Position:
+        state = {"index": 0, "term": 0, "data": [], "meta": []}
+        if checkpoint_dir is not None:
+            state = json.loads((checkpoint_dir / _STATE_FILE).read_text())
+        with self._lock:
+            self._data = {bytes.fromhex(k): bytes.fromhex(v) for k, v in state["data"]}
+            self._meta = {bytes.fromhex(k): bytes.fromhex(v) for k, v in state["meta"]}
+            self._position = Position(state["index"], state["term"])
+            return self._position
+
     def close(self) -> None:
         pass
+
+
+_STATE_FILE = "memory-engine.json"

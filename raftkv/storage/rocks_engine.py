@@ -34,6 +34,7 @@ import errno
 import logging
 import shutil
 import struct
+import tempfile
 import threading
 import time
 import weakref
@@ -324,8 +325,11 @@ class RocksEngine:
             Checkpoint(self._db).create_checkpoint(str(dest))
         return position
 
-    def install(self, checkpoint_dir: Path) -> Position:
-        """Replace the database with a checkpoint (a snapshot from the leader)."""
+    def install(self, checkpoint_dir: Path | None) -> Position:
+        """Replace the database with a checkpoint (a snapshot from the leader; None: an empty database)."""
+        if checkpoint_dir is None:
+            with tempfile.TemporaryDirectory(dir=self.folder, prefix="install-") as tmp:
+                return self.install(empty_database(Path(tmp) / "db"))
         incoming = self.folder / "db.incoming"
         if incoming.exists():
             shutil.rmtree(incoming)
