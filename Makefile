@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test install system-deps proto clean
+.PHONY: demo test install system-deps proto docs clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: install system-deps
 # Regenerate the gRPC code after editing raftkv/api/kv.proto (the generated files are committed).
 proto: install
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. raftkv/api/kv.proto
+
+# Redraw the pictures at the top of docs/architecture.md from the code (a test fails while they are stale).
+docs: install
+	$(PY) scripts/architecture.py
 
 clean:
 	rm -rf $(VENV) raftkv-data .pytest_cache .hypothesis
