@@ -7,7 +7,9 @@ at start, or made scans end early without a word.
 
 from __future__ import annotations
 
+import re
 import shutil
+import urllib.request
 from pathlib import Path
 
 from rocksdict import AccessType, Options, Rdict
@@ -30,6 +32,15 @@ def the_error_line(cluster, node_id: str) -> str:
     errors = [line for line in cluster.log_path(node_id).read_text().splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, errors
     return errors[0]
+
+
+def stopped_gauge(cluster, on: str, about: str) -> float | None:
+    """What node `on` exports of `about` having stopped on bad storage (None: nothing)."""
+    node = cluster.spec.node(on)
+    with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found = re.search(rf'^raftkv_node_stopped_on_bad_storage{{node="{about}"}} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else None
 
 
 def wipe(cluster, node_id: str) -> None:
@@ -104,7 +115,9 @@ def test_a_damaged_data_block_stops_the_node_with_one_line_never_a_short_answer(
         assert list(kv.scan(consistency="follower")) == sorted(written.items())
     line = the_error_line(cluster, "n1")  # only the scan reads the damaged block
     assert "is corrupt" in line and "block checksum mismatch" in line
+    assert stopped_gauge(cluster, "n2", "n1") == 1.0  # it told the others why, before it exited: the alert's
     wipe_and_resync(cluster, "n1", written)
+    wait_until(lambda: stopped_gauge(cluster, "n2", "n1") == 0.0, 30, "n2 to see n1 back")
 
 
 def test_a_damaged_snapshot_stops_the_node_with_one_line(make_cluster):

@@ -423,6 +423,18 @@ class ChangesChunk(_message.Message):
     through: int
     def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., partition: _Optional[int] = ..., through: _Optional[int] = ...) -> None: ...
 
+class StopReport(_message.Message):
+    __slots__ = ("node", "reason")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    reason: str
+    def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class StopAck(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class NodeReportRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

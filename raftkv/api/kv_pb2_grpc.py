@@ -457,6 +457,11 @@ class AdminStub:
                 request_serializer=raftkv_dot_api_dot_kv__pb2.NodeReportRequest.SerializeToString,
                 response_deserializer=raftkv_dot_api_dot_kv__pb2.NodeReportResponse.FromString,
                 _registered_method=True)
+        self.ReportStop = channel.unary_unary(
+                '/raftkv.v1.Admin/ReportStop',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.StopReport.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.StopAck.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -531,6 +536,13 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportStop(self, request, context):
+        """A node stopping on corrupt data or a failed disk tells the others why (they export it: an alert)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -578,6 +590,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.NodeReport,
                     request_deserializer=raftkv_dot_api_dot_kv__pb2.NodeReportRequest.FromString,
                     response_serializer=raftkv_dot_api_dot_kv__pb2.NodeReportResponse.SerializeToString,
+            ),
+            'ReportStop': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportStop,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.StopReport.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.StopAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -827,6 +844,33 @@ class Admin:
             '/raftkv.v1.Admin/NodeReport',
             raftkv_dot_api_dot_kv__pb2.NodeReportRequest.SerializeToString,
             raftkv_dot_api_dot_kv__pb2.NodeReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportStop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/raftkv.v1.Admin/ReportStop',
+            raftkv_dot_api_dot_kv__pb2.StopReport.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.StopAck.FromString,
             options,
             channel_credentials,
             insecure,

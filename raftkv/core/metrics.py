@@ -71,6 +71,9 @@ LEARNER_LAG = Gauge("raftkv_learner_undelivered_entries",
                     "On a partition's leader: data entries a learner has not yet delivered", ["partition", "learner"])
 MOVES = Gauge("raftkv_moves_in_progress", "Replica moves under way, as this node's metadata has them")
 MOVE_AGE = Gauge("raftkv_move_age_seconds", "How long this node has seen a move under way", ["group"])
+PEER_STOPPED = Gauge("raftkv_node_stopped_on_bad_storage",
+                     "1: that node told this one it stopped on corrupt data or a failed disk, and has not come "
+                     "back since", ["node"])
 
 
 def init_partition(partition: int) -> None:

@@ -14,6 +14,7 @@ from raftkv.core.errors import ChangeRefused, RaftKVError, Unauthenticated
 from raftkv.meta.records import decode_command
 from raftkv.meta.wire import topology_reply
 from raftkv.node.gatekeeper import Gatekeeper
+from raftkv.node.peer_stops import PeerStops
 from raftkv.node.ports import Answer, Proposals, ReplicaAdminPort, TopologyPort
 from raftkv.security.permissions import Request
 
@@ -22,11 +23,11 @@ USERS = Request.admin("users")
 
 class AdminService(kv_pb2_grpc.AdminServicer):
     """`voters`: the partitions this node holds a voter of (a checkpoint's read barrier); `report`: what
-    this node's console tells the others' (`NodeReport`)."""
+    this node's console tells the others' (`NodeReport`); `stops`: the nodes that said they stopped."""
 
     def __init__(self, node_id: str, spec_toml: str, gate: Gatekeeper, topology: TopologyPort,
                  voters: Mapping[int, Proposals], replicas: ReplicaAdminPort,
-                 report: Callable[[], pb.NodeReportResponse]):
+                 report: Callable[[], pb.NodeReportResponse], stops: PeerStops):
         self._node_id = node_id
         self._spec_toml = spec_toml
         self._gate = gate
@@ -34,6 +35,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         self._voters = voters
         self._replicas = replicas
         self._report = report
+        self._stops = stops
 
     async def Topology(self, request, context) -> pb.TopologyResponse:
         """Open to every caller (clients route with it); the users and roles only to nodes, learners and admins."""
@@ -111,6 +113,11 @@ class AdminService(kv_pb2_grpc.AdminServicer):
     async def NodeReport(self, request: pb.NodeReportRequest, context) -> pb.NodeReportResponse:
         await self._gate.admit(context, Request.admin("status"))
         return self._report()
+
+    async def ReportStop(self, request: pb.StopReport, context) -> pb.StopAck:
+        await self._gate.admit(context, Request.admin("report_stop"))  # nodes only, and admins
+        self._stops.heard(request.node, request.reason)
+        return pb.StopAck()
 
 
 def _response(answer: Answer) -> pb.ChangeMembershipResponse:

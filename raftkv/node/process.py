@@ -12,6 +12,7 @@ import asyncio
 import logging
 import signal
 import socket
+import sys
 import time
 from typing import Callable
 
@@ -36,6 +37,7 @@ from raftkv.node.hosted_replicas import HostedReplicas, opening
 from raftkv.node.lost_data import LostData
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
+from raftkv.node.peer_stops import PeerStops, tell_others
 from raftkv.node.peers import Peers, answer
 from raftkv.node.reads import LocalReads
 from raftkv.node.rebalancer import Rebalancer
@@ -93,6 +95,7 @@ class Node:
         self._leaderless = 0  # seconds this node's metadata group has known no leader
         self._server: grpc.aio.Server | None = None
         self.console: Console | None = None  # the web console on the metrics port, made in `start`
+        self.peer_stops = PeerStops(lambda *event: self.console.record(*event) if self.console else None)
         self.failure: asyncio.Future | None = None  # set to the error that must stop the node (corrupt data)
         self.backups = BackupCatalog(spec.backup, lambda: self.topology.cluster_id) if spec.backup else None
         self.replicas = HostedReplicas(spec, node_id, lambda: self.topology, self.peers, self.lost_data, self.backups,
@@ -184,7 +187,7 @@ class Node:
         replica_admin = ReplicaAdmin(self.me_id, self.replicas, lambda: self.meta, lambda: self.topology)
         kv_pb2_grpc.add_AdminServicer_to_server(
             AdminService(self.me_id, self.spec_toml, self.gate, self, voters, replica_admin,
-                         report=lambda: self.console.report()), self._server)
+                         report=lambda: self.console.report(), stops=self.peer_stops), self._server)
         self.console = start_console(self)
         await self._server.start()
         self._tasks += [background(self._housekeeping(), "housekeeping"),
@@ -355,6 +358,7 @@ class Node:
                     shown[p] = now
                     for gauge, value in zip((metrics.TERM, metrics.COMMIT_INDEX, metrics.APPLIED_INDEX), now):
                         gauge.labels(p).set(value)
+            self.peer_stops.forget_back(self.hub.is_up)
             await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
@@ -408,6 +412,9 @@ async def serve(spec: ClusterSpec, node_id: str, initial: ClusterMeta | None = N
             print(f"raftkv node {node_id} was removed from the cluster (decommissioned); exiting. To bring it "
                   "back, start it with an empty --data-dir and --join", flush=True)
     finally:
+        stopping = _failure(node) or _bad_storage(sys.exc_info()[1])
+        if stopping is not None:
+            await tell_others(node.peers, node_id, [n.id for n in node.topology.nodes if n.id != node_id], stopping)
         try:
             await node.stop()
         except Exception:
@@ -420,6 +427,11 @@ async def serve(spec: ClusterSpec, node_id: str, initial: ClusterMeta | None = N
         failure = _failure(node)
     if failure is not None:
         raise failure
+
+
+def _bad_storage(error: BaseException | None) -> BaseException | None:
+    """`error` if it stops the node for its storage (corrupt data, a failed disk), else None."""
+    return error if isinstance(error, CorruptData) else None  # DiskFailed is one too
 
 
 def _failure(node: Node) -> BaseException | None:
