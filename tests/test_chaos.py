@@ -193,7 +193,7 @@ def test_without_cgroup_v2_the_default_run_skips_partitions_and_an_explicit_one_
                           "no cgroup v2 hierarchy is mounted")
     chaos = subprocess.Popen(without_cgroup2("--duration", "5", "--seed", "1", "--out", str(tmp_path)),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                             env={**os.environ, "COLUMNS": "300"})
+                             env={**os.environ, "COLUMNS": "300"}, preexec_fn=_ctrl_c_default)
     output = []
     def started():
         output.append(chaos.stdout.readline())
@@ -216,7 +216,8 @@ def test_without_cgroup_v2_the_default_run_skips_partitions_and_an_explicit_one_
 def test_ctrl_c_leaves_no_process_cgroup_rule_or_mount_behind(tmp_path):
     chaos = subprocess.Popen([*RAFTKV, "chaos", "run", "--duration", "60", "--faults", "partition,diskfull,powerloss",
                               "--seed", "3", "--out", str(tmp_path)],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             preexec_fn=_ctrl_c_default)
     table = f"raftkv_chaos_{chaos.pid}"
     cgroups = cgroup2_mount() / table
     try:
@@ -231,6 +232,13 @@ def test_ctrl_c_leaves_no_process_cgroup_rule_or_mount_behind(tmp_path):
     assert chaos.returncode == 130, output
     assert not any(Path(f"/proc/{pid}").exists() for pid in nodes)
     assert table not in _nft_tables() and not cgroups.exists() and not _mounts_under(tmp_path)
+
+
+def _ctrl_c_default() -> None:
+    """In the child: Ctrl-C's default action, whoever started the tests. A suite started in the background
+    by a shell without job control ignores SIGINT, every child inherits that, and Python then installs
+    no KeyboardInterrupt for it: the run went on for its whole duration."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _pids_in(cgroups: Path) -> list[int]:
