@@ -46,6 +46,7 @@ from raftkv.node.backup_seed import BackupCatalog
 from raftkv.node.service import KVService
 from raftkv.node.tasks import background
 from raftkv.raft.hub import Directory, RaftHub
+from raftkv.raft.log_turn import LogTurn
 from raftkv.raft.replica_logs import META_GROUP, ReplicaLogs
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.security.tls import listen, node_tls
@@ -175,6 +176,7 @@ class Node:
                               source=f"node {self.me.id}") from None
         self.hub.start()
         self.logs = self._open_logs()
+        LogTurn(self.logs.log, self.hub, self.logs.fsync, self._corrupt)  # one write and fsync a turn
         await self.lost_data.look()
         self.meta = self._open_meta(voting=self.me_id in self.topology.group_voters(META))
         if not await self._metadata_caught_up(timeout=5.0):

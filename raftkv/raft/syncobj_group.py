@@ -5,7 +5,7 @@ This is where our parts are wired into pysyncobj (docs/pysyncobj.md lists every 
   of its own (both checksummed, fsync-able), plugged in through pysyncobj's `createJournal`;
 - the transport (`GroupTransport`) carries the group's messages over the node's
   Raft hub (one connection per pair of nodes, mutual TLS with the cluster's),
-  syncs the journal before any message leaves in fsync mode, and keeps the members
+  a journal of its own synced before any message leaves in fsync mode, and keeps the members
   the cluster metadata names linked whatever a snapshot or the journal replays;
 - log compaction writes the state machine's checkpoint into a snapshot file
   (`syncobj_snapshots`), never pysyncobj's pickle of the whole object, and
@@ -391,7 +391,7 @@ class SyncObjGroup:
         index = self._member.raftLastApplied + 1  # pysyncobj increments it right after this call
         if index <= self._sm.position.index:
             return None
-        self.sync_journal()  # a single-member leader commits without sending, so no send synced it
+        self._stored(index)
         term = self._journal[index - self._journal[0][1]][2]
         failpoints.hit("apply-before")
         result = self._sm.apply(Entry(index, term, payload))
@@ -414,7 +414,24 @@ class SyncObjGroup:
         metrics.NODE_RAFT_BYTES_SENT.inc(sent)
 
     def sync_journal(self) -> None:
-        """fsync mode: make every journal write so far durable (one fdatasync for all of them)."""
-        if self._journal.dirty:
+        """Before a message leaves, fsync mode: a journal of its own synced (one fdatasync for all its
+        writes). On the node log, the node's turn writes and syncs every group's records before any frame
+        leaves (`log_turn`)."""
+        if self.config.node_log is None and self._journal.dirty:
             self._journal.sync()
             self._fsyncs.inc()
+
+    def _stored(self, index: int) -> None:
+        """Entry `index` as durable as its application needs. An entry a quorum with another voter
+        committed was written (and in fsync mode synced) before the append that it answered left; a
+        single-voter leader commits without sending, so it writes and syncs here. And the database never
+        holds an entry still in the node log's batch: a kill -9 would leave the database past the log."""
+        journal = self._journal
+        if self.config.node_log is None:
+            self.sync_journal()
+            return
+        if journal.waiting(index):
+            journal.write_pending()
+        if self.config.fsync and not self._member._SyncObj__otherNodes and journal.dirty:
+            journal.sync()
+            metrics.NODE_LOG_FSYNCS.inc()
