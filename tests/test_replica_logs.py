@@ -13,7 +13,7 @@ import pytest
 
 from raftkv import failpoints
 from raftkv.core.commands import Put
-from raftkv.core.errors import CorruptData
+from raftkv.core.errors import ConfigError, CorruptData
 from raftkv.core.log_codec import encode_proposal
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.journal import RaftJournal
@@ -165,9 +165,20 @@ def test_a_conversion_cut_short_at_any_step_is_done_right_at_the_next_start(tmp_
             interrupted.settle({3: tmp_path / "p3"})
     finally:
         failpoints.disarm_all()
+    interrupted.close()  # lets the next start have the log: what it writes is what the log already holds
     marked = (tmp_path / "p3" / MARKER).exists()
     assert marked == (point == "log-convert-marked") and (tmp_path / "p3" / JOURNAL).is_dir()
     assert_converted(tmp_path)
+
+
+def test_a_second_process_on_the_same_log_is_refused_in_one_line(tmp_path):
+    first = logs(tmp_path)
+    try:
+        with pytest.raises(ConfigError, match=r"raft-log is in use by another process"):
+            logs(tmp_path)
+    finally:
+        first.close()
+    logs(tmp_path).close()  # free again
 
 
 def test_a_damaged_old_journal_stops_the_start_naming_the_replica_folder(tmp_path):

@@ -10,6 +10,7 @@ and a folder of the previous release (its own `journal/`) is converted into the 
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -18,8 +19,8 @@ from pathlib import Path
 from typing import Mapping
 
 from raftkv import failpoints
-from raftkv.core.durable import fsync_directory
-from raftkv.core.errors import CorruptData
+from raftkv.core.durable import fsync_directory, make_dirs
+from raftkv.core.errors import ConfigError, CorruptData
 from raftkv.raft.journal_syncer import SYNCER
 from raftkv.raft.node_log import MAX_GROUP, GroupLog, NodeLog
 from raftkv.raft.node_log_recovery import remedy
@@ -28,6 +29,7 @@ from raftkv.raft.record_file import write_new_file
 log = logging.getLogger(__name__)
 
 IDENTITY = "identity"  # in the node log's folder: a random id, written once
+LOCK = "LOCK"  # in the node log's folder: held (flock) by the one process that has the log open
 MARKER = "raft-log-group"  # in a replica folder: "<identity> <group>", once its group is in that log
 JOURNAL = "journal"  # a replica folder's own RaftJournal, as the previous release kept it
 META_GROUP = MAX_GROUP  # the metadata group's (partition -1) group in the node log
@@ -40,13 +42,20 @@ def log_group(partition: int) -> int:
 
 class ReplicaLogs:
     def __init__(self, folder: Path, fsync: bool):
-        """Open the node log in `folder` (CorruptData, with what to do, if it cannot be trusted)."""
-        self.log = NodeLog(folder, fsync)
+        """Open the node log in `folder` (CorruptData, with what to do, if it cannot be trusted; ConfigError
+        if another process has it open)."""
+        make_dirs(folder)
+        self._lock = _lock(folder)
         self.fsync = fsync
         try:
-            self.identity = _identity(folder, empty=not self.log.groups())
+            self.log = NodeLog(folder, fsync)
+            try:
+                self.identity = _identity(folder, empty=not self.log.groups())
+            except BaseException:
+                self.log.close()
+                raise
         except BaseException:
-            self.log.close()
+            os.close(self._lock)
             raise
         if not fsync:
             SYNCER.add(self.log)  # once a second, for every group
@@ -79,7 +88,12 @@ class ReplicaLogs:
         self.log.remove(group)
 
     def close(self) -> None:
-        self.log.close()
+        try:
+            self.log.close()
+        finally:
+            if self._lock >= 0:
+                os.close(self._lock)
+                self._lock = -1
 
     def _settle(self, group: int, folder: Path) -> None:
         marker, journal = _marker(folder), folder / JOURNAL
@@ -136,6 +150,18 @@ def _identity(folder: Path, empty: bool) -> str:
     identity = uuid.uuid4().hex
     os.close(write_new_file(path, f"{identity}\n".encode(), fsync=True))
     return identity
+
+
+def _lock(folder: Path) -> int:
+    """An open fd holding the folder's lock file: one process at a time appends to a node log."""
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(f"{folder} is in use by another process (is this node already running?)",
+                          source="raft log") from None
+    return fd
 
 
 def _delete_journal(folder: Path) -> None:
