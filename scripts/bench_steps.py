@@ -37,7 +37,8 @@ STEPS = {
     "raftkv_raft_ticks_total": "ticks",
     "raftkv_raft_socket_writes_total": "socket writes",
     "raftkv_journal_writes_total": "journal writes",
-    "raftkv_journal_fsyncs_total": "fsyncs",
+    "raftkv_journal_fsyncs_total": "fsyncs (per replica journal)",
+    "raftkv_node_log_fsyncs_total": "fsyncs (node log)",
     "raftkv_apply_seconds_count": "RocksDB writes",
 }
 PUTS, ENTRIES, CPU = "raftkv_api_ops_total", "raftkv_proposals_total", "process_cpu_seconds_total"

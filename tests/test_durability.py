@@ -162,7 +162,7 @@ def test_read_of_unreachable_cluster_is_a_clear_error():
             kv.get(b"x")
 
 
-def journal_fsyncs(cluster) -> dict[str, float]:
+def node_log_fsyncs(cluster) -> dict[str, float]:
     import re
     import urllib.request
 
@@ -170,21 +170,21 @@ def journal_fsyncs(cluster) -> dict[str, float]:
     for node in cluster.spec.nodes:
         with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics", timeout=5) as response:
             text = response.read().decode()
-        counts[node.id] = float(re.search(r'^raftkv_journal_fsyncs_total\{partition="0"\} (\S+)', text, re.M).group(1))
+        counts[node.id] = float(re.search(r'^raftkv_node_log_fsyncs_total (\S+)', text, re.M).group(1))
     return counts
 
 
 @pytest.mark.parametrize("durability", ["default", "fsync"])
-def test_fsync_mode_syncs_the_journal_once_per_group_commit_on_every_replica(make_cluster, durability):
+def test_fsync_mode_syncs_the_node_log_once_per_group_commit_on_every_replica(make_cluster, durability):
     cluster = make_cluster(nodes=3, partitions=1, durability=durability)
-    before = journal_fsyncs(cluster)
+    before = node_log_fsyncs(cluster)
     with Client(cluster.endpoints) as kv:
         for i in range(50):
             kv.put(b"k%d" % i, b"v")  # sequential: one group commit (one Raft entry) each
     # a commit needs only one follower: the other may still be receiving the last entries
     wait_until(lambda: len({ps.last_log_index for _, ps in statuses(cluster.endpoints)}) == 1
                and len(statuses(cluster.endpoints)) == 3, 30, "every replica to hold every entry")
-    synced = {node: count - before[node] for node, count in journal_fsyncs(cluster).items()}
+    synced = {node: count - before[node] for node, count in node_log_fsyncs(cluster).items()}
     if durability == "fsync":
         # each replica synced before acknowledging (followers) or sending (leader) every entry
         assert all(count >= 50 for count in synced.values()), synced

@@ -19,6 +19,7 @@ from raftkv.dev.local_cluster import free_port_block
 from raftkv.core.spec import Tuning
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
+from raftkv.raft.replica_logs import ReplicaLogs
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.raft.syncobj_snapshots import snapshot_writer
 from raftkv.raft.syncobj_patches import KEPT_ASIDE
@@ -26,11 +27,13 @@ from raftkv.storage.rocks_engine import RocksEngine
 from tests.loopback_hubs import LoopbackHubs, unconnected_hub
 
 
-def single_voter(folder: Path, fsync: bool = False, hubs: LoopbackHubs | None = None) -> PartitionReplica:
-    """`hubs`: where others reach it (a learner); without, it has a hub that connects nowhere."""
+def single_voter(folder: Path, fsync: bool = False, hubs: LoopbackHubs | None = None,
+                 node_log: ReplicaLogs | None = None) -> PartitionReplica:
+    """`hubs`: where others reach it (a learner); without, it has a hub that connects nowhere. `node_log`:
+    its log is a group of that node log, not a RaftJournal of its own."""
     address = f"127.0.0.1:{free_port_block(1)}"
     config = GroupConfig(partition=0, hub=hubs.hub(address) if hubs else unconnected_hub(), self_address=address,
-                         peers=(), folder=folder, fsync=fsync, tuning=Tuning())
+                         peers=(), folder=folder, fsync=fsync, tuning=Tuning(), node_log=node_log)
     loop = asyncio.get_running_loop()
     return PartitionReplica(0, RocksEngine(folder), Tuning(), open_group=lambda sm: SyncObjGroup(config, sm, loop))
 

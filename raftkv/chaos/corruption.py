@@ -1,13 +1,14 @@
-"""The corrupt fault's damage: bytes flipped in one file of a stopped node, a journal, a snapshot
-or a RocksDB file, at an offset worth damaging."""
+"""The corrupt fault's damage: bytes flipped in one file of a stopped node, a segment of its Raft log
+(the `journal` variant), a snapshot or a RocksDB file, at an offset worth damaging."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
 
+from raftkv.raft.node_log_format import SEGMENT_HEADER
+
 FLIPPED_BYTES = 8
-JOURNAL_HEADER_BYTES = 12  # raftkv.raft.journal's file header: magic and version
 SNAPSHOT_HEAD_BYTES = 4096  # a snapshot tar's first members: meta.json and the two base entries
 
 
@@ -33,7 +34,7 @@ def flip_bytes(data_dir: Path, variant: str, rng: random.Random) -> str:
 def _corruptible(data_dir: Path, variant: str) -> list[tuple[Path, int]]:
     """Files of the variant's kind, each with the first offset worth damaging."""
     if variant == "journal":
-        files = [(p, JOURNAL_HEADER_BYTES) for p in data_dir.glob("p*/journal/raft.log")]
+        files = [(p, len(SEGMENT_HEADER)) for p in data_dir.glob("raft-log/*.log")]  # the node log's segments
     elif variant == "snapshot":
         files = [(p, 0) for p in data_dir.glob("p*/raft.snapshot")]
     else:  # rocksdb: table files once there are any, else the write-ahead log

@@ -13,7 +13,7 @@ Faults and their variants (`kind:variant` on the command line):
     partition  isolate-leader | split                 Raft traffic cut between node groups
     restart    clean | wipe                           SIGTERM and start; or kill -9, wipe the data dir, start
     diskfull   fill                                   the disk node's tmpfs filled by a ballast file, then freed
-    corrupt    journal | snapshot | rocksdb           bytes flipped in a file of a stopped node, then started
+    corrupt    journal | snapshot | rocksdb           bytes flipped in a stopped node's file (journal: its node log), then started
     membership move | transfer | kill-source          a replica moved to a node without one, or a leadership handed on;
                | stale-return                         or a move's source killed, then the replica moved back to it; or
                                                       issue 32's six steps (docs/chaos.md)

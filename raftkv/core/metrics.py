@@ -24,7 +24,12 @@ APPLY_SECONDS = Histogram(
     ["partition"],
     buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
 )
-JOURNAL_FSYNCS = Counter("raftkv_journal_fsyncs_total", "fdatasync calls on the Raft journal (fsync mode)", ["partition"])
+JOURNAL_FSYNCS = Counter("raftkv_journal_fsyncs_total",
+                         "fdatasync calls on a replica's own Raft journal before it sends (fsync mode; a learner's)",
+                         ["partition"])
+NODE_LOG_FSYNCS = Counter("raftkv_node_log_fsyncs_total",
+                          "fdatasync calls on the node's Raft log of every group that frames or a single-voter "
+                          "commit waited for (fsync mode): one per loop turn that wrote, for all groups")
 RAFT_BYTES_SENT = Counter("raftkv_raft_bytes_sent_total",
                           "Bytes of log entries and of snapshot chunks this replica sent to other members",
                           ["partition", "kind"])

@@ -24,6 +24,7 @@ from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replic
 from raftkv.node.tasks import background
 from raftkv.raft.group import Role
 from raftkv.raft.hub import RaftHub
+from raftkv.raft.replica_logs import ReplicaLogs
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.storage.rocks_engine import RocksEngine
 
@@ -53,11 +54,12 @@ class HostedReplicas:
         self._copy_tried: set[int] = set()  # ... copied (or not) already: they open as learners now
         self._loop: asyncio.AbstractEventLoop | None = None
         self.hub: RaftHub | None = None  # the node's, from `start`
+        self.logs: ReplicaLogs | None = None  # ... and its Raft log of every group
 
-    def start(self, loop: asyncio.AbstractEventLoop, hub: RaftHub) -> None:
-        """From now on replicas open on `loop`, their Raft messages through `hub`; first the copies a
-        crash interrupted are deleted."""
-        self._loop, self.hub = loop, hub
+    def start(self, loop: asyncio.AbstractEventLoop, hub: RaftHub, logs: ReplicaLogs) -> None:
+        """From now on replicas open on `loop`, their Raft messages through `hub`, their logs in `logs`;
+        first the copies a crash interrupted are deleted."""
+        self._loop, self.hub, self.logs = loop, hub, logs
         for scratch in self.me.data_dir.glob(f"{SCRATCH_PREFIX}*"):
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -115,7 +117,7 @@ class HostedReplicas:
         return True
 
     def _folder(self, p: int) -> Path:
-        return self.me.data_dir / f"p{p:04d}"
+        return partition_folder(self.me.data_dir, p)
 
     def _empty(self, p: int) -> bool:
         folder = self._folder(p)
@@ -154,6 +156,7 @@ class HostedReplicas:
             return False
 
     def _delete(self, p: int) -> None:
+        self.logs.drop(p)  # first: killed before the folder is gone, the next start empties it (replica_logs)
         shutil.rmtree(self._folder(p), ignore_errors=True)
         log.info("partition %d: no replica here any more; its data is deleted", p)
 
@@ -182,6 +185,7 @@ class HostedReplicas:
             membership_changes=True,
             on_corrupt=self._corrupt,
             guard=self.lost_data.guard(p, self._folder(p)) if voter else None,
+            node_log=self.logs,
         )
         with opening(self.me):
             return PartitionReplica(
@@ -197,6 +201,16 @@ class HostedReplicas:
             request_timeout=tuning.request_timeout,
             leader_id_of=lambda address: self.node_at(replica.partition, address),
         )
+
+
+def partition_folder(data_dir: Path, p: int) -> Path:
+    return data_dir / f"p{p:04d}"
+
+
+def replica_folders(data_dir: Path) -> dict[int, Path]:
+    """The partition replica folders in `data_dir`, by partition (the metadata's is the node's)."""
+    return {int(path.name[1:]): path for path in data_dir.glob("p[0-9]*")
+            if path.name[1:].isdigit() and path.is_dir()}
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from raftkv.console.service import Console
 from raftkv.node.admin_service import AdminService
 from raftkv.node.console_host import console_url, start_console
 from raftkv.node.gatekeeper import Gatekeeper
-from raftkv.node.hosted_replicas import HostedReplicas, opening
+from raftkv.node.hosted_replicas import HostedReplicas, opening, replica_folders
 from raftkv.node.lost_data import LostData
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
@@ -46,6 +46,8 @@ from raftkv.node.backup_seed import BackupCatalog
 from raftkv.node.service import KVService
 from raftkv.node.tasks import background
 from raftkv.raft.hub import Directory, RaftHub
+from raftkv.raft.log_turn import LogTurn
+from raftkv.raft.replica_logs import META_GROUP, ReplicaLogs
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.security.tls import listen, node_tls
 from raftkv.storage.rocks_engine import RocksEngine
@@ -82,6 +84,7 @@ class Node:
         self.tls = node_tls(spec, node_id)
         self.peers = Peers(self.address_of, self.tls)
         self.hub: RaftHub | None = None  # every replica's Raft messages, made in `start`
+        self.logs: ReplicaLogs | None = None  # ... and their Raft logs
         self.lost_data = LostData(self.me.data_dir, node_id, self.peers, lambda: self.topology, self._fail)
         self.gate = Gatekeeper(enforce=spec.tls is not None, meta=lambda: self.topology)
         self._directory = (None, Directory())  # (the nodes it was made from, the hub's directory of them)
@@ -172,13 +175,15 @@ class Node:
             raise ConfigError(f"cannot listen on {self.me.host}:{self.me.raft_port_base} (Raft): {exc.strerror}",
                               source=f"node {self.me.id}") from None
         self.hub.start()
+        self.logs = self._open_logs()
+        LogTurn(self.logs.log, self.hub, self.logs.fsync, self._corrupt)  # one write and fsync a turn
         await self.lost_data.look()
         self.meta = self._open_meta(voting=self.me_id in self.topology.group_voters(META))
         if not await self._metadata_caught_up(timeout=5.0):
             await self._ask_members()
         self._server = api_server()
         listen(self._server, self.me.api_address, self.tls)
-        self.replicas.start(loop, self.hub)
+        self.replicas.start(loop, self.hub, self.logs)
         self._reconcile(at_start=True)
         voters = self.replicas.frontends
         kv_pb2_grpc.add_KVServicer_to_server(
@@ -236,6 +241,17 @@ class Node:
             self.meta = self._open_meta(voting=False)
             log.info("metadata group: no longer a voter (removed while away); following it as a learner")
 
+    def _open_logs(self) -> ReplicaLogs:
+        """The node's Raft log of every group, its replica folders settled with it (replica_logs)."""
+        logs = ReplicaLogs(self.me.data_dir / "raft-log", fsync=self.spec.durability == "fsync")
+        folders = {META_GROUP: self._meta_folder} if self._meta_folder.is_dir() else {}
+        logs.settle(folders | replica_folders(self.me.data_dir))
+        return logs
+
+    @property
+    def _meta_folder(self):
+        return self.me.data_dir / "meta"
+
     def _open_meta(self, voting: bool) -> MetaReplica:
         topology, loop = self.topology, self._loop
         config = GroupConfig(
@@ -243,12 +259,13 @@ class Node:
             hub=self.hub,
             self_address=self.topology.node(self.me_id).raft_address(META) if voting else None,
             peers=tuple(topology.node(n).raft_address(META) for n in topology.group_voters(META) if n != self.me_id),
-            folder=self.me.data_dir / "meta",
+            folder=self._meta_folder,
             fsync=self.spec.durability == "fsync",
             tuning=self.spec.tuning,
             membership_changes=True,
             on_corrupt=self._corrupt,
-            guard=self.lost_data.guard(META, self.me.data_dir / "meta") if voting else None,
+            guard=self.lost_data.guard(META, self._meta_folder) if voting else None,
+            node_log=self.logs,
         )
         with opening(self.me):
             return MetaReplica(RocksEngine(config.folder), lambda sm: SyncObjGroup(config, sm, loop),
@@ -378,6 +395,8 @@ class Node:
         await self.peers.close()
         if self.meta is not None:
             close_reporting("the metadata replica", self.meta.close)
+        if self.logs is not None:
+            close_reporting("the node's Raft log", self.logs.close)
         if self.hub is not None:
             await self.hub.close()
         if self._server is not None:  # last: a close on a failed disk can block the loop for a second

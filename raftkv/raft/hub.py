@@ -15,7 +15,9 @@ transfer) from anyone. Here each process has one hub on its asyncio loop (docs/r
   the hello. Without TLS the hello is trusted, as pysyncobj trusted its first message.
 - Only Raft messages and the hub's own control frames are carried (`hub_frames`): pysyncobj's
   admin commands have no way in; membership changes go through the Admin API.
-- Frames queued for a connection in one turn of the loop leave in one write.
+- Frames queued for a connection in one turn of the loop leave in one write; one flush a turn
+  writes every connection's, after the owner's `before_send` (the node log written and, in fsync
+  mode, synced: `log_turn`), and none if that failed.
 - Each dialer pings every `ping_every` seconds and the other side answers; a connection that
   hears nothing for `dead_after` seconds is closed (a cut network otherwise leaves it hanging for
   TCP's minutes), and the dialer tries again every `retry_seconds`.
@@ -104,9 +106,12 @@ class Connection:
         if self.closed:
             return False
         if not self._pending:
-            self._hub.loop.call_soon(self._flush)
+            self._hub._queued(self)
         self._pending.append(frame)
         return True
+
+    def _drop_pending(self) -> None:
+        self._pending.clear()
 
     def _flush(self) -> None:
         if self.closed or not self._pending:
@@ -169,6 +174,9 @@ class RaftHub:
         self._directory_seen: Directory | None = None
         self._last_refusal_log = 0.0
         self._closing = False
+        self._to_flush: list[Connection] = []  # connections with frames queued this turn
+        self._flush_scheduled = False
+        self.before_send: Callable[[], bool] | None = None  # run before a flush; False: drop its frames
 
     # -- set-up -------------------------------------------------------------
 
@@ -242,6 +250,26 @@ class RaftHub:
                 self._control(node_id, "join", group)
         for node_id in before - node_ids:
             self._control(node_id, "leave", group)
+
+    def flush_soon(self) -> None:
+        """End this turn of the loop with one flush (`before_send`, then every queued frame)."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _queued(self, connection: Connection) -> None:
+        self._to_flush.append(connection)
+        self.flush_soon()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        connections, self._to_flush = self._to_flush, []
+        if self.before_send is not None and not self.before_send():
+            for connection in connections:
+                connection._drop_pending()  # they may speak of records not written: Raft sends again
+            return
+        for connection in connections:
+            connection._flush()
 
     # -- connections ----------------------------------------------------------
 

@@ -7,6 +7,9 @@ time there, and puts fell to a third of what they were without (docs/benchmarks.
 thread per process runs them for every journal, whether or not its group ticks (a resting group
 does not), and the loop goes on meanwhile: fsync releases the GIL.
 
+A process with a node log (`node_log.NodeLog`, every group of a node in one log) adds that log
+instead: one sync per second for all its groups.
+
 A journal's lock keeps its own writes and this sync apart (`RaftJournal.sync_in_background`), so
 what reaches the disk is what a sync on the loop would have written. A failure is raised on the
 replica's next tick, as before. fsync mode does not come here: it syncs before every message.
@@ -17,21 +20,29 @@ from __future__ import annotations
 import logging
 import threading
 
-from raftkv.raft.journal import RaftJournal
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 PERIOD_SECONDS = 1.0
 
 
+class Syncable(Protocol):
+    """A RaftJournal or a NodeLog."""
+
+    def sync_elsewhere(self) -> None: ...
+
+    def sync_in_background(self) -> bool: ...
+
+
 class JournalSyncer:
     def __init__(self, period: float = PERIOD_SECONDS):
         self._period = period
-        self._journals: set[RaftJournal] = set()
+        self._journals: set[Syncable] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def add(self, journal: RaftJournal) -> None:
+    def add(self, journal: Syncable) -> None:
         journal.sync_elsewhere()
         with self._lock:
             self._journals.add(journal)

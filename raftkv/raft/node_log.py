@@ -79,6 +79,7 @@ class NodeLog:
         self._synced_elsewhere = False
         self._last_timer = float("-inf")
         self._batching = 0
+        self._on_pending: Callable[[], None] | None = None  # `defer_writes`
         self._pending: list[bytes | GrowingEntries] = []  # records batched, in order
         self._pending_groups: set[GroupState] = set()
         self._open: dict[GroupState, GrowingEntries] = {}  # a group's batched entries record, if its last
@@ -177,6 +178,14 @@ class NodeLog:
                         if not body_failed:  # else the body's error is the one to raise
                             raise
 
+    def defer_writes(self, on_pending: Callable[[], None]) -> None:
+        """From now on every record waits in the batch until `write_pending()` (or a sync, flush, removal)
+        writes it: a loop turn's records of every group in one write. `on_pending()` is called (on the loop,
+        which makes records) when one joins an empty batch: the owner writes it by the turn's end (`log_turn`)."""
+        with self._lock:
+            self._batching += 1
+            self._on_pending = on_pending
+
     def write_pending(self) -> int:
         """Write what is batched now, in one os.write; return how many writes this log has made."""
         with self._lock:
@@ -219,6 +228,8 @@ class NodeLog:
         went to. Unbatched, a failed write changes nothing. Holds the lock."""
         self._open.pop(state, None)
         if self._batching:
+            if not self._pending and self._on_pending is not None:
+                self._on_pending()
             self._pending.append(record)
             self._pending_groups.add(state)
             state.pending = True
@@ -232,6 +243,8 @@ class NodeLog:
         """GroupLog.add in a batch: the entry joins its group's last batched record if that is entries."""
         op = self._open.get(state)
         if op is None or op.next != idx:
+            if not self._pending and self._on_pending is not None:
+                self._on_pending()
             op = self._open[state] = GrowingEntries(group, idx)
             self._pending.append(op)
             self._pending_groups.add(state)

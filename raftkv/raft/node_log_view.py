@@ -12,7 +12,7 @@ from pysyncobj.journal import Journal
 
 from raftkv.raft.journal import list_position
 from raftkv.raft.node_log_format import Entry, Kind, bare_record, index_record, one_entry_record, state_record
-from raftkv.raft.node_log_groups import GroupState
+from raftkv.raft.node_log_groups import PENDING, GroupState
 
 
 class GroupLog(Journal):
@@ -38,6 +38,22 @@ class GroupLog(Journal):
                 seq = node._write(one_entry_record(self.group_id, command, term, idx))
                 state.written = node._writes
                 state.append_one((command, idx, term), seq)
+
+    def waiting(self, idx: int) -> bool:
+        """Whether entry `idx` waits in the node log's batch, not yet written."""
+        state = self.state
+        if not state.pending or not self._entries:
+            return False
+        waiting = 0
+        for seq, count in reversed(state.runs):
+            if seq != PENDING:
+                break
+            waiting += count
+        return idx > self._entries[-1][1] - waiting
+
+    def write_pending(self) -> None:
+        """The node log's batch written now, every group's (one os.write)."""
+        self._node.write_pending()
 
     def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
         return self._entries[item]

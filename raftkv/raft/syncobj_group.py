@@ -1,11 +1,11 @@
 """`RaftGroup` over pysyncobj: one member of a partition's Raft group.
 
 This is where our parts are wired into pysyncobj (docs/pysyncobj.md lists every override):
-- the Raft log is our `RaftJournal` (checksummed, fsync-able), plugged in
-  through pysyncobj's module-level `createJournal`;
+- the Raft log is the group's part of the node log (`replica_logs`), or without one a `RaftJournal`
+  of its own (both checksummed, fsync-able), plugged in through pysyncobj's `createJournal`;
 - the transport (`GroupTransport`) carries the group's messages over the node's
   Raft hub (one connection per pair of nodes, mutual TLS with the cluster's),
-  syncs the journal before any message leaves in fsync mode, and keeps the members
+  a journal of its own synced before any message leaves in fsync mode, and keeps the members
   the cluster metadata names linked whatever a snapshot or the journal replays;
 - log compaction writes the state machine's checkpoint into a snapshot file
   (`syncobj_snapshots`), never pysyncobj's pickle of the whole object, and
@@ -24,14 +24,12 @@ and every pysyncobj call happen on the loop.
 from __future__ import annotations
 
 import asyncio
-import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import pysyncobj.pickle
-from pysyncobj import FAIL_REASON, SyncObjConf, replicated
+from pysyncobj import SyncObjConf, replicated
 
 from raftkv import failpoints
 from raftkv.core import metrics
@@ -41,7 +39,9 @@ from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import Entry, Outcome, ProposalCallback, Role, StateMachine
 from raftkv.raft.journal import RaftJournal
-from raftkv.raft.syncobj_journal import JournalConfig, membership_change
+from raftkv.raft.node_log import GroupLog
+from raftkv.raft.replica_logs import JOURNAL, ReplicaLogs, log_group
+from raftkv.raft.syncobj_journal import REGULAR, JournalConfig, apply_call, membership_change, outcome, payload_of
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
 from raftkv.raft.syncobj_quiet import Quiet
@@ -65,39 +65,12 @@ class GroupConfig:
     membership_changes: bool = False  # pysyncobj's dynamicMembershipChange (add_member, remove_member)
     on_corrupt: Callable[[CorruptData], None] | None = None  # the group found its files untrustworthy and stopped
     guard: VoteGuard | None = None  # a voter that lost its data: when it may vote and campaign (vote_guard)
+    node_log: ReplicaLogs | None = None  # the node's log of every group; None: a RaftJournal in folder/journal
 
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
 NEVER = 10**12
-_REGULAR = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: a call of a @replicated method
 _LEADER = Role.LEADER.value
-
-# pysyncobj reasons after which the proposal was certainly not applied; any other failure may
-# have been (leadership changed while it was in flight).
-_NOT_APPLIED = {FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER, FAIL_REASON.DISCARDED, FAIL_REASON.NOT_LEADER,
-                FAIL_REASON.REQUEST_DENIED}
-
-
-def _outcome(reason: int) -> Outcome:
-    if reason == FAIL_REASON.SUCCESS:
-        return Outcome.APPLIED
-    return Outcome.REJECTED if reason in _NOT_APPLIED else Outcome.UNKNOWN
-
-
-def _apply_call(method_id: int, payload: bytes) -> bytes:
-    """The journal's form of a call of `_Member._apply(payload)`: what pysyncobj's @replicated wrapper
-    writes, but in pickle protocol 5 instead of its 2, which stores bytes as latin-1 text rebuilt through
-    `codecs.encode`: 1.5 times as long for random bytes, and 5.8 ms to write and 4.6 ms to read a MB
-    against 0.04 ms. Any protocol reads back the same way (`_payload_of`, pysyncobj's apply)."""
-    return pickle.dumps((method_id, (payload,)), protocol=5)
-
-
-def _payload_of(command: bytes) -> bytes | None:
-    """The proposal in a journal entry; None for pysyncobj's own entries (no-ops, membership)."""
-    if not command or command[0] != _REGULAR:
-        return None
-    call = pysyncobj.pickle.loads(command[1:])  # (method id, args) of `_Member._apply`: args == (payload,)
-    return call[1][0]
 
 
 class _Member(PatchedSyncObj):
@@ -224,7 +197,7 @@ class SyncObjGroup:
             appendEntriesUseBatch=False,  # we batch ourselves (group commit); pysyncobj's batching adds ~100 ms
             appendEntriesBatchSizeBytes=4 * tuning.max_batch_bytes,  # > any entry: never the chunked path
             logCompactionBatchSize=SNAPSHOT_CHUNK_BYTES,  # pysyncobj's 64 KiB chunks made snapshots crawl
-            journalFile=JournalConfig(folder / "journal", config.fsync),
+            journalFile=JournalConfig(folder / JOURNAL, config.fsync, config.node_log, log_group(config.partition)),
             fullDumpFile=str(self.snapshots.path),
             serializer=self.snapshots.write,
             serializeChecker=self.snapshots.state,
@@ -242,7 +215,7 @@ class SyncObjGroup:
             onStateChanged=None if on_role_changed is None else lambda old, new: on_role_changed(Role(old), Role(new)),
         )
         self._member = _Member(self, config.self_address, config.peers, conf)
-        self._journal: RaftJournal = self._member._SyncObj__raftLog
+        self._journal: RaftJournal | GroupLog = self._member._SyncObj__raftLog
         self._apply_id = self._member._methodToID[self._member._getFuncName("_apply")]
         self.snapshots.journal = self._journal
         self.repair = StateRepair(config.partition, folder, config.fsync, state_machine, self.snapshots, self._member)
@@ -338,15 +311,15 @@ class SyncObjGroup:
         last = min(self.last_applied, journal[-1][1])
         if after + 1 < first:
             raise LookupError(f"partition {self.partition}: entries after {after} were compacted away")
-        return [Entry(index, term, _payload_of(command))
+        return [Entry(index, term, payload_of(command))
                 for command, index, term in journal[after + 1 - first: min(last, after + limit) + 1 - first]]
 
     # -- commands ---------------------------------------------------------
 
     def propose(self, payload: bytes, callback: ProposalCallback) -> None:
         """Append an encoded proposal; `callback(result, outcome)` runs once it is applied or failed."""
-        self._member._applyCommand(_apply_call(self._apply_id, payload),
-                                   lambda result, reason: callback(result, _outcome(reason)), _REGULAR)
+        self._member._applyCommand(apply_call(self._apply_id, payload),
+                                   lambda result, reason: callback(result, outcome(reason)), REGULAR)
         self.quiet.wake(tell_leader=True)
         self._ticker.soon()
 
@@ -385,7 +358,7 @@ class SyncObjGroup:
 
         def done(result, reason) -> None:
             self._change_pending = False
-            callback(result, _outcome(reason))
+            callback(result, outcome(reason))
 
         change(address, callback=done)
         self.quiet.wake(tell_leader=True)
@@ -418,7 +391,7 @@ class SyncObjGroup:
         index = self._member.raftLastApplied + 1  # pysyncobj increments it right after this call
         if index <= self._sm.position.index:
             return None
-        self.sync_journal()  # a single-member leader commits without sending, so no send synced it
+        self._stored(index)
         term = self._journal[index - self._journal[0][1]][2]
         failpoints.hit("apply-before")
         result = self._sm.apply(Entry(index, term, payload))
@@ -441,7 +414,24 @@ class SyncObjGroup:
         metrics.NODE_RAFT_BYTES_SENT.inc(sent)
 
     def sync_journal(self) -> None:
-        """fsync mode: make every journal write so far durable (one fdatasync for all of them)."""
-        if self._journal.dirty:
+        """Before a message leaves, fsync mode: a journal of its own synced (one fdatasync for all its
+        writes). On the node log, the node's turn writes and syncs every group's records before any frame
+        leaves (`log_turn`)."""
+        if self.config.node_log is None and self._journal.dirty:
             self._journal.sync()
             self._fsyncs.inc()
+
+    def _stored(self, index: int) -> None:
+        """Entry `index` as durable as its application needs. An entry a quorum with another voter
+        committed was written (and in fsync mode synced) before the append that it answered left; a
+        single-voter leader commits without sending, so it writes and syncs here. And the database never
+        holds an entry still in the node log's batch: a kill -9 would leave the database past the log."""
+        journal = self._journal
+        if self.config.node_log is None:
+            self.sync_journal()
+            return
+        if journal.waiting(index):
+            journal.write_pending()
+        if self.config.fsync and not self._member._SyncObj__otherNodes and journal.dirty:
+            journal.sync()
+            metrics.NODE_LOG_FSYNCS.inc()

@@ -106,7 +106,7 @@ class LoopPoller(Poller):
         try:
             callback(*args)
         except StorageFull as exc:  # a message whose entries could not be stored; the leader resends it
-            _warn_disk_full(exc)
+            warn_disk_full(exc)
         except CorruptData as exc:  # e.g. the journal's fsync failed before an acknowledgement
             self.on_corrupt(exc)
             return
@@ -119,7 +119,7 @@ MAX_TIMER_SECONDS = 1.0  # pysyncobj's once-a-second work (the journal's sync in
 _disk_full_logged = [0.0]  # when a full disk was last logged: it fails every tick and every message
 
 
-def _warn_disk_full(exc: StorageFull) -> None:
+def warn_disk_full(exc: StorageFull) -> None:
     if time.monotonic() - _disk_full_logged[0] >= DISK_FULL_LOG_SECONDS:
         _disk_full_logged[0] = time.monotonic()
         log.warning("%s (logged at most every %.0fs)", exc, DISK_FULL_LOG_SECONDS)
@@ -130,7 +130,7 @@ def _snapshot_chunk_disk_full(record: logging.LogRecord) -> bool:
     snapshot is sent in thousands of them: a full disk becomes the one rate-limited line instead."""
     exc = record.exc_info[1] if record.exc_info else None
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        _warn_disk_full(StorageFull("disk full receiving a snapshot from the leader; it is sent again once space "
+        warn_disk_full(StorageFull("disk full receiving a snapshot from the leader; it is sent again once space "
                                     "is freed"))
         return False
     return True
@@ -206,7 +206,7 @@ class Ticker:
         try:
             self._syncobj._onTick(0.0)
         except StorageFull as exc:  # retried on every tick until there is room again
-            _warn_disk_full(exc)
+            warn_disk_full(exc)
         except CorruptData as exc:
             self._corrupt(exc)
         except Exception:

@@ -15,8 +15,9 @@ node and group an address is. What pysyncobj sees:
 
 And, as before the hub:
 - every append-entries message sent is counted (entry and snapshot bytes);
-- in fsync mode a dirty journal is synced before any message leaves, so an entry is durable
-  before a follower acknowledges it or a leader counts itself, at one fsync per group commit;
+- in fsync mode an entry is durable before a follower acknowledges it or a leader counts itself: a
+  group's own dirty journal is synced before any message leaves (one fsync per group commit); on
+  the node log, the hub's flush of the turn writes and syncs every group's records first (`log_turn`);
 - the members the cluster metadata names for the group (`name_members`) stay linked whatever
   pysyncobj drops: it takes its members from a snapshot, which may predate a member that joined
   since, and replays the membership entries of a journal, which may remove a member that a later
