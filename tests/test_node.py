@@ -63,7 +63,10 @@ def test_a_node_stopped_by_corrupt_data_reports_that_even_if_closing_fails_too(m
 
     class DamagedNode:
         def __init__(self, spec, node_id, initial):
-            self.me = SimpleNamespace(api_address="127.0.0.1:1")
+            self.me = SimpleNamespace(api_address="127.0.0.1:1", host="127.0.0.1", metrics_port=2)
+            self.tls = None
+            self.peers = None
+            self.topology = SimpleNamespace(nodes=())  # no other node to tell why it stops
             self.removed = asyncio.Event()
 
         async def start(self) -> None:
