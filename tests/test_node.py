@@ -34,6 +34,7 @@ def test_one_partitions_failing_housekeeping_does_not_stop_the_others(tmp_path, 
     node = Node(build_spec(nodes=1, partitions=2, replication=1, base_port=20000, data_dir=tmp_path), "n1")
     broken, healthy = Replica(fails=True), Replica(fails=False)
     node.replicas.frontends = {0: SimpleNamespace(replica=broken), 1: SimpleNamespace(replica=healthy)}
+    node.hub = SimpleNamespace(is_up=lambda node_id: True)  # started: its Raft hub runs
     try:
         asyncio.run(node._housekeeping())
     except _Stop:
