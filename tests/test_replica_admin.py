@@ -5,7 +5,6 @@ no sockets (the topology's Raft addresses only name the twin's members)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -24,13 +23,7 @@ from raftkv.raft.group import Role
 from raftkv.raft.memory_group import Disk, MemoryGroup
 from raftkv.raft.memory_network import MemoryNetwork
 from raftkv.storage.engine import MemoryEngine
-
-
-async def until(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "not within the deadline"
-        await asyncio.sleep(0.005)
+from tests.test_snapshot_writer import until
 
 
 def test_membership_leadership_and_compaction_verbs_on_the_leader_of_a_twin_group(tmp_path):
