@@ -262,7 +262,7 @@ def test_a_command_loads_only_its_own_family():
     assert out.splitlines()[-1] == "['raftkv.cli.learner', 'raftkv.cli.options', 'raftkv.cli.output']"
 
 
-# -- hostile arguments (found by tests/test_fuzz_inputs.py) ------------------------------------------
+# -- hostile arguments (found by tests/test_fuzz_cli.py) ------------------------------------------
 
 
 def test_keys_that_are_not_utf8_are_a_usage_error(tmp_path):
