@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import sys
 import time
 from typing import Callable
@@ -39,6 +38,7 @@ from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
 from raftkv.node.peer_stops import PeerStops, tell_others
 from raftkv.node.peers import Peers, answer
+from raftkv.node.preflight import check_ports, check_release
 from raftkv.node.reads import LocalReads
 from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica_admin import ReplicaAdmin
@@ -142,30 +142,15 @@ class Node:
 
     # -- start and stop ---------------------------------------------------
 
-    def _check_ports(self, ports: list[tuple[str, int]]) -> None:
-        """Fail fast, with the port's name, before anything starts."""
-        for name, port in ports:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((self.me.host, port))
-                except OSError as exc:
-                    raise ConfigError(
-                        f"cannot listen on {self.me.host}:{port} ({name}): {exc.strerror}; "
-                        "is another node or program using it?",
-                        source=f"node {self.me.id}",
-                    ) from None
-
     async def start(self) -> None:
         if self.tls is not None:
             self.tls.check()
         loop = self._loop = asyncio.get_running_loop()
         self.failure = loop.create_future()
         # Every port of the node's block, partitions it does not hold included: any may move here.
-        self._check_ports([("api_port", self.me.api_port), ("metrics_port", self.me.metrics_port)]
-                          + [(f"raft port of partition {p}", self.me.raft_port_base + p)
-                             for p in range(self.spec.partitions)]
-                          + [("metadata raft port", self.me.meta_port(self.spec.partitions))])
+        check_ports(self.me.host, [("api_port", self.me.api_port), ("metrics_port", self.me.metrics_port)]
+                    + [(f"raft port of partition {p}", self.me.raft_port_base + p) for p in range(self.spec.partitions)]
+                    + [("metadata raft port", self.me.meta_port(self.spec.partitions))], self.me.id)
         tuning = self.spec.tuning
         self.hub = RaftHub(loop, self.me_id, self.directory, self.tls, retry_seconds=tuning.connection_retry_seconds,
                            dead_after=max(3.5, tuning.election_timeout_max), compression=tuning.wire_compression)
@@ -179,8 +164,10 @@ class Node:
         LogTurn(self.logs.log, self.hub, self.logs.fsync, self._corrupt)  # one write and fsync a turn
         await self.lost_data.look()
         self.meta = self._open_meta(voting=self.me_id in self.topology.group_voters(META))
+        check_release(self.topology.cluster_version, self.me.id)  # as this node last knew it, then as it is
         if not await self._metadata_caught_up(timeout=5.0):
             await self._ask_members()
+        check_release(self.topology.cluster_version, self.me.id)
         self._server = api_server()
         listen(self._server, self.me.api_address, self.tls)
         self.replicas.start(loop, self.hub, self.logs)
@@ -226,7 +213,7 @@ class Node:
         """This node's metadata group has no leader: ask the other nodes for the topology. A newer one
         is used until this node's copy catches up; if it no longer counts this node among the metadata
         group's voters (removed while it was away: Raft does not tell), it rejoins the group as a learner."""
-        others = [n.id for n in self.topology.nodes if n.id != self.me_id and n.state != NodeState.REMOVED]
+        others = [n for n in self.topology.members if n != self.me_id]
         replies = await asyncio.gather(*(self.peers.admin(n).Topology(pb.TopologyRequest(), timeout=2.0)
                                          for n in others), return_exceptions=True)
         newest = max((topology_of(r).meta for r in replies if isinstance(r, pb.TopologyResponse)),

@@ -3,6 +3,7 @@
 - asks every node for its status: who answers is alive, and who leads which partition;
 - marks a node dead once it has not answered for `dead_after`, and up again when a dead one answers;
 - removes a draining or dead node once it holds nothing;
+- raises the cluster version once every member runs a newer release (raftkv/meta/cluster_version.py);
 - runs the planner (`raftkv.meta.planner`) and starts its moves (`BeginMove`; the mover runs them)
   and leader transfers.
 
@@ -22,6 +23,7 @@ import grpc
 from raftkv.api import kv_pb2 as pb
 from raftkv.core.errors import RaftKVError
 from raftkv.core.spec import Tuning
+from raftkv.meta.cluster_version import version_to_raise
 from raftkv.meta.planner import PlannedMove, PlannedTransfer, leaders_from, plan
 from raftkv.meta.liveness import verdicts
 from raftkv.meta.records import BeginMove, ClusterMeta, MetaCommand, NodeState, group_name
@@ -48,13 +50,16 @@ class Rebalancer:
         self._last_seen.clear()
 
     async def run_once(self, rebalance: bool) -> None:
-        answered, leaders = await self._poll(self._topology())
+        releases, leaders = await self._poll(self._topology())
         now = time.monotonic()
         silent = {node: now - seen for node, seen in self._last_seen.items()}
-        for change in verdicts(self._topology(), silent, answered, self._tuning.dead_after):
+        for change in verdicts(self._topology(), silent, set(releases), self._tuning.dead_after):
             if await self._propose(change) and change.state == NodeState.DEAD:
                 log.warning("%s has not answered for %.0fs: marked dead; its replicas are re-created elsewhere",
                             change.node_id, silent[change.node_id])
+        meta = self._topology()
+        if (raise_ := version_to_raise(meta.cluster_version, meta.members, releases)) and await self._propose(raise_):
+            log.info("cluster version %s: every member runs it or newer", raise_.version)
         if not rebalance:
             return
         for action in plan(self._topology(), leaders, max_moves=self._tuning.max_moves,
@@ -66,17 +71,17 @@ class Rebalancer:
             elif isinstance(action, PlannedTransfer):
                 await self._transfer(action)
 
-    async def _poll(self, meta: ClusterMeta) -> tuple[set[str], dict[int, str]]:
-        """Each live node's statuses: which nodes answered, and who leads each partition."""
-        nodes = [n.id for n in meta.nodes if n.state != NodeState.REMOVED]
+    async def _poll(self, meta: ClusterMeta) -> tuple[dict[str, str], dict[int, str]]:
+        """Each live node's statuses: the release of each node that answered, and who leads each partition."""
+        nodes = meta.members
         replies = await asyncio.gather(*(self._status(n) for n in nodes))
         now = time.monotonic()
         for node_id, reply in zip(nodes, replies):
             self._last_seen.setdefault(node_id, now)  # a node first heard of starts its clock now
             if reply is not None:
                 self._last_seen[node_id] = now
-        answered = {node_id for node_id, reply in zip(nodes, replies) if reply is not None}
-        return answered, leaders_from((node_id, ps.partition, ps.role, ps.term)
+        releases = {node_id: reply.version for node_id, reply in zip(nodes, replies) if reply is not None}
+        return releases, leaders_from((node_id, ps.partition, ps.role, ps.term)
                                       for node_id, reply in zip(nodes, replies) if reply is not None
                                       for ps in reply.hosted)
 
