@@ -42,6 +42,7 @@ def test_a_worker_that_finishes_before_pysyncobj_renames_still_leaves_the_new_sn
     async def scenario():
         replica = single_voter(tmp_path / "p0")
         group = replica.group
+        group.snapshots.on_written = lambda: None  # this test plays pysyncobj's part: no tick may check for it
         try:
             snapshot = str(group.snapshots.path)
             for last in (5, 9):
@@ -247,3 +248,28 @@ def test_a_restart_after_a_kill_during_the_first_compaction_is_quiet_and_keeps_t
     with caplog.at_level(logging.INFO):
         asyncio.run(scenario())
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_resting_group_finishes_its_compaction_when_the_snapshot_is_written(tmp_path):
+    """Only a tick finds the written snapshot and drops the log before it, and a resting group has no
+    periodic ticks: at a load of 20 a learner's compaction once waited past 20 s for a tick that only
+    a write would have brought."""
+
+    async def scenario():
+        voter = single_voter(tmp_path / "voter")
+        gate = threading.Event()
+        try:
+            await until(lambda: voter.role == Role.LEADER)
+            await put(voter, range(30))
+            await until(lambda: voter.group.quiet.resting)
+            snapshot_writer().submit(gate.wait, 10)  # the worker is busy: the snapshot waits behind this
+            voter.group.compact()
+            await until(lambda: voter.group.snapshots.job is not None)
+            assert voter.group.quiet.resting and voter.group.log_entries > 2
+            gate.set()
+            await until(lambda: voter.group.log_entries <= 2, timeout=5.0)
+        finally:
+            gate.set()
+            voter.close()
+
+    asyncio.run(scenario())

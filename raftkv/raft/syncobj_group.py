@@ -223,6 +223,7 @@ class SyncObjGroup:
                              on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election,
                              next_timer=self._member.next_timer)
         self.quiet = Quiet(self._member, self._ticker, tuning, config.partition, busy=lambda: self._change_pending)
+        self.snapshots.on_written = self._ticker.soon_from_thread
         self._ticker.start()
         self._ticker.soon()  # the first tick loads the snapshot; until then the transport drops what arrives
 

@@ -198,6 +198,13 @@ class Ticker:
             self._scheduled = True
             self._loop.call_soon(self._tick)
 
+    def soon_from_thread(self) -> None:
+        """`soon`, asked from another thread (nothing once the loop is closed)."""
+        try:
+            self._loop.call_soon_threadsafe(self.soon)
+        except RuntimeError:  # the loop closed: the group is gone
+            pass
+
     def _tick(self) -> None:
         self._scheduled = False
         if self._stopped:

@@ -23,6 +23,7 @@ import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
+from typing import Callable
 
 from pysyncobj import SERIALIZER_STATE
 from pysyncobj.node import TCPNode
@@ -58,6 +59,9 @@ class SnapshotFiles:
         self.path = folder / SNAPSHOT_FILE
         self.journal: RaftJournal | None = None
         self.job: Future | None = None  # the file being written on the worker
+        # Called on the worker when a file is written: only a tick finds it done (`state`), and a resting
+        # group is ticked only by events, so the group asks for one (`SyncObjGroup`).
+        self.on_written: Callable[[], None] = lambda: None
         self._next = folder / f"{SNAPSHOT_FILE}.next"
         self._sm = state_machine
         self._drop_placeholder()
@@ -126,7 +130,9 @@ class SnapshotFiles:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
-        return snapshot_writer().submit(self._finish, work, meta)
+        job = snapshot_writer().submit(self._finish, work, meta)
+        job.add_done_callback(lambda _: self.on_written())
+        return job
 
     def _members_at(self, index: int, cluster) -> list[str]:
         """The members' addresses as of entry `index`, from pysyncobj's members as of its last entry.
