@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -138,10 +139,11 @@ def quiet_process_logs(request):
         pytest.fail(f"tracebacks in the processes' logs that the test does not expect:\n{found}", pytrace=False)
 
 
-@pytest.fixture
-def make_cluster(tmp_path: Path):
-    """make_cluster(nodes=3, partitions=4, backup=None, tls=False, **tuning) -> a started, ready LocalCluster;
-    tls="metrics" serves the metrics port (and the console) over HTTPS too."""
+@contextlib.contextmanager
+def cluster_maker(root: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """make(nodes=3, partitions=4, backup=None, tls=False, **tuning) -> a started, ready LocalCluster under
+    `root`; tls="metrics" serves the metrics port (and the console) over HTTPS too. Every process is
+    killed on leaving."""
     clusters: list[LocalCluster] = []
 
     def make(nodes: int = 3, partitions: int = 4, replication: int = 3, durability: str = "default",
@@ -149,9 +151,9 @@ def make_cluster(tmp_path: Path):
              **tuning) -> LocalCluster:
         base = free_port_block(nodes * ports_per_node(partitions))
         spec: ClusterSpec = build_spec(nodes=nodes, partitions=partitions, replication=replication,
-                                       base_port=base, data_dir=tmp_path / f"c{len(clusters)}", durability=durability)
+                                       base_port=base, data_dir=root / f"c{len(clusters)}", durability=durability)
         spec = dataclasses.replace(spec, tuning=Tuning(**tuning), backup=backup)
-        folder = tmp_path / f"c{len(clusters)}"
+        folder = root / f"c{len(clusters)}"
         if tls:
             spec = with_certificates(spec, folder)
         if tls == "metrics":
@@ -164,10 +166,30 @@ def make_cluster(tmp_path: Path):
             cluster.wait_ready(timeout=60)
         return cluster
 
-    yield make
-    for cluster in clusters:
-        for node_id in list(cluster.procs):
-            cluster.kill(node_id)
+    try:
+        yield make
+    finally:
+        for cluster in clusters:
+            for node_id in list(cluster.procs):
+                cluster.kill(node_id)
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path):
+    """A test's own clusters (`cluster_maker`), under its tmp_path."""
+    with cluster_maker(tmp_path) as make:
+        yield make
+
+
+@pytest.fixture(scope="module")
+def make_module_cluster(tmp_path_factory):
+    """Clusters a module's tests share (`cluster_maker`): for tests that leave the cluster as they found it
+    (each its own keys and users), where a start per test would cost more than the test."""
+    root = tmp_path_factory.mktemp("shared")
+    with cluster_maker(root) as make:
+        yield make
+    if found := node_logs.report(root, []):
+        pytest.fail(f"tracebacks in the shared cluster's logs:\n{found}", pytrace=False)
 
 
 BUCKET = "raftkv-backups"  # the bucket the `s3` fixture makes
