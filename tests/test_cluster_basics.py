@@ -12,8 +12,15 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.partitioning import partition_for_key
 from raftkv.core.commands import Delete, Put
+from tests.conftest import wait_until
 
 
+
+
+@pytest.fixture(scope="module")
+def cluster(make_module_cluster):
+    """The module's tests share one cluster: each writes keys of its own."""
+    return make_module_cluster(nodes=3, partitions=4)
 
 
 def leader_of(client: Client, partition: int) -> str:
@@ -24,8 +31,7 @@ def leader_of(client: Client, partition: int) -> str:
     raise AssertionError(f"partition {partition} has no leader")
 
 
-def test_put_get_delete_scan_cas_batch(make_cluster):
-    cluster = make_cluster(nodes=3, partitions=4)
+def test_put_get_delete_scan_cas_batch(cluster):
     with Client(cluster.endpoints) as kv:
         kv.put(b"a", b"1")
         kv.put("b", "2")
@@ -56,8 +62,7 @@ def test_put_get_delete_scan_cas_batch(make_cluster):
         assert kv.get(b"b", consistency="leader") == b"2"
 
 
-def test_batch_across_partitions_is_rejected(make_cluster):
-    cluster = make_cluster(nodes=3, partitions=4)
+def test_batch_across_partitions_is_rejected(cluster):
     with Client(cluster.endpoints) as kv:
         keys = [b"k%d" % i for i in range(20)]
         a = keys[0]
@@ -67,8 +72,7 @@ def test_batch_across_partitions_is_rejected(make_cluster):
         assert kv.get(a) is None and kv.get(b) is None
 
 
-def test_non_leader_forwards(make_cluster):
-    cluster = make_cluster(nodes=3, partitions=4)
+def test_non_leader_forwards(cluster):
     with Client(cluster.endpoints) as kv:
         key = b"forward-me"
         p = partition_for_key(key, 4)
@@ -85,11 +89,10 @@ def test_non_leader_forwards(make_cluster):
         assert response.results[0].code == pb.NOT_LEADER and response.results[0].leader_hint == leader
 
 
-def test_every_node_serves_prometheus_metrics(make_cluster):
+def test_every_node_serves_prometheus_metrics(cluster):
     import re
     import urllib.request
 
-    cluster = make_cluster(nodes=3, partitions=2)
     with Client(cluster.endpoints) as kv:
         for i in range(20):
             kv.put(b"m%d" % i, b"v")
@@ -103,12 +106,12 @@ def test_every_node_serves_prometheus_metrics(make_cluster):
         text = scrape(node)
         for name in ("raftkv_term", "raftkv_commit_index", "raftkv_applied_index", "raftkv_apply_seconds_count",
                      "raftkv_leader_changes_total"):
-            assert re.search(rf'^{name}{{partition="[01]"}} ', text, re.M), f"{name} missing on {node.id}"
+            assert re.search(rf'^{name}{{partition="[0-3]"}} ', text, re.M), f"{name} missing on {node.id}"
         leaders += sum(float(v) for v in re.findall(r'^raftkv_is_leader\{partition="\d"\} (\S+)', text, re.M))
         for p, proposals in re.findall(r'^raftkv_proposals_total\{partition="(\d)"\} (\S+)', text, re.M):
             if float(proposals) > 0:
                 assert re.search(rf'^raftkv_proposal_ops_count{{partition="{p}"}} [1-9]', text, re.M)
-    assert leaders == 2  # one leader per partition across the cluster
+    assert leaders == 4  # one leader per partition across the cluster
     assert sum(float(v) for node in cluster.spec.nodes
                for v in re.findall(r"^raftkv_api_ops_total (\S+)", scrape(node), re.M)) >= 20
 
@@ -119,31 +122,32 @@ def test_a_cluster_is_ready_only_once_every_running_node_answers(make_cluster):
     cluster = make_cluster(nodes=3, partitions=2, start=False)
     cluster.start_all()
     cluster.signal("n3", signal.SIGSTOP)  # running, never answering
+    with Client(cluster.endpoints, timeout=2.0) as kv:
+        wait_until(lambda: {s.node_id for s in kv.status() if s.reachable} == {"n1", "n2"}, 60, "n1 and n2 to answer")
     with pytest.raises(Unavailable, match=r"not answering yet: \['n3'\]"):
-        cluster.wait_ready(timeout=4)
+        cluster.wait_ready(timeout=4)  # time enough for n1 and n2 to elect every leader
     cluster.signal("n3", signal.SIGCONT)
     cluster.wait_ready(timeout=60)
 
 
-def test_async_client_on_the_callers_own_loop(make_cluster):
+def test_async_client_on_the_callers_own_loop(cluster):
     import asyncio
 
     from raftkv import AsyncClient
 
-    cluster = make_cluster(nodes=3, partitions=4)
 
     async def scenario():
         async with AsyncClient(cluster.endpoints) as kv:
-            await asyncio.gather(*(kv.put(b"a%03d" % i, b"%d" % i) for i in range(200)))  # coalesced
-            assert await kv.get(b"a007") == b"7"
-            assert (await kv.cas(b"a007", b"7", b"seven")).succeeded
-            partition = await kv.partition_of(b"a001")
-            same = [k for k in (b"a%03d" % i for i in range(200)) if await kv.partition_of(k) == partition][:3]
+            await asyncio.gather(*(kv.put(b"async/%03d" % i, b"%d" % i) for i in range(200)))  # coalesced
+            assert await kv.get(b"async/007") == b"7"
+            assert (await kv.cas(b"async/007", b"7", b"seven")).succeeded
+            partition = await kv.partition_of(b"async/001")
+            same = [k for k in (b"async/%03d" % i for i in range(200)) if await kv.partition_of(k) == partition][:3]
             await kv.batch(Delete(k) for k in same)
-            items = [kv_ async for kv_ in kv.scan(prefix=b"a")]
-            assert [k for k, _ in items] == sorted(b"a%03d" % i for i in range(200) if b"a%03d" % i not in same)
-            assert dict(items)[b"a007"] == b"seven"
-            assert len([x async for x in kv.scan(prefix=b"a", limit=5)]) == 5
-            assert (await kv.read(b"a010", consistency="follower")).applied_index > 0
+            items = [kv_ async for kv_ in kv.scan(prefix=b"async/")]
+            assert [k for k, _ in items] == sorted(b"async/%03d" % i for i in range(200) if b"async/%03d" % i not in same)
+            assert dict(items)[b"async/007"] == b"seven"
+            assert len([x async for x in kv.scan(prefix=b"async/", limit=5)]) == 5
+            assert (await kv.read(b"async/010", consistency="follower")).applied_index > 0
 
     asyncio.run(scenario())
