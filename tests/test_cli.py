@@ -120,8 +120,14 @@ def test_unreachable_cluster_is_one_line():
     assert_one_line_error(run("get", "x", "--endpoints", "127.0.0.1:1", "--timeout", "1"), "no node answered")
 
 
-def test_cli_data_commands_status_and_limits(make_cluster):
-    cluster = make_cluster(nodes=3, partitions=4)
+@pytest.fixture(scope="module")
+def plain_cluster(make_module_cluster):
+    """Shared by the tests that write keys of their own and stop no node."""
+    return make_module_cluster(nodes=3, partitions=4)
+
+
+def test_cli_data_commands_status_and_limits(plain_cluster):
+    cluster = plain_cluster
     config = ["--config", str(cluster.spec_path)]
     assert run("put", "greeting", "hello", *config).returncode == 0
     got = run("get", "greeting", *config)
@@ -145,8 +151,8 @@ def test_cli_data_commands_status_and_limits(make_cluster):
     assert run("--version").stdout.strip() == f"raftkv, version {VERSION}"
 
 
-def test_api_rejects_bad_input_and_writes_nothing(make_cluster):
-    cluster = make_cluster(nodes=3, partitions=4)
+def test_api_rejects_bad_input_and_writes_nothing(plain_cluster):
+    cluster = plain_cluster
     with Client(cluster.endpoints) as kv:
         with pytest.raises(InvalidRequest, match="max_value_bytes"):
             kv.put(b"big", b"x" * (1024 * 1024 + 1))
