@@ -18,9 +18,11 @@ from learners.changelog_client import ChangeLogClient
 from raftkv.raft import snapshot_file
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import CorruptData, Timeout, Unavailable, Undetermined
+from raftkv.core.release import VERSION
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
 from raftkv.core.spec import BackupConfig, ClusterSpec, Tuning, build_spec, ports_per_node
 from raftkv.core.spec_toml import save_spec
+from raftkv.meta.records import ClusterMeta
 from raftkv.security.certs import with_certificates
 from tests import node_logs
 
@@ -86,6 +88,15 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
             last_exc = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+def settled_topology(kv: Client) -> ClusterMeta:
+    """The metadata once bootstrapped and at this build's cluster version: its one raise after start-up
+    (raftkv/meta/cluster_version.py) is not a change the test made."""
+    def settled():
+        meta = kv.topology().meta
+        return meta if meta.epoch and meta.cluster_version == VERSION else None
+    return wait_until(settled, 30, f"the metadata to be bootstrapped and at cluster version {VERSION}")
 
 
 def wait_for_compaction(cluster, partitions, past_index: int, except_node: str | None = None,

@@ -19,7 +19,7 @@ from raftkv.core.spec import NodeSpec, ports_per_node
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.meta.bootstrap import node_record
 from raftkv.meta.records import AddNode, NodeState
-from tests.conftest import wait_until
+from tests.conftest import settled_topology, wait_until
 from tests.test_cli import assert_one_line_error, run
 
 FAST = dict(rebalance_interval=0.5, max_moves=4, max_moves_per_node=2)
@@ -232,8 +232,7 @@ def test_bad_membership_commands_are_one_line_and_change_nothing(make_cluster, t
     cluster = make_cluster(nodes=3, partitions=2, replication=3)
     config = ("--config", str(cluster.spec_path))
     with Client(cluster.endpoints, timeout=10.0) as kv:
-        wait_until(lambda: kv.topology().meta.epoch, 30, "the metadata to be bootstrapped")
-        before = kv.topology().meta
+        before = settled_topology(kv)
         base = str(free_port_block(ports_per_node(2)))
         join = ("node", "start", "--node", "n9", "--base-port", base, "--data-dir", str(tmp_path / "n9"))
         assert_one_line_error(run(*join, "--join", "127.0.0.1:1"), "cannot join through 127.0.0.1:1")

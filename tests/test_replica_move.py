@@ -24,7 +24,7 @@ from raftkv.core.spec import BackupConfig
 from raftkv.raft.snapshot_file import read_meta
 from raftkv.storage.engine import KeyRange, Position
 from raftkv.storage.rocks_engine import RocksEngine
-from tests.conftest import Writer, changelog_caught_up, wait_until
+from tests.conftest import Writer, changelog_caught_up, settled_topology, wait_until
 from tests.test_corrupt_data import wipe
 from tests.test_cli import assert_one_line_error, run
 
@@ -112,8 +112,7 @@ def test_a_move_that_breaks_a_rule_is_one_line_and_changes_nothing(make_cluster)
     cluster = make_cluster(nodes=4, partitions=4, replication=3, rebalance_interval=0)  # placed by hand
     move = ("replica", "move", "--config", str(cluster.spec_path))
     with Client(cluster.endpoints, timeout=10.0) as kv:
-        wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
-        before = kv.topology().meta
+        before = settled_topology(kv)
         for args, fragment in [
             (("--partition", "0", "--from", "n1", "--to", "n2"), "n2 already holds a replica of partition 0"),
             (("--partition", "0", "--from", "n1", "--to", "n9"), "node 'n9' is not in the cluster"),
