@@ -286,13 +286,15 @@ class Node:
     def _reconcile(self, at_start: bool = False) -> None:
         """Run the metadata group's replica and the partitions' as the metadata gives them to this node."""
         topology = self.topology
-        votes_meta = self.me_id in topology.group_voters(META)
-        if self.meta is not None and self.meta.voting != votes_meta and topology.has_node(self.me_id):
-            self.meta.close()  # the same data, now as a voter of the metadata group, or no longer one
-            self.meta = self._open_meta(voting=votes_meta)
-            log.info("metadata group: now a %s here", "voter" if votes_meta else "learner")
-        self.replicas.reconcile(topology, at_start)
+        meta_voter = self.meta.voting if self.meta is not None else None
+        self.replicas.reconcile(topology, at_start, meta_voter, self._reopen_meta)
         self._name_members(topology)
+
+    def _reopen_meta(self, voting: bool) -> None:
+        """The same data, now as a voter of the metadata group, or no longer one."""
+        self.meta.close()
+        self.meta = self._open_meta(voting=voting)
+        log.info("metadata group: now a %s here", "voter" if voting else "learner")
 
     def _name_members(self, topology: ClusterMeta) -> None:
         """Tell each replica its group's members as the metadata has them: a replica whose journal replays
