@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import sys
 import time
 from typing import Callable
@@ -33,13 +32,14 @@ from raftkv.console.service import Console
 from raftkv.node.admin_service import AdminService
 from raftkv.node.console_host import console_url, start_console
 from raftkv.node.gatekeeper import Gatekeeper
-from raftkv.node.hosted_replicas import HostedReplicas, opening, replica_folders
+from raftkv.node.hosted_replicas import HostedReplicas, replica_folders
 from raftkv.node.lost_data import LostData
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
 from raftkv.node.peer_stops import PeerStops, tell_others
 from raftkv.node.peers import Peers, answer
 from raftkv.node.reads import LocalReads
+from raftkv.node.refusals import check_ports, opening
 from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica_admin import ReplicaAdmin
 from raftkv.node.backup_seed import BackupCatalog
@@ -142,30 +142,12 @@ class Node:
 
     # -- start and stop ---------------------------------------------------
 
-    def _check_ports(self, ports: list[tuple[str, int]]) -> None:
-        """Fail fast, with the port's name, before anything starts."""
-        for name, port in ports:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((self.me.host, port))
-                except OSError as exc:
-                    raise ConfigError(
-                        f"cannot listen on {self.me.host}:{port} ({name}): {exc.strerror}; "
-                        "is another node or program using it?",
-                        source=f"node {self.me.id}",
-                    ) from None
-
     async def start(self) -> None:
         if self.tls is not None:
             self.tls.check()
         loop = self._loop = asyncio.get_running_loop()
         self.failure = loop.create_future()
-        # Every port of the node's block, partitions it does not hold included: any may move here.
-        self._check_ports([("api_port", self.me.api_port), ("metrics_port", self.me.metrics_port)]
-                          + [(f"raft port of partition {p}", self.me.raft_port_base + p)
-                             for p in range(self.spec.partitions)]
-                          + [("metadata raft port", self.me.meta_port(self.spec.partitions))])
+        check_ports(self.me, self.spec.partitions)
         tuning = self.spec.tuning
         self.hub = RaftHub(loop, self.me_id, self.directory, self.tls, retry_seconds=tuning.connection_retry_seconds,
                            dead_after=max(3.5, tuning.election_timeout_max), compression=tuning.wire_compression)

@@ -10,7 +10,7 @@ it moved away.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Union
 
 from raftkv.meta.records import META, ClusterMeta
