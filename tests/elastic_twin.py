@@ -52,6 +52,7 @@ class TwinNode:
     id: str
     alive: bool = True
     groups: dict[int, MemoryGroup] = field(default_factory=dict)  # partitions and META, open here
+    machines: dict[int, DictStateMachine] = field(default_factory=dict)  # ... and what each applied
     voting: dict[int, bool] = field(default_factory=dict)  # ... as a voter or a learner
     disks: dict[int, Disk] = field(default_factory=dict)  # a folder that holds data
     copying: set[int] = field(default_factory=set)
@@ -138,7 +139,8 @@ class Twin:
             folder = self.folder / node.id / f"g{g}"
             folder.mkdir(parents=True, exist_ok=True)
             node.disks[g] = Disk(folder, voters=frozenset(self.meta.group_voters(g)))
-        node.groups[g] = MemoryGroup(node.id, node.disks[g], DictStateMachine(), self.nets[g], partition=g)
+        machine = node.machines[g] = DictStateMachine()
+        node.groups[g] = MemoryGroup(node.id, node.disks[g], machine, self.nets[g], partition=g)
         node.voting[g] = voting
 
     def _close(self, node: TwinNode, g: int) -> None:
@@ -375,7 +377,7 @@ class Twin:
             line = f"{group_name(g)}: voters {' '.join(self.meta.voters_of(g))}; running {' '.join(replicas)}"
             if g != META:
                 leader = self._leader(g)
-                data = self.nodes[leader].groups[g]._sm.data if leader else {}
+                data = self.nodes[leader].machines[g].data if leader else {}
                 line += "; " + " ".join(f"{k}={v}" for k, v in sorted(data.items()))
             lines.append(line)
         return lines
@@ -385,7 +387,7 @@ class Twin:
             net.tick(3)
         problems = []
         for p in range(len(self.meta.placement)):
-            running = {n.id: n.groups[p]._sm.data for n in self._alive() if n.voting.get(p)}
+            running = {n.id: n.machines[p].data for n in self._alive() if n.voting.get(p)}
             if set(running) != {v for v in self.meta.voters_of(p) if self.nodes[v].alive}:
                 problems.append(f"p{p}: voters {sorted(running)} run, the metadata has {self.meta.voters_of(p)}")
             for node_id, data in running.items():
