@@ -47,6 +47,18 @@ TUNING = Tuning(dead_after=4.0, move_timeout=20.0, rebalance_interval=1.0, max_m
 SETTLE_SECONDS = 300.0
 
 
+class LearnerGroup(MemoryGroup):
+    """A member opened as a learner. Like pysyncobj's read-only node it never campaigns nor votes, even
+    while its configuration still names it: the metadata group's source, leaving, is a learner before
+    it is removed (a `MemoryGroup` would go on as a voter, and lead)."""
+
+    def campaign(self) -> None:
+        pass
+
+    def _on_vote(self, src: str, m: dict) -> None:
+        pass
+
+
 @dataclass
 class TwinNode:
     id: str
@@ -140,7 +152,8 @@ class Twin:
             folder.mkdir(parents=True, exist_ok=True)
             node.disks[g] = Disk(folder, voters=frozenset(self.meta.group_voters(g)))
         machine = node.machines[g] = DictStateMachine()
-        node.groups[g] = MemoryGroup(node.id, node.disks[g], machine, self.nets[g], partition=g)
+        node.groups[g] = (MemoryGroup if voting else LearnerGroup)(node.id, node.disks[g], machine, self.nets[g],
+                                                                   partition=g)
         node.voting[g] = voting
 
     def _close(self, node: TwinNode, g: int) -> None:

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from raftkv.meta.records import BeginMove, NodeState, SetNodeState
 from tests.elastic_twin import Twin
@@ -23,6 +25,37 @@ def test_scenario(script: Path, tmp_path):
     if os.environ.get("REWRITE"):
         script.write_text(printed)
     assert printed == expected
+
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(3, 5), st.integers(2, 4),
+       st.lists(st.tuples(st.sampled_from(["join", "decommission", "kill", "put"]), st.integers(0, 99)),
+                min_size=1, max_size=4))
+def test_any_joins_decommissions_and_one_death_settle_with_every_write_on_every_voter(tmp_path_factory, nodes,
+                                                                                   partitions, operations):
+    """Whatever the order of joins, decommissions (refused ones too), puts and one node's death, the
+    controllers settle: no move left, every partition run by the voters the metadata names, holding
+    every acknowledged put."""
+    twin = Twin(tmp_path_factory.mktemp("twin"))
+    twin.cluster(nodes, partitions, rebalance=True)
+    joined, killed = nodes, False
+    for i, (verb, pick) in enumerate(operations):
+        up = [n.id for n in twin.meta.nodes if n.state == NodeState.UP]
+        if verb == "join":
+            joined += 1
+            twin.join(f"n{joined}")
+        elif verb == "decommission":
+            twin.change(SetNodeState(up[pick % len(up)], NodeState.DRAINING))
+        elif verb == "kill" and not killed:
+            killed = True
+            twin.kill(up[pick % len(up)])
+            twin.run(6)  # past dead_after
+        else:
+            twin.put(pick % partitions, f"k{i}", str(pick))
+        twin.settle()
+    assert not [line for line in twin.out if "not settled" in line]
+    assert twin.check() == ["ok"]
 
 
 def run(script: str, folder: Path) -> str:
