@@ -76,7 +76,9 @@ class Stall:
         if now - self.since > timeout:
             return self, Verdict.STALLED
         if self.commit is not None and commit > self.commit and now - self.since > RESEED_SECONDS:
-            return replace(self, commit=commit), Verdict.RESEED  # once more only after another RESEED_SECONDS
+            # again at the next poll that finds the group further on, unless the target moved meanwhile
+            # (one started afresh reports a new mode, which restarts the clock)
+            return replace(self, commit=commit), Verdict.RESEED
         return self, Verdict.WAIT
 
     def why(self, target: str, timeout: float, commit: int) -> str:
