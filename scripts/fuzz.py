@@ -4,7 +4,7 @@
     .venv/bin/python scripts/fuzz.py --scale 2 --seed 7 # a short run, the live cluster's inputs seeded
 
 The tests are tests/test_fuzz_cluster.py (a live TLS cluster: gRPC methods, raw bytes to every port,
-hostile Raft hub frames) and tests/test_fuzz_inputs.py (specs, backup manifests, hub frames and CLI
+hostile Raft hub frames) and tests/test_fuzz_files.py, test_fuzz_frames.py, test_fuzz_cli.py (specs, backup manifests, hub frames and CLI
 arguments, in process). Each input count of `make test` is multiplied by --scale. The figures go in
 docs/security.md §7; a failure prints pytest's report, with the seed that replays it.
 """
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ["tests/test_fuzz_cluster.py", "tests/test_fuzz_inputs.py"]
+TESTS = ["tests/test_fuzz_cluster.py", "tests/test_fuzz_files.py", "tests/test_fuzz_frames.py", "tests/test_fuzz_cli.py"]
 
 
 def main() -> int:

@@ -106,6 +106,24 @@ def wait_for_compaction(cluster, partitions, past_index: int, except_node: str |
                timeout, f"the voters to compact past index {past_index}")
 
 
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report ends with the tail of every process log under its tmp_path: CI keeps no
+    files, and a wait that timed out says nothing of what the nodes were doing."""
+    report = (yield).get_result()
+    root = item.funcargs.get("tmp_path") if hasattr(item, "funcargs") else None
+    if report.when != "call" or not report.failed or root is None:
+        return
+    for log in sorted(Path(root).glob("**/*.log")):
+        if log.parent.name in ("db", "raft-log") or log.name == "raft.log" or not log.is_file():
+            continue  # RocksDB's write-ahead logs, the node's Raft log, a learner's journals
+        tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        report.sections.append((f"{log.relative_to(root)} (last {len(tail)} lines)", "\n".join(tail)))
+
+
 @pytest.fixture(autouse=True)
 def quiet_process_logs(request):
     """After a test whose processes write logs under its tmp_path (set up first, so checked after they

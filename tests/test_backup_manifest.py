@@ -1,5 +1,5 @@
 """A backup manifest read from storage: what it may name, and the one line a damaged one gets
-(found by tests/test_fuzz_inputs.py)."""
+(found by tests/test_fuzz_files.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from raftkv.backup.store import BackupStore
 from raftkv.core.errors import CorruptData
 from raftkv.core.spec import build_spec
 from tests.test_backup import fill, open_sink
-from tests.test_fuzz_inputs import BACKUP_ID, manifest_doc
+from tests.test_fuzz_files import BACKUP_ID, manifest_doc
 
 
 def parsed(doc) -> BackupInfo:

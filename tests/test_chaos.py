@@ -33,56 +33,68 @@ MIN_OPS = 5000
 
 
 def failure_summary(report, tmp_path: Path) -> str:
-    """The first violations, then each node log's tail: CI keeps no files, only what a test prints."""
-    lines = [f"{len(report.violations)} violations (files in {tmp_path}): "
-             + "; ".join(f"{v.check} {v.key}: {v.detail}" for v in report.violations[:5])]
-    for log in sorted(tmp_path.glob("**/node.log")):
-        tail = log.read_text(errors="replace").splitlines()[-40:]
-        lines += [f"--- {log.relative_to(tmp_path)} (last {len(tail)} lines)", *tail]
-    return "\n".join(lines)
+    """The first violations (the node logs' tails follow in the report: tests/conftest.py)."""
+    return (f"{len(report.violations)} violations (files in {tmp_path}): "
+            + "; ".join(f"{v.check} {v.key}: {v.detail}" for v in report.violations[:5]))
 
 
-def every_variant(fault: str, partitions: int) -> tuple[FaultStep, ...]:
-    """Each variant of `fault` once (and again, round-robin, up to three faults), back to back at its
-    middling hold: the run ends after the last, however long a loaded machine makes each take."""
-    variants = VARIANTS[fault]
-    hold = sum(HOLD_SECONDS[fault]) / 2  # a slow fsync of 5 s must be seen within the hold
-    return tuple(FaultStep(at=WARMUP_SECONDS + i * (hold + GAP_SECONDS[0]), hold=hold, fault=fault,
-                           variant=variants[i % len(variants)], partition=i % partitions, seed=i)
-                 for i in range(max(len(variants), 3)))
+def every_variant(faults: tuple[str, ...], partitions: int) -> tuple[FaultStep, ...]:
+    """Each variant of each fault in turn (a fault of fewer than three variants repeats round-robin up
+    to three), back to back at its shortest hold: the run ends after the last, however long a loaded
+    machine makes each take."""
+    plan = [(fault, VARIANTS[fault][i % len(VARIANTS[fault])])
+            for fault in faults for i in range(max(len(VARIANTS[fault]), 3))]
+    steps, at = [], WARMUP_SECONDS
+    for i, (fault, variant) in enumerate(plan):
+        hold = HOLD_SECONDS[fault][0]
+        steps.append(FaultStep(at=at, hold=hold, fault=fault, variant=variant, partition=i % partitions, seed=i))
+        at += hold + GAP_SECONDS[0]
+    return tuple(steps)
 
 
-@pytest.mark.parametrize("fault", [f for f in FAULTS if f != "powerloss"])  # power cuts: the tests below
-def test_every_variant_of_one_fault_type_breaks_nothing(fault, tmp_path):
-    """Faults of one type back to back, every variant of it (3 to 5 faults). A scheduled run (seed 1,
-    45 s) ran out of time for the last variant on a loaded machine; given steps all run."""
-    learner = "kafka" if fault == "kill" else None  # the change feed through kill -9 of every node
-    nodes = 4 if fault == "membership" else 3  # a replica moves only to a node without one
-    durability = "fsync" if fault == "disk" else "default"  # where every write meets the disk's fsync
-    if fault == "disk":  # scheduled (seed 1), with room for all five variants on a loaded machine: given steps
-        # (below) hit n1 with eio-read right after fsync-5s, and once it hung at start (issue 32's note; a
-        # silent start is now a problem, with the node's stacks in its log)
-        report = run_chaos(ChaosConfig(duration=60, faults=(FaultChoice(fault),), seed=1, out=tmp_path,
-                                       durability=durability))
-    else:
-        config = ChaosConfig(nodes=nodes, duration=120, faults=(FaultChoice(fault),), learner=learner, seed=1,
-                             out=tmp_path, durability=durability)
-        report = run_chaos(config, steps=every_variant(fault, config.partitions))
+# One cluster per group: a fresh start and the checks cost about 9 s a run, and each variant is
+# still injected, healed and checked; the seeds sweep (docs/chaos.md) runs each kind alone at length.
+FAULT_GROUPS = [("kill",), ("pause", "restart", "corrupt"), ("partition", "diskfull"), ("membership", "failpoint")]
+assert sorted(f for group in FAULT_GROUPS for f in group) == sorted(set(FAULTS) - {"powerloss", "disk"})
+
+
+@pytest.mark.parametrize("faults", FAULT_GROUPS, ids="+".join)
+def test_every_variant_of_each_fault_type_breaks_nothing(faults, tmp_path):
+    """Faults back to back, every variant of each type (4 to 9 faults a run)."""
+    learner = "kafka" if "kill" in faults else None  # the change feed through kill -9 of every node
+    nodes = 4 if "membership" in faults else 3  # a replica moves only to a node without one
+    config = ChaosConfig(nodes=nodes, duration=180, faults=tuple(FaultChoice(f) for f in faults), learner=learner,
+                         seed=1, out=tmp_path)
+    report = run_chaos(config, steps=every_variant(faults, config.partitions))
+    check_every_variant_ran(report, faults, learner, tmp_path)
+
+
+def test_every_variant_of_a_bad_disk_breaks_nothing(tmp_path):
+    """Scheduled (seed 1), with room for all five variants on a loaded machine, in fsync mode, where
+    every write meets the disk's fsync. Given steps hit n1 with eio-read right after fsync-5s, and once it
+    hung at start (issue 32's note; a silent start is now a problem, with the node's stacks in its log)."""
+    report = run_chaos(ChaosConfig(duration=60, faults=(FaultChoice("disk"),), seed=1, out=tmp_path,
+                                   durability="fsync"))
+    check_every_variant_ran(report, ("disk",), None, tmp_path)
+
+
+def check_every_variant_ran(report, faults: tuple[str, ...], learner: str | None, tmp_path: Path) -> None:
     assert report.ok, failure_summary(report, tmp_path)
     assert not report.unknown_keys, f"undecided keys: {report.unknown_keys}"
-    assert {r.variant for r in report.faults if r.fault == fault} == set(VARIANTS[fault])
+    for fault in faults:
+        assert {r.variant for r in report.faults if r.fault == fault} == set(VARIANTS[fault])
     assert report.ops >= MIN_OPS // 2, report.op_counts  # 15 to 40 s of workload
     assert all(c.ok for c in report.checks) and len(report.checks) == (4 if learner else 3)
-    if fault in ("disk", "diskfull"):  # the node log is where an operator learns of a bad disk: one line each
+    if {"disk", "diskfull"} & set(faults):  # the node log is where an operator learns of a bad disk: one line each
         tracebacks = [log for log in tmp_path.glob("**/node.log") if "Traceback" in log.read_text(errors="replace")]
         assert not tracebacks, failure_summary(report, tmp_path)
 
 
-POWER_CUTS = 10
+POWER_CUTS = 6
 
 
 def test_power_cuts_in_fsync_mode_lose_no_acknowledged_write(tmp_path):
-    """Every node's data on a disk that loses what was not synced; ten cuts (half of them tearing the
+    """Every node's data on a disk that loses what was not synced; six cuts (half of them tearing the
     newest write); every check green, the change feed complete."""
     cuts = tuple(FaultStep(at=3.0 + 6.0 * n, hold=1.5, fault="powerloss", variant=("cut", "torn")[n % 2],
                            partition=0, seed=n) for n in range(POWER_CUTS))
@@ -108,13 +120,14 @@ def test_power_cuts_in_the_default_mode_lose_only_writes_acknowledged_within_the
     assert all(start > 0 and end > 0 for start, end in report.memory_kib.values())
 
 
-def test_a_minute_of_replica_moves_with_kills_and_partitions_breaks_nothing(tmp_path):
+def test_replica_moves_among_kills_and_partitions_break_nothing(tmp_path):
+    """Seed 27's 40 s: a split, a minority killed, a move, a move whose source is killed, a follower killed."""
     faults = (FaultChoice("membership"), FaultChoice("kill"), FaultChoice("partition"))
-    report = run_chaos(ChaosConfig(nodes=4, duration=60, faults=faults, seed=3, out=tmp_path))
+    report = run_chaos(ChaosConfig(nodes=4, duration=40, faults=faults, seed=27, out=tmp_path))
     assert report.ok, failure_summary(report, tmp_path)
     assert {r.fault for r in report.faults} == {"membership", "kill", "partition"}
-    assert any("moving" in note for r in report.faults for note in r.notes), [r.notes for r in report.faults]
-    assert report.ops >= MIN_OPS, report.op_counts
+    assert sum("moving" in note for r in report.faults for note in r.notes) >= 2, [r.notes for r in report.faults]
+    assert report.ops >= MIN_OPS // 2, report.op_counts
 
 
 def test_the_replica_check_restarts_a_node_its_scan_stopped_on_a_damaged_block(make_cluster):
@@ -153,9 +166,9 @@ def test_the_feed_check_scans_a_replica_that_answers_and_names_a_partition_none_
 def test_the_checker_reports_stale_leader_reads_from_an_isolated_leader(tmp_path):
     # A long fallback keeps the cut-off leader believing it leads, and serving `leader` reads,
     # while the majority elects a new leader and takes new writes.
-    config = ChaosConfig(partitions=1, duration=20, read_consistency="leader", seed=2, out=tmp_path,
+    config = ChaosConfig(partitions=1, duration=14, read_consistency="leader", seed=2, out=tmp_path,
                          tuning=dataclasses.replace(CHAOS_TUNING, leader_fallback_timeout=30.0))
-    isolate = FaultStep(at=3.0, hold=14.0, fault="partition", variant="isolate-leader", partition=0, seed=0)
+    isolate = FaultStep(at=3.0, hold=9.0, fault="partition", variant="isolate-leader", partition=0, seed=0)
     report = run_chaos(config, steps=(isolate,))
     assert [r.name for r in report.faults] == ["partition:isolate-leader"]
     found = {v.check for v in report.violations}

@@ -141,7 +141,7 @@ def test_cli_data_commands_status_and_limits(make_cluster):
     assert [(n["node"], n["version"]) for n in status["nodes"]] == [(n, VERSION) for n in ("n1", "n2", "n3")]
     table = run("status", *config).stdout
     assert "leader" in table and "n1" in table
-    assert f"releases: n1 {VERSION}, n2 {VERSION}, n3 {VERSION}" in table
+    assert f"releases: n1 {VERSION}, n2 {VERSION}, n3 {VERSION}; cluster version" in table
     assert run("--version").stdout.strip() == f"raftkv, version {VERSION}"
 
 
@@ -262,7 +262,7 @@ def test_a_command_loads_only_its_own_family():
     assert out.splitlines()[-1] == "['raftkv.cli.learner', 'raftkv.cli.options', 'raftkv.cli.output']"
 
 
-# -- hostile arguments (found by tests/test_fuzz_inputs.py) ------------------------------------------
+# -- hostile arguments (found by tests/test_fuzz_cli.py) ------------------------------------------
 
 
 def test_keys_that_are_not_utf8_are_a_usage_error(tmp_path):

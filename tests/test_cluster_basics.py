@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+
 import grpc
 import pytest
 
-from raftkv import Client, InvalidRequest
+from raftkv import Client, InvalidRequest, Unavailable
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.partitioning import partition_for_key
@@ -109,6 +111,18 @@ def test_every_node_serves_prometheus_metrics(make_cluster):
     assert leaders == 2  # one leader per partition across the cluster
     assert sum(float(v) for node in cluster.spec.nodes
                for v in re.findall(r"^raftkv_api_ops_total (\S+)", scrape(node), re.M)) >= 20
+
+
+def test_a_cluster_is_ready_only_once_every_running_node_answers(make_cluster):
+    """Two nodes elect every leader before the third listens; a benchmark that took that for ready
+    scraped the third's metrics port and was refused."""
+    cluster = make_cluster(nodes=3, partitions=2, start=False)
+    cluster.start_all()
+    cluster.signal("n3", signal.SIGSTOP)  # running, never answering
+    with pytest.raises(Unavailable, match=r"not answering yet: \['n3'\]"):
+        cluster.wait_ready(timeout=4)
+    cluster.signal("n3", signal.SIGCONT)
+    cluster.wait_ready(timeout=60)
 
 
 def test_async_client_on_the_callers_own_loop(make_cluster):

@@ -9,7 +9,7 @@ has a traceback, every acknowledged write reads back and the replicas are equal.
 
 The inputs are seeded (the seed is in the test's output), not hypothesis-driven: shrinking an
 input against a cluster whose state the earlier inputs changed is meaningless, and a seed
-replays the whole run. The in-process parsers are fuzzed with hypothesis (test_fuzz_inputs.py).
+replays the whole run. The in-process parsers are fuzzed with hypothesis (test_fuzz_files.py, test_fuzz_frames.py, test_fuzz_cli.py).
 """
 
 from __future__ import annotations

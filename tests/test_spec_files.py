@@ -167,7 +167,7 @@ def test_wire_compression_must_be_a_zlib_level():
     assert "tuning.wire_compression: a zlib level, 0 (none) to 9" in problems_of(doc)
 
 
-# --- hostile spec files (found by tests/test_fuzz_inputs.py) -------------------------------------
+# --- hostile spec files (found by tests/test_fuzz_files.py) -------------------------------------
 
 
 @pytest.mark.parametrize("text, named", [

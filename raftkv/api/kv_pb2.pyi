@@ -516,7 +516,7 @@ class MoveInfo(_message.Message):
     def __init__(self, group: _Optional[int] = ..., source: _Optional[str] = ..., target: _Optional[str] = ..., step: _Optional[str] = ...) -> None: ...
 
 class TopologyResponse(_message.Message):
-    __slots__ = ("epoch", "nodes", "placement", "moves", "meta_leader", "replication", "meta_voters", "spec_toml", "cluster_id", "access")
+    __slots__ = ("epoch", "nodes", "placement", "moves", "meta_leader", "replication", "meta_voters", "spec_toml", "cluster_id", "access", "cluster_version")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     PLACEMENT_FIELD_NUMBER: _ClassVar[int]
@@ -527,6 +527,7 @@ class TopologyResponse(_message.Message):
     SPEC_TOML_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     ACCESS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     nodes: _containers.RepeatedCompositeFieldContainer[NodeRecord]
     placement: _containers.RepeatedCompositeFieldContainer[Voters]
@@ -537,7 +538,8 @@ class TopologyResponse(_message.Message):
     spec_toml: str
     cluster_id: str
     access: bytes
-    def __init__(self, epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeRecord, _Mapping]]] = ..., placement: _Optional[_Iterable[_Union[Voters, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[MoveInfo, _Mapping]]] = ..., meta_leader: _Optional[str] = ..., replication: _Optional[int] = ..., meta_voters: _Optional[_Union[Voters, _Mapping]] = ..., spec_toml: _Optional[str] = ..., cluster_id: _Optional[str] = ..., access: _Optional[bytes] = ...) -> None: ...
+    cluster_version: str
+    def __init__(self, epoch: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeRecord, _Mapping]]] = ..., placement: _Optional[_Iterable[_Union[Voters, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[MoveInfo, _Mapping]]] = ..., meta_leader: _Optional[str] = ..., replication: _Optional[int] = ..., meta_voters: _Optional[_Union[Voters, _Mapping]] = ..., spec_toml: _Optional[str] = ..., cluster_id: _Optional[str] = ..., access: _Optional[bytes] = ..., cluster_version: _Optional[str] = ...) -> None: ...
 
 class ChangeTopologyRequest(_message.Message):
     __slots__ = ("command",)

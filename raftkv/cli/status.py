@@ -30,15 +30,17 @@ def status_rows(statuses: list[NodeStatus]) -> list[dict]:
 @endpoints_option
 @json_option
 def status(config: str, endpoints: str | None, as_json: bool) -> None:
-    """Partitions, leaders, terms, commit/applied indexes and replicas, as each node sees them, and each
-    node's release."""
+    """Partitions, leaders, terms, commit/applied indexes and replicas, as each node sees them, each
+    node's release, and the cluster version (the lowest release every member runs)."""
     with open_client(config, endpoints, timeout=5.0) as kv:
         statuses = kv.status()
+        cluster_version = kv.topology().meta.cluster_version if any(s.reachable for s in statuses) else None
     rows = status_rows(statuses)
     down = [{"node": s.node_id, "address": s.address, "error": s.error} for s in statuses if not s.reachable]
     nodes = [{"node": s.node_id, "address": s.address, "version": s.version or None} for s in statuses if s.reachable]
     if as_json:
-        console.print_json(json.dumps({"partitions": rows, "nodes": nodes, "unreachable": down}))
+        console.print_json(json.dumps({"partitions": rows, "nodes": nodes, "unreachable": down,
+                                       "cluster_version": cluster_version}))
         return
     table = Table(title="raftkv partitions")
     for column in ("partition", "node", "role", "leader", "term", "commit", "applied", "replicas"):
@@ -49,6 +51,6 @@ def status(config: str, endpoints: str | None, as_json: bool) -> None:
                       str(r["commit_index"]), str(r["applied_index"]), ",".join(r["replicas"]))
     console.print(table)
     releases = ", ".join(f"{n['node']} {n['version'] or 'unknown'}" for n in sorted(nodes, key=lambda n: n["node"]))
-    console.print(f"releases: {releases}")
+    console.print(f"releases: {releases}; cluster version {cluster_version or 'unknown'}")
     for d in down:
         console.print(Text.assemble(("unreachable", "red"), f": {d['node']} at {d['address']} ({d['error']})"))

@@ -11,7 +11,7 @@ from typing import Awaitable, Callable, Protocol, TypeVar
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.console.views import Gathered
-from raftkv.meta.records import ClusterMeta, NodeState
+from raftkv.meta.records import ClusterMeta
 
 PEER_TIMEOUT = 1.5  # seconds for each node's answer; a page answers within 2 s (docs/console.md §3)
 
@@ -36,7 +36,7 @@ async def _bounded(call: Callable[[], Awaitable[T]], timeout: float) -> T | None
 async def gather(me: str, partitions: int, topology: ClusterMeta, meta_leader: str | None, peers: PeerStubs,
                  scheme: str, moves: bool = False, timeout: float = PEER_TIMEOUT) -> Gathered:
     """Every member's status and report; with `moves`, each move's target's progress too."""
-    nodes = [n.id for n in topology.nodes if n.state != NodeState.REMOVED]
+    nodes = topology.members
     targets = [m for m in topology.moves if m.target] if moves else []
     calls = ([_bounded(lambda n=n: peers.stub(n).Status(pb.StatusRequest(), timeout=timeout), timeout)
               for n in nodes]

@@ -31,7 +31,7 @@ class Gathered:
     scheme: str = "http"
 
     def members(self) -> list[str]:
-        return [n.id for n in self.topology.nodes if n.state != NodeState.REMOVED]
+        return self.topology.members
 
     @functools.cached_property
     def _by_partition(self) -> dict[int, dict[str, pb.PartitionStatus]]:

@@ -1,4 +1,5 @@
-"""Making files and directories survive a power cut: fsync, and a mkdir -p whose new directories last.
+"""Making files and directories survive a power cut: fsync, a mkdir -p whose new directories last,
+and a whole-file replace that leaves the old file or the new one, never a torn or empty one.
 
 A new file or directory is durable only once the directory holding its name is fsynced too; a
 failed fsync is a `DiskFailed` (the kernel may have dropped what it could not write, and would
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +32,23 @@ def make_dirs(path: Path) -> None:
     for folder in reversed(missing):
         folder.mkdir(exist_ok=True)
         fsync_directory(folder.parent)
+
+
+def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """`path` now holds `data`, durably: written beside it under a unique name (created 0600, so a
+    key is never readable by others), synced, renamed over it, and its directory synced."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            fsync_file(f.fileno(), Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_directory(path.parent)
 
 
 def fsync_tree(root: Path) -> None:

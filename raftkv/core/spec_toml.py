@@ -49,6 +49,7 @@ from pathlib import Path
 
 import tomli_w
 
+from raftkv.core.durable import make_dirs, replace_file
 from raftkv.core.errors import ConfigError, one_line
 from raftkv.core.spec import (DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, BackupConfig, ClusterSpec, NodeSpec,
                               TlsSpec, Tuning, spec_error)
@@ -117,8 +118,8 @@ def save_spec(spec: ClusterSpec, path: str | Path) -> Path:
     except UnicodeEncodeError as exc:  # a name, host or path from command-line bytes that are not UTF-8
         raise ConfigError(f"{os.fsencode(text[exc.start:exc.end])!r} is not UTF-8 text, which is all a TOML spec "
                           "can hold; give names, hosts and paths in UTF-8", source=one_line(str(path))) from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    make_dirs(path.parent)
+    replace_file(path, data)
     return path
 
 

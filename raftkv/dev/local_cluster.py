@@ -136,9 +136,9 @@ class LocalCluster:
         del self.procs[node_id]
 
     def wait_ready(self, timeout: float = 60.0, tend: Callable[[], None] | None = None) -> None:
-        """Until every partition has a leader that all running replicas agree on. A node that exits
-        meanwhile fails the wait, unless `tend` is given: it is called every turn instead, and deals
-        with such nodes itself (dev up restarts them, or lets them go)."""
+        """Until every running node answers and every partition has a leader that all of them agree on.
+        A node that exits meanwhile fails the wait, unless `tend` is given: it is called every turn
+        instead, and deals with such nodes itself (dev up restarts them, or lets them go)."""
         deadline = time.monotonic() + timeout
         last = "no status yet"
         with Client(self.endpoints, timeout=2.0, tls=self.tls) as client:
@@ -149,8 +149,9 @@ class LocalCluster:
                     raise Unavailable(
                         f"node(s) exited during start-up: {dead}; see {self.log_path(next(iter(dead)))}"
                     )
+                running = {n for n, p in self.procs.items() if p.poll() is None}
                 try:
-                    last = _leaderless(client, self.spec.partitions)
+                    last = _not_ready(client, self.spec.partitions, running)
                 except RaftKVError as exc:
                     last = str(exc)
                 if not last:
@@ -159,11 +160,16 @@ class LocalCluster:
         raise Unavailable(f"cluster not ready after {timeout:.0f}s: {last}")
 
 
-def _leaderless(client: Client, partitions: int) -> str:
-    """'' when every partition has one leader that every reachable replica knows, else what is missing."""
+def _not_ready(client: Client, partitions: int, running: set[str]) -> str:
+    """'' when every running node answers and every partition has one leader that every reachable
+    replica knows, else what is missing. A running node that does not answer yet is still starting:
+    two nodes agree on every leader before the third listens."""
     leaders: dict[int, set[str]] = {p: set() for p in range(partitions)}
     known: dict[int, set[str]] = {p: set() for p in range(partitions)}
-    for status in client.status():
+    statuses = client.status()
+    if silent := sorted(s.node_id for s in statuses if not s.reachable and s.node_id in running):
+        return f"running node(s) not answering yet: {silent}"
+    for status in statuses:
         if not status.reachable:
             continue
         for ps in status.partitions:

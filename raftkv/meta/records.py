@@ -21,6 +21,7 @@ from typing import Union
 from raftkv.core.errors import ChangeRefused
 from raftkv.meta.access import (AccessCommand, GrantPermission, Permission, PutUser, RemoveUser, RevokePermission,
                                 RoleRecord, UserRecord, apply_access)
+from raftkv.meta.cluster_version import FIRST_RELEASE, RaiseClusterVersion, raised
 from raftkv.raft.hub import Directory
 
 ACCESS_COMMANDS = (PutUser, RemoveUser, GrantPermission, RevokePermission)
@@ -94,6 +95,7 @@ class ClusterMeta:
     cluster_id: str = ""  # random, made at bootstrap: tells this cluster's backups from another's of one name
     users: tuple[UserRecord, ...] = ()  # who may do what: raftkv/meta/access.py
     roles: tuple[RoleRecord, ...] = ()
+    cluster_version: str = FIRST_RELEASE  # the lowest release every member runs: raftkv/meta/cluster_version.py
 
     def node(self, node_id: str) -> NodeRecord:
         for n in self.nodes:
@@ -107,6 +109,11 @@ class ClusterMeta:
 
     def nodes_in(self, *states: NodeState) -> list[str]:
         return [n.id for n in self.nodes if n.state in states]
+
+    @property
+    def members(self) -> list[str]:
+        """The nodes not removed."""
+        return [n.id for n in self.nodes if n.state != NodeState.REMOVED]
 
     @property
     def groups(self) -> list[int]:
@@ -202,7 +209,8 @@ class EndMove:
     voters: tuple[str, ...]
 
 
-MetaCommand = Union[Bootstrap, AddNode, SetNodeState, BeginMove, AdvanceMove, EndMove, AccessCommand]
+MetaCommand = Union[Bootstrap, AddNode, SetNodeState, BeginMove, AdvanceMove, EndMove, AccessCommand,
+                    RaiseClusterVersion]
 
 
 def apply(meta: ClusterMeta, command: MetaCommand) -> ClusterMeta:
@@ -222,6 +230,8 @@ def apply(meta: ClusterMeta, command: MetaCommand) -> ClusterMeta:
         return _add_node(meta, command.node)
     if isinstance(command, SetNodeState):
         return _set_state(meta, command)
+    if isinstance(command, RaiseClusterVersion):
+        return replace(meta, epoch=meta.epoch + 1, cluster_version=raised(meta.cluster_version, meta.members, command))
     _check_group(meta, command.group)
     move = meta.move_of(command.group)
     if isinstance(command, BeginMove):
@@ -315,7 +325,7 @@ def _check_move(meta: ClusterMeta, move: BeginMove) -> None:
 # -- encoding ---------------------------------------------------------------
 
 _COMMANDS = {cls.__name__: cls for cls in (Bootstrap, AddNode, SetNodeState, BeginMove, AdvanceMove, EndMove,
-                                            *ACCESS_COMMANDS)}
+                                            RaiseClusterVersion, *ACCESS_COMMANDS)}
 
 
 def encode_command(command: MetaCommand) -> bytes:
@@ -338,6 +348,8 @@ def decode_command(data: bytes) -> MetaCommand:
         return EndMove(doc["group"], tuple(doc["voters"]))
     if kind is PutUser:
         return PutUser(_user(doc["user"]), bool(doc["keep_token"]))
+    if kind is RaiseClusterVersion:
+        return RaiseClusterVersion(str(doc["version"]), tuple((str(n), str(r)) for n, r in doc["releases"]))
     if kind is GrantPermission:
         return GrantPermission(str(doc["role"]), Permission(str(doc["permission"]["access"]),
                                                             str(doc["permission"]["prefix"])))
@@ -370,6 +382,7 @@ def decode_meta(data: bytes) -> ClusterMeta:
         cluster_id=doc.get("cluster_id", ""),  # none in metadata bootstrapped before it existed
         users=_users(doc.get("users", ())),  # nor these
         roles=_roles(doc.get("roles", ())),
+        cluster_version=doc.get("cluster_version", FIRST_RELEASE),  # nor this
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raftkv.api import kv_pb2 as pb
+from raftkv.meta.cluster_version import FIRST_RELEASE
 from raftkv.meta.records import ClusterMeta, Move, MoveStep, NodeRecord, NodeState, decode_access, encode_access
 
 
@@ -30,6 +31,7 @@ def topology_reply(meta: ClusterMeta, meta_leader: str | None, spec_toml: str = 
         meta_leader=meta_leader or "",
         spec_toml=spec_toml,
         cluster_id=meta.cluster_id,
+        cluster_version=meta.cluster_version,
         access=encode_access(meta.users, meta.roles) if with_access else b"",
     )
 
@@ -44,6 +46,7 @@ def topology_of(reply: pb.TopologyResponse) -> Topology:
         meta_voters=tuple(reply.meta_voters.nodes),
         moves=tuple(Move(m.group, m.source, m.target, MoveStep(m.step)) for m in reply.moves),
         cluster_id=reply.cluster_id,
+        cluster_version=reply.cluster_version or FIRST_RELEASE,  # a node of the first release sends none
         **(decode_access(reply.access) if reply.access else {}),
     )
     return Topology(meta, reply.meta_leader or None, reply.spec_toml)

@@ -6,21 +6,21 @@ module does it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 from pathlib import Path
 from typing import Callable
 
 from raftkv.core import metrics
-from raftkv.core.errors import CorruptData, RaftKVError, Unavailable
-from raftkv.core.spec import ClusterSpec
+from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
+from raftkv.core.spec import ClusterSpec, NodeSpec
 from raftkv.meta.records import ClusterMeta, NodeState
 from raftkv.node.backup_seed import BackupCatalog, seed_from_backup
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.lost_data import LostData
 from raftkv.node.peers import Peers
 from raftkv.node.replica import PartitionReplica
-from raftkv.node.refusals import opening
 from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replica
 from raftkv.node.replica_lifecycle import (Action, CancelCopy, Desired, ForgetCopy, Local, OpenLearner, OpenVoter,
                                            Promote, RemoveLearner, RemoveVoter, ReopenMeta, StartCopy, reconcile)
@@ -223,3 +223,19 @@ def replica_folders(data_dir: Path) -> dict[int, Path]:
     """The partition replica folders in `data_dir`, by partition (the metadata's is the node's)."""
     return {int(path.name[1:]): path for path in data_dir.glob("p[0-9]*")
             if path.name[1:].isdigit() and path.is_dir()}
+
+
+@contextlib.contextmanager
+def opening(me: NodeSpec):
+    """Opening a replica of node `me`: a data dir in use becomes the line that says so."""
+    try:
+        yield
+    except RaftKVError:
+        raise
+    except Exception as exc:
+        if "/LOCK:" in str(exc):  # RocksDB's lock file (not "block checksum mismatch")
+            raise ConfigError(
+                f"{me.data_dir} is in use by another process (is node {me.id} already running?)",
+                source=f"node {me.id}",
+            ) from None
+        raise

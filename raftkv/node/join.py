@@ -19,6 +19,7 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.core.durable import replace_file
 from raftkv.core.errors import ChangeRefused, ConfigError, Unauthenticated, Unavailable
 from raftkv.core.spec import ClusterSpec, NodeSpec
 from raftkv.core.spec_toml import load_spec, parse_spec, save_spec
@@ -63,7 +64,7 @@ def join(seed: str, node_id: str, host: str, base_port: int, data_dir: Path,
         meta = _call(seed, tls, lambda: admin.ChangeTopology(command, timeout=15.0)).meta
     data_dir.mkdir(parents=True, exist_ok=True)
     save_spec(spec, data_dir / SPEC_FILE)
-    (data_dir / JOINED_FILE).write_bytes(encode_meta(meta))
+    replace_file(data_dir / JOINED_FILE, encode_meta(meta))
     return load_spec(data_dir / SPEC_FILE), meta
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.core.durable import fsync_directory, fsync_path
+from raftkv.core.durable import replace_file
 from raftkv.core.errors import CorruptData
 from raftkv.meta.records import ClusterMeta, group_name
 from raftkv.node.peers import Peers
@@ -64,9 +64,7 @@ class LostData:
             return
         identity = self._data_dir / IDENTITY_FILE
         if not identity.exists():
-            identity.write_text(self._topology().cluster_id or "bootstrapped")
-            fsync_path(identity)
-            fsync_directory(identity.parent)
+            replace_file(identity, (self._topology().cluster_id or "bootstrapped").encode())
         self._remembered = True
 
     def stop(self) -> None:

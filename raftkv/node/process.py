@@ -32,14 +32,14 @@ from raftkv.console.service import Console
 from raftkv.node.admin_service import AdminService
 from raftkv.node.console_host import console_url, start_console
 from raftkv.node.gatekeeper import Gatekeeper
-from raftkv.node.hosted_replicas import HostedReplicas, replica_folders
+from raftkv.node.hosted_replicas import HostedReplicas, opening, replica_folders
 from raftkv.node.lost_data import LostData
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT, ReplicaMover
 from raftkv.node.peer_stops import PeerStops, tell_others
 from raftkv.node.peers import Peers, answer
+from raftkv.node.preflight import check_ports, check_release
 from raftkv.node.reads import LocalReads
-from raftkv.node.refusals import check_ports, opening
 from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica_admin import ReplicaAdmin
 from raftkv.node.backup_seed import BackupCatalog
@@ -147,7 +147,10 @@ class Node:
             self.tls.check()
         loop = self._loop = asyncio.get_running_loop()
         self.failure = loop.create_future()
-        check_ports(self.me, self.spec.partitions)
+        # Every port of the node's block, partitions it does not hold included: any may move here.
+        check_ports(self.me.host, [("api_port", self.me.api_port), ("metrics_port", self.me.metrics_port)]
+                    + [(f"raft port of partition {p}", self.me.raft_port_base + p) for p in range(self.spec.partitions)]
+                    + [("metadata raft port", self.me.meta_port(self.spec.partitions))], self.me.id)
         tuning = self.spec.tuning
         self.hub = RaftHub(loop, self.me_id, self.directory, self.tls, retry_seconds=tuning.connection_retry_seconds,
                            dead_after=max(3.5, tuning.election_timeout_max), compression=tuning.wire_compression)
@@ -161,8 +164,10 @@ class Node:
         LogTurn(self.logs.log, self.hub, self.logs.fsync, self._corrupt)  # one write and fsync a turn
         await self.lost_data.look()
         self.meta = self._open_meta(voting=self.me_id in self.topology.group_voters(META))
+        check_release(self.topology.cluster_version, self.me.id)  # as this node last knew it, then as it is
         if not await self._metadata_caught_up(timeout=5.0):
             await self._ask_members()
+        check_release(self.topology.cluster_version, self.me.id)
         self._server = api_server()
         listen(self._server, self.me.api_address, self.tls)
         self.replicas.start(loop, self.hub, self.logs)
@@ -208,7 +213,7 @@ class Node:
         """This node's metadata group has no leader: ask the other nodes for the topology. A newer one
         is used until this node's copy catches up; if it no longer counts this node among the metadata
         group's voters (removed while it was away: Raft does not tell), it rejoins the group as a learner."""
-        others = [n.id for n in self.topology.nodes if n.id != self.me_id and n.state != NodeState.REMOVED]
+        others = [n for n in self.topology.members if n != self.me_id]
         replies = await asyncio.gather(*(self.peers.admin(n).Topology(pb.TopologyRequest(), timeout=2.0)
                                          for n in others), return_exceptions=True)
         newest = max((topology_of(r).meta for r in replies if isinstance(r, pb.TopologyResponse)),

@@ -3,6 +3,7 @@
 - asks every node for its status: who answers is alive, and who leads which partition;
 - marks a node dead once it has not answered for `dead_after`, and up again when a dead one answers;
 - removes a draining or dead node once it holds nothing;
+- raises the cluster version once every member runs a newer release (raftkv/meta/cluster_version.py);
 - runs the planner (`raftkv.meta.planner`) and starts its moves (`BeginMove`; the mover runs them)
   and leader transfers.
 
@@ -21,6 +22,7 @@ import grpc
 from raftkv.api import kv_pb2 as pb
 from raftkv.core.errors import RaftKVError
 from raftkv.core.spec import Tuning
+from raftkv.meta.cluster_version import version_to_raise
 from raftkv.meta.planner import PlannedTransfer, leaders_from
 from raftkv.meta.records import BeginMove, ClusterMeta, MetaCommand, NodeState, group_name
 from raftkv.node.mover import RPC_TIMEOUT, on_leader
@@ -46,12 +48,15 @@ class Rebalancer:
         self._watch = Watch(transfers=self._watch.transfers)
 
     async def run_once(self, rebalance: bool, now: float) -> None:
-        """One round at time `now`: poll, judge liveness, and (`rebalance`) plan."""
-        answered, leaders = await self._poll(self._topology(), now)
-        for change, silent in judge(self._topology(), self._watch, answered, now, self._tuning.dead_after):
+        """One round at time `now`: poll, judge liveness, raise the cluster version, and (`rebalance`) plan."""
+        releases, leaders = await self._poll(self._topology(), now)
+        for change, silent in judge(self._topology(), self._watch, set(releases), now, self._tuning.dead_after):
             if await self._propose(change) and change.state == NodeState.DEAD:
                 log.warning("%s has not answered for %.0fs: marked dead; its replicas are re-created elsewhere",
                             change.node_id, silent)
+        meta = self._topology()
+        if (raise_ := version_to_raise(meta.cluster_version, meta.members, releases)) and await self._propose(raise_):
+            log.info("cluster version %s: every member runs it or newer", raise_.version)
         if not rebalance:
             return
         actions, self._watch = balance(self._topology(), leaders, self._watch, now, self._tuning)
@@ -63,13 +68,13 @@ class Rebalancer:
             elif isinstance(action, PlannedTransfer):
                 await self._transfer(action)
 
-    async def _poll(self, meta: ClusterMeta, now: float) -> tuple[set[str], dict[int, str]]:
-        """Each live node's statuses: which nodes answered, and who leads each partition."""
-        nodes = [n.id for n in meta.nodes if n.state != NodeState.REMOVED]
+    async def _poll(self, meta: ClusterMeta, now: float) -> tuple[dict[str, str], dict[int, str]]:
+        """Each live node's statuses: the release of each node that answered, and who leads each partition."""
+        nodes = meta.members
         replies = await asyncio.gather(*(self._status(n) for n in nodes))
-        answered = {node_id for node_id, reply in zip(nodes, replies) if reply is not None}
-        self._watch = heard(self._watch, nodes, answered, now)
-        return answered, leaders_from((node_id, ps.partition, ps.role, ps.term)
+        releases = {node_id: reply.version for node_id, reply in zip(nodes, replies) if reply is not None}
+        self._watch = heard(self._watch, nodes, set(releases), now)
+        return releases, leaders_from((node_id, ps.partition, ps.role, ps.term)
                                       for node_id, reply in zip(nodes, replies) if reply is not None
                                       for ps in reply.hosted)
 

@@ -19,11 +19,10 @@ a restart before it caught up keeps it.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from raftkv.core.durable import fsync_directory, fsync_file
+from raftkv.core.durable import replace_file
 from raftkv.core.errors import CorruptData, DiskFailed
 
 FLOOR_FILE = "vote_floor"
@@ -44,16 +43,7 @@ class VoteGuard:
 
     def settle(self, floor: VoteFloor) -> None:
         """The floor, learned from the group's unguarded members; kept before it is used."""
-        data = json.dumps({"term": floor.term, "index": floor.index}).encode()
-        tmp = self._path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            fsync_file(fd, tmp)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self._path)
-        fsync_directory(self._path.parent)
+        replace_file(self._path, json.dumps({"term": floor.term, "index": floor.index}).encode())
         self.floor, self.waiting = floor, False
 
     def may_vote(self, term: int, last_log_index: int) -> bool:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 import re
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
@@ -24,6 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from raftkv.core.durable import replace_file
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import ClusterSpec, TlsSpec
 
@@ -123,7 +122,7 @@ def renew_certs(out: Path, days: int, within_days: float, now: datetime.datetime
         for extension in old.extensions:
             builder = builder.add_extension(extension.value, extension.critical)
         cert = builder.sign(ca_key, hashes.SHA256())
-        _replace(entry.path, cert.public_bytes(serialization.Encoding.PEM))
+        replace_file(entry.path, cert.public_bytes(serialization.Encoding.PEM))
         held.append(Held(entry.path, entry.identity, cert.not_valid_after_utc, renewed=True))
     return held
 
@@ -135,20 +134,6 @@ def _load_cert(path: Path) -> x509.Certificate:
         raise ConfigError(f"{path} is missing: give the folder `raftkv certs init` wrote", source="--out") from None
     except ValueError:
         raise ConfigError(f"{path} is not a PEM certificate", source="--out") from None
-
-
-def _replace(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 CERTS_DIR = "certs"
@@ -227,12 +212,8 @@ def _general_name(host: str) -> x509.GeneralName:
 
 
 def _write(key_path: Path, key: ec.EllipticCurvePrivateKey, cert_path: Path, cert: x509.Certificate) -> None:
-    """The key first (0600 from its creation, never over an existing file), then the certificate that
-    makes the pair count as present."""
+    """The key first (0600 from its creation), then the certificate that makes the pair count as present."""
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # a key left by an interrupted run may have had another mode
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    replace_file(key_path, pem, mode=0o600)
+    replace_file(cert_path, cert.public_bytes(serialization.Encoding.PEM))

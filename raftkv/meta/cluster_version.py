@@ -1,0 +1,85 @@
+"""The cluster version: the lowest release every member runs, once the metadata leader has heard it
+from each (etcd's cluster version; docs/operations.md, "Upgrading"). Pure.
+
+A feature that changes a format on disk or on the wire turns on only once the cluster version
+reaches the release that brought it (`at_least`), so nodes of the release before keep working beside
+the new ones during a rolling upgrade. The version only rises: once it has, a node of an older
+release is refused (`refusal`), and until it has, a node may go back to the older release.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from packaging.version import InvalidVersion, Version
+
+from raftkv.core.errors import ChangeRefused
+
+# What a node that reports no release runs (its Status had no version field yet), and the cluster
+# version of metadata that holds none: the last release before releases were reported.
+FIRST_RELEASE = "0.1.0"
+
+
+@dataclass(frozen=True)
+class RaiseClusterVersion:
+    """Every member runs `version` or newer: the metadata leader proposes it once it heard so from each,
+    with what each said (the state machine checks them against the members it has)."""
+
+    version: str
+    releases: tuple[tuple[str, str], ...]  # (node id, release) of every member
+
+
+def release(text: str) -> Version | None:
+    """A reported release; "" is FIRST_RELEASE, anything not a version None."""
+    try:
+        return Version(text or FIRST_RELEASE)
+    except InvalidVersion:
+        return None
+
+
+def at_least(cluster_version: str, version: str) -> bool:
+    """Whether every member runs `version` or newer, as the cluster has recorded."""
+    return release(cluster_version) >= Version(version)
+
+
+def version_to_raise(cluster_version: str, members: Iterable[str],
+                     reported: Mapping[str, str]) -> RaiseClusterVersion | None:
+    """`members`: the nodes not removed; `reported`: each node that answered the metadata leader just now,
+    and the release it runs. The lowest release of the members, if every one of them answered and it is
+    above the cluster version; else None (a member that did not answer may still run an older release)."""
+    members = list(members)
+    if not members or any(m not in reported for m in members):
+        return None
+    releases = [release(reported[m]) for m in members]
+    if None in releases:
+        return None
+    lowest = min(releases)
+    if lowest <= release(cluster_version):
+        return None
+    return RaiseClusterVersion(str(lowest), tuple(sorted((m, reported[m]) for m in members)))
+
+
+def raised(cluster_version: str, members: Iterable[str], command: RaiseClusterVersion) -> str:
+    """The cluster version after `command`; ChangeRefused if it would go down, or above a member's release."""
+    new = release(command.version)
+    if new is None:
+        raise ChangeRefused(f"{command.version!r} is not a release")
+    if new < release(cluster_version):
+        raise ChangeRefused(f"the cluster version is {cluster_version}; it never goes down (to {command.version})")
+    said = dict(command.releases)
+    for member in members:
+        if member not in said or (release(said[member]) or new) < new:
+            raise ChangeRefused(f"{member} runs {said.get(member, 'an unknown release')}: the cluster version "
+                                f"cannot rise to {command.version} before every member runs it")
+    return str(new)
+
+
+def refusal(cluster_version: str, mine: str) -> str | None:
+    """One line if a node of release `mine` may not serve in a cluster at `cluster_version`, else None."""
+    ours = release(mine)
+    if ours is None or ours >= release(cluster_version):
+        return None
+    return (f"this node runs raftkv {mine}, older than the cluster version {cluster_version} (every member ran "
+            f"{cluster_version} or newer, and formats changed with it): start it with raftkv {cluster_version} "
+            "or newer")
