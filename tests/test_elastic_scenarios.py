@@ -28,7 +28,7 @@ def test_scenario(script: Path, tmp_path):
 
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.integers(3, 5), st.integers(2, 4),
        st.lists(st.tuples(st.sampled_from(["join", "decommission", "kill", "put"]), st.integers(0, 99)),
                 min_size=1, max_size=4))

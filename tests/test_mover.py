@@ -174,7 +174,7 @@ progress = st.one_of(st.none(), st.builds(Progress, st.sampled_from(["copying", 
                                           st.integers(0, 100), st.integers(0, 3)))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(progress, st.integers(0, 100), st.floats(0.0, 20.0)), max_size=60),
        st.sampled_from([0, META]), st.booleans())
 def test_whatever_it_observes_a_move_keeps_the_rules(tmp_path_factory, observations, group, dead_source):

@@ -3,7 +3,7 @@ and transfers, with a fake clock."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftkv.core.spec import Tuning, build_spec
@@ -70,6 +70,7 @@ def test_a_dead_nodes_replicas_move_and_a_partitions_leader_is_asked_once_in_fiv
     assert [a for a in later if isinstance(a, PlannedTransfer)] == transfers
 
 
+@settings(max_examples=50)
 @given(st.lists(st.tuples(st.sets(st.sampled_from(NODES)), st.floats(0.0, 6.0)), max_size=40))
 def test_no_node_is_dead_before_it_was_silent_dead_after_nor_stays_silent_past_it_undeclared(rounds):
     """Whatever the polls hear and however far apart: a verdict of dead is due exactly when the node's
