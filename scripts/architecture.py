@@ -41,9 +41,11 @@ MOVE = (
     ("raftkv.cli.replica", "move", "raftkv replica move"),
     ("raftkv.node.admin_service", "AdminService.ChangeTopology", "BeginMove, through the metadata leader"),
     ("raftkv.meta.records", "apply", "the metadata's pure rules"),
-    ("raftkv.node.hosted_replicas", "HostedReplicas.reconcile", "the target opens what the metadata gives it"),
+    ("raftkv.node.replica_lifecycle", "reconcile", "what the target opens, copies and deletes"),
+    ("raftkv.node.hosted_replicas", "HostedReplicas.reconcile", "... and the target does it"),
     ("raftkv.node.replica_copy", "copy_replica", "a voter's checkpoint, copied as files"),
-    ("raftkv.node.mover", "ReplicaMover._step", "the metadata leader drives each step"),
+    ("raftkv.node.mover", "ReplicaMover._step", "the metadata leader observes the replicas' progress"),
+    ("raftkv.node.move_steps", "decide", "the next step, from the record, what it saw and the time"),
     ("raftkv.node.replica_admin", "ReplicaAdmin.change_membership", "the group's leader adds the target"),
     ("raftkv.raft.syncobj_group", "SyncObjGroup.add_member", "a membership entry; later the source's removal"),
 )

@@ -24,7 +24,7 @@ class FullLeader:
         self.stepped_aside = 0
         self.proposed = 0
 
-    def step_aside(self) -> None:
+    def step_aside(self, now: float) -> None:
         self.stepped_aside += 1
 
     def propose(self, payload, callback) -> None:

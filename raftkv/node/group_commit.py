@@ -76,7 +76,7 @@ class PartitionFrontend:
             pending.future.set_exception(self.not_leader())
             return pending.future
         if self.replica.storage_full:  # refuse at once, and let a replica with room lead
-            self.replica.step_aside()
+            self.replica.step_aside(self._loop.time())
             pending.future.set_exception(StorageFull(
                 f"partition {self.partition}: this node's disk is full; it refuses writes and hands "
                 "leadership to another replica"))

@@ -1,6 +1,7 @@
 """The partition replicas a node hosts, kept to what the metadata gives it (`reconcile`): its voters,
 the learners of moves to it and the copies of a checkpoint or backup that seed them. A replica that
-moved away is closed and its data deleted."""
+moved away is closed and its data deleted. What to do is `replica_lifecycle`'s pure decision; this
+module does it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from raftkv.node.lost_data import LostData
 from raftkv.node.peers import Peers
 from raftkv.node.replica import PartitionReplica
 from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replica
+from raftkv.node.replica_lifecycle import (Action, CancelCopy, Desired, ForgetCopy, Local, OpenLearner, OpenVoter,
+                                           Promote, RemoveLearner, RemoveVoter, ReopenMeta, StartCopy, reconcile)
 from raftkv.node.tasks import background
 from raftkv.raft.group import Role
 from raftkv.raft.hub import RaftHub
@@ -63,42 +66,51 @@ class HostedReplicas:
         for scratch in self.me.data_dir.glob(f"{SCRATCH_PREFIX}*"):
             shutil.rmtree(scratch, ignore_errors=True)
 
-    def reconcile(self, topology: ClusterMeta, at_start: bool = False) -> None:
-        """Run exactly the replicas the metadata gives this node: voters, and learners of moves to it.
+    def reconcile(self, topology: ClusterMeta, at_start: bool = False, meta_voter: bool | None = None,
+                  reopen_meta: Callable[[bool], None] = lambda voting: None) -> None:
+        """Run exactly the replicas the metadata gives this node: voters, and learners of moves to it
+        (`replica_lifecycle.reconcile` decides). `meta_voter`: how this node's metadata replica runs
+        (None: not open); `reopen_meta(voting)` reopens it, first, when that should change."""
+        for action in reconcile(Desired.of(topology, self.me.id), self._local(topology, meta_voter)):
+            if isinstance(action, ReopenMeta):
+                reopen_meta(action.voting)
+            else:
+                self._run(action, at_start)
 
-        A replica the metadata no longer gives this node is closed and its data deleted. That
-        happens only to a replica opened for an older state of the metadata, never at start-up:
-        this node's copy of the metadata only moves forward, so a newer state that leaves a
-        partition out means it moved away.
-        """
-        voters = set(topology.voter_partitions(self.me.id))
-        learners = set(topology.learner_partitions(self.me.id))
-        for p in sorted(voters - self.frontends.keys() - self.copying.keys()):  # a copy under way ends first
-            if p in self.learning:  # added to the group: the same data, now as a voter
+    def _local(self, topology: ClusterMeta, meta_voter: bool | None) -> Local:
+        """What runs here; of the learners of moves here, which have no data yet."""
+        hosted = self.frontends.keys() | self.learning.keys() | self.copying.keys()
+        empty = frozenset(p for p in topology.learner_partitions(self.me.id) if p not in hosted and self._empty(p))
+        return Local(frozenset(self.frontends), frozenset(self.learning), frozenset(self.copying),
+                     frozenset(self._copy_tried), empty, meta_voter)
+
+    def _run(self, action: Action, at_start: bool) -> None:
+        p = action.partition
+        if isinstance(action, (OpenVoter, Promote)):
+            if isinstance(action, Promote):  # added to the group: the same data, now as a voter
                 self.learning.pop(p).close()
             self.frontends[p] = self._frontend(self._open(p, voter=True))
             if not at_start:
                 log.info("partition %d: now a voter here", p)
-        for p in sorted(self.copying.keys() - learners - voters):  # the move ended without this node
+        elif isinstance(action, CancelCopy):
             self.copying.pop(p).task.cancel()
-        for p in sorted(self._copy_tried - learners):
+        elif isinstance(action, ForgetCopy):
             self._copy_tried.discard(p)
-            if p not in voters:  # copied, and the move ended before the replica opened
+            if action.delete:  # copied, and the move ended before the replica opened
                 self._delete(p)
-        for p in sorted(learners - self.learning.keys() - self.frontends.keys() - self.copying.keys()):
-            if p not in self._copy_tried and self._empty(p):
-                self._copy_tried.add(p)
-                copying = self.copying[p] = ReplicaCopying()
-                copying.task = background(self._copy(p, copying), f"partition {p}: the copy of a checkpoint")
-                continue
+        elif isinstance(action, StartCopy):
+            self._copy_tried.add(p)
+            copying = self.copying[p] = ReplicaCopying()
+            copying.task = background(self._copy(p, copying), f"partition {p}: the copy of a checkpoint")
+        elif isinstance(action, OpenLearner):
             self._copy_tried.discard(p)
             self.learning[p] = self._open(p, voter=False)
             log.info("partition %d: catching up here as a learner", p)
-        for p in sorted(self.frontends.keys() - voters):
+        elif isinstance(action, RemoveVoter):
             self.frontends.pop(p).close()
             self.lost_data.forget(p)
             self._delete(p)
-        for p in sorted(self.learning.keys() - learners - voters):
+        elif isinstance(action, RemoveLearner):
             self.learning.pop(p).close()
             self._delete(p)
 

@@ -273,13 +273,15 @@ class Node:
     def _reconcile(self, at_start: bool = False) -> None:
         """Run the metadata group's replica and the partitions' as the metadata gives them to this node."""
         topology = self.topology
-        votes_meta = self.me_id in topology.group_voters(META)
-        if self.meta is not None and self.meta.voting != votes_meta and topology.has_node(self.me_id):
-            self.meta.close()  # the same data, now as a voter of the metadata group, or no longer one
-            self.meta = self._open_meta(voting=votes_meta)
-            log.info("metadata group: now a %s here", "voter" if votes_meta else "learner")
-        self.replicas.reconcile(topology, at_start)
+        meta_voter = self.meta.voting if self.meta is not None else None
+        self.replicas.reconcile(topology, at_start, meta_voter, self._reopen_meta)
         self._name_members(topology)
+
+    def _reopen_meta(self, voting: bool) -> None:
+        """The same data, now as a voter of the metadata group, or no longer one."""
+        self.meta.close()
+        self.meta = self._open_meta(voting=voting)
+        log.info("metadata group: now a %s here", "voter" if voting else "learner")
 
     def _name_members(self, topology: ClusterMeta) -> None:
         """Tell each replica its group's members as the metadata has them: a replica whose journal replays
@@ -303,9 +305,9 @@ class Node:
                 self.console.record("storage", f"node {self.me_id}", f"stopped: {error}")
             self.failure.set_exception(error)
 
-    async def _metadata_duties(self) -> None:
-        """Once a second. Every node: act on the metadata (again, for what a failed attempt left to
-        do), and report itself up once it serves. The metadata leader: bootstrap the metadata from
+    async def _metadata_duties(self, now: float) -> None:
+        """Once a second, at `now`. Every node: act on the metadata (again, for what a failed attempt left
+        to do), and report itself up once it serves. The metadata leader: bootstrap the metadata from
         the spec, run the moves, and every `rebalance_interval` judge liveness and rebalance."""
         self._on_meta_change()
         if self.meta.leader_address is None:
@@ -327,10 +329,10 @@ class Node:
                 await self.meta.propose(bootstrap_command(self.spec))
             finally:
                 self._bootstrapping = False
-        elif time.monotonic() >= self._next_rebalance:
+        elif now >= self._next_rebalance:
             interval = self.spec.tuning.rebalance_interval
-            self._next_rebalance = time.monotonic() + (interval or 1.0)
-            await self.rebalancer.run_once(rebalance=interval > 0)
+            self._next_rebalance = now + (interval or 1.0)
+            await self.rebalancer.run_once(rebalance=interval > 0, now=now)
 
     async def _ask(self, command: MetaCommand) -> None:
         try:
@@ -341,7 +343,7 @@ class Node:
     async def _metadata_loop(self) -> None:
         while True:
             try:
-                await self._metadata_duties()
+                await self._metadata_duties(time.monotonic())  # the one clock read of the node's duties
             except Exception:
                 log.exception("metadata duties failed; trying again in a second")
             await asyncio.sleep(1.0)
@@ -351,16 +353,17 @@ class Node:
         with a thousand partitions spent a tenth of its time looking up their labels)."""
         shown: dict[int, tuple[int, int, int]] = {}
         while True:
+            now = time.monotonic()
             for p, frontend in list(self.replicas.frontends.items()):
                 r = frontend.replica
                 try:
-                    r.maybe_compact()
+                    r.maybe_compact(now)
                 except Exception:  # one partition's trouble (a full disk) must not stop the others' compaction
                     log.exception("partition %d: housekeeping failed", p)
-                now = (r.group.term, r.group.commit_index, r.applied_index)
-                if shown.get(p) != now:
-                    shown[p] = now
-                    for gauge, value in zip((metrics.TERM, metrics.COMMIT_INDEX, metrics.APPLIED_INDEX), now):
+                values = (r.group.term, r.group.commit_index, r.applied_index)
+                if shown.get(p) != values:
+                    shown[p] = values
+                    for gauge, value in zip((metrics.TERM, metrics.COMMIT_INDEX, metrics.APPLIED_INDEX), values):
                         gauge.labels(p).set(value)
             self.peer_stops.forget_back(self.hub.is_up)
             await asyncio.sleep(1.0)

@@ -100,8 +100,8 @@ class PartitionReplica(Replica[E]):
                  backup_index: Callable[[], int] = lambda: 0):
         self._tuning = tuning
         self._backup_index = backup_index  # of the newest backup copy of the partition (0: none)
-        self._last_compaction = time.monotonic()
-        self._stepped_aside = 0.0  # when this leader last handed leadership on for want of disk space
+        self._last_compaction: float | None = None  # when the log was last compacted (or first checked)
+        self._stepped_aside: float | None = None  # when this leader last handed leadership on for want of disk space
         super().__init__(partition, engine, open_group, lambda engine: KVStateMachine(partition, engine))
 
     def propose(self, payload: bytes, callback: ProposalCallback) -> None:
@@ -126,11 +126,13 @@ class PartitionReplica(Replica[E]):
             return engine
         return Position(self.group.last_applied, self.group.term_at(self.group.last_applied) or 0)
 
-    def maybe_compact(self, eager: bool = False) -> None:
-        """Compact the log when the retention policy allows (called about once a second). `eager`: a new
-        replica is about to catch up, so compact once the log holds more than a few entries (learners'
-        retention still applies): it then gets checkpoint files, not the log entry by entry."""
-        now = time.monotonic()
+    def maybe_compact(self, now: float, eager: bool = False) -> None:
+        """Compact the log when the retention policy allows at time `now` (called about once a second).
+        `eager`: a new replica is about to catch up, so compact once the log holds more than a few
+        entries (learners' retention still applies): it then gets checkpoint files, not the log entry
+        by entry."""
+        if self._last_compaction is None:
+            self._last_compaction = now
         tuning = replace(self._tuning, compaction_min_entries=EAGER_COMPACTION_ENTRIES) if eager else self._tuning
         if not compaction_wanted(entries=self.group.log_entries, seconds_since_last=now - self._last_compaction,
                                  tuning=tuning):
@@ -153,9 +155,9 @@ class PartitionReplica(Replica[E]):
                               applied=self.group.last_applied, bytes_after=self.group.log_bytes_after(backup_index),
                               tuning=self._tuning)
 
-    def step_aside(self) -> None:
+    def step_aside(self, now: float) -> None:
         """A leader that cannot write hands leadership to its most caught-up follower (at most once a
         second; refused when no connected follower has every entry)."""
-        if self.role == Role.LEADER and time.monotonic() - self._stepped_aside >= 1.0:
-            self._stepped_aside = time.monotonic()
+        if self.role == Role.LEADER and (self._stepped_aside is None or now - self._stepped_aside >= 1.0):
+            self._stepped_aside = now
             self.group.transfer_leadership()

@@ -4,6 +4,7 @@ learners and copies of moves here, and its member of the metadata group."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import AsyncIterator, Awaitable, Callable
 
 from raftkv.api import kv_pb2 as pb
@@ -107,7 +108,7 @@ class ReplicaAdmin:
         if voter is None or not voter.is_leader:
             hint = voter.not_leader().leader_hint if voter is not None else None
             return Answer(done=False, leader=hint or "")
-        voter.replica.maybe_compact(eager=True)
+        voter.replica.maybe_compact(time.monotonic(), eager=True)  # a request's edge: the clock is read here
         return Answer(done=True, leader=self._me)
 
     def checkpoint(self, group: int) -> AsyncIterator[pb.CheckpointChunk]:

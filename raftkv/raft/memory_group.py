@@ -181,7 +181,7 @@ class MemoryGroup:
         self.disk.vote = self.address
         self._votes = {self.address}
         last = self.last_log_index
-        for peer in self._voters - {self.address}:
+        for peer in sorted(self._voters - {self.address}):
             self._send(peer, type="vote", last_index=last, last_term=self._term_at(last))
         self._count_votes()
 
@@ -270,10 +270,11 @@ class MemoryGroup:
     def _send(self, dst: str, **message) -> None:
         self._net.send(self.address, dst, {"term": self.disk.term, **message})
 
-    def _peers(self) -> set[str]:
-        """The voters, and every running member of the network that is not one (the learners)."""
+    def _peers(self) -> list[str]:
+        """The voters, and every running member of the network that is not one (the learners), in order:
+        messages sent in a set's order would make a run depend on the interpreter's string hashing."""
         learners = {a for a, m in self._net.members.items() if not m.closed and a not in self._voters}
-        return (self._voters | learners) - {self.address}
+        return sorted((self._voters | learners) - {self.address})
 
     def _new_timeout(self) -> int:
         return self.ELECTION_TICKS + self._net.rng.randrange(self.ELECTION_TICKS)
