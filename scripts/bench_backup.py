@@ -40,7 +40,8 @@ from bench_load import VALUE_BYTES, key  # noqa: E402
 from tests.s3_server import s3_server  # noqa: E402
 
 import raftkv  # noqa: E402
-from learners.backup_restore import backup_cluster, restore  # noqa: E402
+from learners.backup_restore import restore  # noqa: E402
+from learners.cluster_backup import backup_cluster  # noqa: E402
 from raftkv.backup.store import BackupStore  # noqa: E402
 from raftkv.core.partitioning import partition_for_key  # noqa: E402
 from raftkv.core.spec import build_spec  # noqa: E402

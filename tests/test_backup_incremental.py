@@ -10,10 +10,12 @@ import dataclasses
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -148,33 +150,58 @@ def test_the_sink_uploads_only_what_changed_and_prune_keeps_every_file_a_kept_ba
     assert restored(url, options, infos[2].id, tmp_path / "restore-last") == by_partition(states[2])
 
 
-def test_backup_create_uploads_only_the_files_a_change_made(make_cluster, tmp_path, s3):
-    """`backup create` copies the leaders' own table files: after 1% of 200,000 keys changed, the second
-    backup uploads under 10% of the first's bytes, to file:// and to S3 (from the manifests, and from
-    what the storage holds)."""
+def checkpoint_bytes_sent(cluster) -> float:
+    """What the nodes' voters sent of checkpoint files so far, from their metrics."""
+    total = 0.0
+    for node in cluster.spec.nodes:
+        with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics", timeout=5) as response:
+            total += sum(float(v) for v in re.findall(r"^raftkv_checkpoint_bytes_sent_total\{[^}]*\} (\S+)$",
+                                                      response.read().decode(), re.M))
+    return total
+
+
+def test_backup_create_fetches_and_uploads_only_the_files_a_change_made(make_cluster, tmp_path, s3):
+    """`backup create` fetches from the leaders only the files the store lacks: after 1% of 200,000 keys
+    changed, the second backup moves at most 5% of the first's bytes over the network (the nodes'
+    raftkv_checkpoint_bytes_sent_total) and uploads under 10% (from the manifests, and from what the
+    storage holds), to S3 and to file://. The first file:// backup is made as the release before did
+    (whole checkpoints, exported): the next one reuses its files, and both restore."""
     cluster = make_cluster(nodes=3, partitions=PARTITIONS)
     rng = random.Random(16)
     data = initial_data(rng)
-    targets = [((tmp_path / "backups").as_uri(), {}),
-               (f"s3://{BUCKET}/create", {"storage.endpoint_url": s3})]
+    targets = [(f"s3://{BUCKET}/create", {"storage.endpoint_url": s3}), ((tmp_path / "backups").as_uri(), {})]
 
-    def backup_all() -> None:
-        for url, options in targets:
-            extra = [f"--storage-option=endpoint_url={s3}"] if options else []
-            created = run("backup", "create", "--config", str(cluster.spec_path), "--to", url, *extra, timeout=120)
-            assert created.returncode == 0, created.stderr
+    def create(url: str, options: dict[str, str]) -> float:
+        """Bytes the nodes sent for it."""
+        before = checkpoint_bytes_sent(cluster)
+        extra = [f"--storage-option=endpoint_url={s3}"] if options else []
+        created = run("backup", "create", "--config", str(cluster.spec_path), "--to", url, *extra, timeout=120)
+        assert created.returncode == 0, created.stderr
+        return checkpoint_bytes_sent(cluster) - before
 
     with Client(cluster.endpoints, timeout=30) as kv:
         load(kv, data)
-        backup_all()
+        first = data.copy()
+        moved = [create(*targets[0])]
+        whole = {p: (tmp_path / "whole" / f"p{p}", kv.checkpoint(p, tmp_path / "whole" / f"p{p}"))
+                 for p in range(PARTITIONS)}
+        BackupStore(targets[1][0]).export(cluster.spec.name, whole, datetime.now(timezone.utc),
+                                          kv.topology().meta.cluster_id)
         stored = [sum(stored_objects(url, options).values()) for url, options in targets]
-        load(kv, {key: rng.randbytes(100) for key in rng.sample(sorted(data), KEYS // 100)})
-        backup_all()
+        changed = {key: rng.randbytes(100) for key in rng.sample(sorted(data), KEYS // 100)}
+        load(kv, changed)
+        data.update(changed)
+        moved += [create(*target) for target in targets]
+    assert moved[0] >= 20_000_000 and max(moved[1:]) <= moved[0] * 0.05, moved
     for (url, options), before in zip(targets, stored):
-        first, second = list_backups(url, storage(options))
-        assert new_bytes(second, first) <= first.total_bytes / 10, (new_bytes(second, first), first.total_bytes)
-        assert sum(stored_objects(url, options).values()) - before == new_bytes(second, first)
-    verified = run("backup", "verify", "--from", targets[1][0], "--backup", "all",
+        earlier, latest = list_backups(url, storage(options))
+        assert new_bytes(latest, earlier) <= earlier.total_bytes / 10, (new_bytes(latest, earlier), earlier.total_bytes)
+        assert sum(stored_objects(url, options).values()) - before == new_bytes(latest, earlier)
+    file_url, _ = targets[1]
+    earlier, latest = list_backups(file_url)
+    assert restored(file_url, {}, earlier.id, tmp_path / "earlier") == by_partition(first)
+    assert restored(file_url, {}, latest.id, tmp_path / "latest") == by_partition(data)
+    verified = run("backup", "verify", "--from", targets[0][0], "--backup", "all",
                    f"--storage-option=endpoint_url={s3}")
     assert verified.returncode == 0, verified.stderr
     assert verified.stdout.count("every size and hash matches, every checkpoint opens") == 2
