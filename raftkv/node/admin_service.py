@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import AsyncIterator, Callable, Mapping
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
@@ -79,13 +80,13 @@ class AdminService(kv_pb2_grpc.AdminServicer):
     async def CheckpointFiles(self, requests, context):
         """Checkpoint's for a backup: the listing first, then only the files the caller names."""
         await self._gate.admit(context, Request.admin("checkpoint"))
-        first = await anext(requests, None)
+        first = await _next_request(requests, context)
         if first is None:
             return
         request = first.replica
 
         async def wanted() -> list[str]:
-            return list((await anext(requests, pb.CheckpointFilesRequest())).paths)  # none: the caller left
+            return list(then.paths) if (then := await _next_request(requests, context)) else []  # []: it left
 
         chunks = await self._opened(request, context, lambda: self._replicas.backup_checkpoint(request.group, wanted))
         async for chunk in self._counted(request.group, chunks):
@@ -143,6 +144,15 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         await self._gate.admit(context, Request.admin("report_stop"))  # nodes only, and admins
         self._stops.heard(request.node, request.reason)
         return pb.StopAck()
+
+
+async def _next_request(requests, context) -> pb.CheckpointFilesRequest | None:
+    """The next message of a request stream, None when it ended; a message that does not parse ends the
+    call with INVALID_ARGUMENT (a stream's messages are parsed as the handler reads them)."""
+    try:
+        return await anext(requests, None)
+    except DecodeError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a CheckpointFilesRequest: {exc}")
 
 
 def _response(answer: Answer) -> pb.ChangeMembershipResponse:
