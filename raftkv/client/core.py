@@ -28,8 +28,8 @@ from raftkv.api.convert import error_from_result
 from raftkv.api.rpc_errors import error_of, never_sent
 from raftkv.client.retry import decide
 from raftkv.client.routing import RoutingTable
-from raftkv.core.errors import (ChangeRefused, CorruptData, NotLeader, PermissionDenied, RaftKVError,
-                                ResourceExhausted, Unauthenticated, Unavailable, Undetermined)
+from raftkv.core.errors import (ChangeRefused, CorruptData, InvalidRequest, NotLeader, PermissionDenied,
+                                RaftKVError, ResourceExhausted, Unauthenticated, Unavailable, Undetermined)
 from raftkv.security.tls import Tls, open_channel, refusal
 from raftkv.storage.engine import Position
 
@@ -338,7 +338,10 @@ class ClientCore:
                 if first is grpc.aio.EOF:
                     raise Unavailable(f"{address}: the checkpoint's listing never came")
                 listed = [ListedFile(f.path, f.size, f.sha256) for f in first.files]
-                wanted = await asyncio.to_thread(choose, listed)
+                try:
+                    wanted = await asyncio.to_thread(choose, listed)
+                except RaftKVError as exc:  # the caller's (its storage): not a reason to ask another node
+                    raise _ChoiceFailed(exc) from exc
                 await call.write(pb.CheckpointFilesRequest(paths=wanted))
                 await call.done_writing()
                 dest.mkdir(parents=True, exist_ok=True)
@@ -346,7 +349,7 @@ class ClientCore:
                 _check_received(dest, listed, wanted)
                 return Position(first.index, first.term), listed
             except grpc.aio.AioRpcError as exc:  # FAILED_PRECONDITION: no voter of the partition there
-                error = (error_of(exc, partition) or _refused(exc)
+                error = (error_of(exc, partition) or _refused(exc) or _too_old(exc, address)
                          or Unavailable(f"{address}: {exc.details() or exc.code().name}"))
             except asyncio.TimeoutError:
                 error = Unavailable(f"{address}: sent nothing for {SILENCE_SECONDS:.0f}s")
@@ -359,7 +362,10 @@ class ClientCore:
             shutil.rmtree(dest, ignore_errors=True)  # the next attempt starts afresh
             raise error
 
-        return await self._retrying(partition, pb.LINEARIZABLE, False, f"checkpoint of partition {partition}", at)
+        try:
+            return await self._retrying(partition, pb.LINEARIZABLE, False, f"checkpoint of partition {partition}", at)
+        except _ChoiceFailed as failed:
+            raise failed.error from None
 
     async def scan_partition(self, partition: int, request: pb.ScanRequest) -> AsyncIterator[pb.ScanChunk]:
         """Chunks of one partition's scan, all from one view; retried only before the first chunk."""
@@ -379,6 +385,20 @@ class ClientCore:
                 chunk = await call.read()
             except grpc.aio.AioRpcError as exc:
                 raise Unavailable(f"scan of partition {partition} broke off at {address}: {exc.details()}") from None
+
+
+class _ChoiceFailed(Exception):
+    """`checkpoint_files`' chooser failed: raised past the retry loop, which would ask the other nodes."""
+
+    def __init__(self, error: RaftKVError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _too_old(exc: grpc.aio.AioRpcError, address: str) -> RaftKVError | None:
+    if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+        return None
+    return InvalidRequest(f"{address} runs a release without Admin.CheckpointFiles: upgrade the nodes first")
 
 
 def _check_received(dest: Path, listed: list[ListedFile], wanted: list[str]) -> None:
