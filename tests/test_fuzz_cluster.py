@@ -73,8 +73,10 @@ ADMIN_SEEDS: dict[str, list[pb.Message]] = {
     "/raftkv.v1.Admin/TransferLeadership": [pb.TransferLeadershipRequest(group=1, node="n2")],
     "/raftkv.v1.Admin/Compact": [pb.ReplicaRequest(group=0)],
     "/raftkv.v1.Admin/Checkpoint": [pb.ReplicaRequest(group=0)],
-    "/raftkv.v1.Admin/CheckpointFiles": [pb.CheckpointFilesRequest(replica=pb.ReplicaRequest(group=1, linearizable=True)),
-                                         pb.CheckpointFilesRequest(paths=["CURRENT", "../escaped"])],
+    "/raftkv.v1.Admin/CheckpointFiles": [
+        pb.CheckpointFilesRequest(replica=pb.ReplicaRequest(group=1, linearizable=True)),
+        pb.CheckpointFilesRequest(paths=["CURRENT", "../escaped"]),
+    ],
     "/raftkv.v1.Admin/Topology": [pb.TopologyRequest()],
 }
 LEARNER_SEEDS: dict[str, list[pb.Message]] = {

@@ -35,7 +35,8 @@ from raftkv.backup.digests import IMMUTABLE, FileDigests
 from raftkv.backup.manifest import (FILES, LOCKS, MANIFEST, PENDING, BackupInfo, FileEntry, PartitionCopy,
                                     backup_id_for, is_object, lock_name, lock_time, object_path, partition_dir,
                                     pending_marker, pending_objects, time_of)
-from raftkv.backup.plan import CLOCK_MARGIN, MAX_EXPORT, PRUNE_WINDOW, is_fresh, plan_prune, prunes_in_the_way, to_upload
+from raftkv.backup.plan import (CLOCK_MARGIN, MAX_EXPORT, PRUNE_WINDOW, is_fresh, plan_prune, prunes_in_the_way,
+                                to_upload)
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import checkpoint_position

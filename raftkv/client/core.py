@@ -333,7 +333,8 @@ class ClientCore:
         async def at(address: str) -> tuple[Position, list[ListedFile]]:
             call = self.admin(address).CheckpointFiles()
             try:
-                await call.write(pb.CheckpointFilesRequest(replica=pb.ReplicaRequest(group=partition, linearizable=True)))
+                request = pb.ReplicaRequest(group=partition, linearizable=True)
+                await call.write(pb.CheckpointFilesRequest(replica=request))
                 first = await asyncio.wait_for(call.read(), SILENCE_SECONDS)
                 if first is grpc.aio.EOF:
                     raise Unavailable(f"{address}: the checkpoint's listing never came")
