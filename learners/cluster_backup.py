@@ -58,7 +58,7 @@ def backup_cluster(client: Client, cluster: str, store: BackupStore, work: Path,
             stored[p] = [FileEntry(f"{partition_dir(p)}/{f.path}", f.size, f.sha256)
                          for f in listed if f.path not in chosen]
         return store.export(cluster, checkpoints, created, cluster_id, sent, planned, stored)
-    except RaftKVError:
+    except Exception:
         if announced:  # its pending marker would keep the files it announced for a day
             with contextlib.suppress(RaftKVError):
                 store.abandon(backup_id_for(created))

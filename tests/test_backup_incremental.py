@@ -26,6 +26,7 @@ import grpc
 import pytest
 
 from learners.backup_restore import restore
+from learners.cluster_backup import backup_cluster
 from learners.change_event import ChangeEvent
 from learners.sinks.base import DeliveryBatch
 from raftkv import Client, CorruptData, NotLeader, Unavailable, failpoints
@@ -209,6 +210,11 @@ def test_backup_create_fetches_and_uploads_only_the_files_a_change_made(make_clu
         data.update(changed)
         keep_leaders(leaders)
         moved += [create(*target) for target in targets]
+        blocked = tmp_path / "a-file"  # the fetched files cannot land: the backup fails after its marker
+        blocked.write_bytes(b"")
+        with pytest.raises(OSError):
+            backup_cluster(kv, cluster.spec.name, BackupStore(targets[1][0]), blocked, datetime.now(timezone.utc))
+    assert pending_markers(targets[1][0], {}) == []  # its marker went with it
     for later in moved[1:]:
         assert {p: node for node, p in later} == leaders, later
         assert sum(later.values()) <= sum(moved[0].values()) * 0.05, moved
@@ -218,6 +224,7 @@ def test_backup_create_fetches_and_uploads_only_the_files_a_change_made(make_clu
         assert sum(stored_objects(url, options).values()) - before == new_bytes(latest, earlier)
     file_url, _ = targets[1]
     earlier, latest = list_backups(file_url)
+    assert {p.name for p in (tmp_path / "backups").iterdir()} == {FILES, earlier.id, latest.id}  # no partial one
     assert restored(file_url, {}, earlier.id, tmp_path / "earlier") == by_partition(first)
     assert restored(file_url, {}, latest.id, tmp_path / "latest") == by_partition(data)
     verified = run("backup", "verify", "--from", targets[0][0], "--backup", "all",
