@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -214,6 +215,11 @@ def test_backup_create_fetches_and_uploads_only_the_files_a_change_made(make_clu
         blocked.write_bytes(b"")
         with pytest.raises(OSError):
             backup_cluster(kv, cluster.spec.name, BackupStore(targets[1][0]), blocked, datetime.now(timezone.utc))
+        started = time.monotonic()  # a store that fails is not a reason to ask the other nodes until the timeout
+        with pytest.raises(Unavailable, match="cannot prepare a backup in"):
+            backup_cluster(kv, cluster.spec.name, BackupStore(blocked.as_uri()), tmp_path / "w",
+                           datetime.now(timezone.utc))
+        assert time.monotonic() - started < 10
     assert pending_markers(targets[1][0], {}) == []  # its marker went with it
     for later in moved[1:]:
         assert {p: node for node, p in later} == leaders, later
