@@ -1,7 +1,6 @@
-"""Restoring backups onto a stopped cluster, to a backup or to a point of the log with a change feed, and
-backing up a running cluster without a learner.
+"""Restoring backups onto a stopped cluster, to a backup or to a point of the log with a change feed.
 
-Both go through `BackupStore` (raftkv/backup/store.py): the layout under the URL, the
+It goes through `BackupStore` (raftkv/backup/store.py): the layout under the URL, the
 manifest (raftkv/backup/manifest.py) and the checks are its. Which backup and which feed events
 bring a partition to a point of its log is `restore_plan.py`'s decision.
 
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import datetime
 from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
@@ -30,7 +28,6 @@ from learners.feed_history import FeedHistory
 from learners.restore_plan import Coverage, Replay, Replayer, index_at_time, plan_restore
 from raftkv.backup.manifest import BackupInfo, partition_dir
 from raftkv.backup.store import BackupStore
-from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError, InvalidRequest
 from raftkv.core.overlay import Overlay
 from raftkv.core.partitioning import partitions_hosted_by
@@ -222,26 +219,3 @@ def _ranges(partitions: Iterable[int]) -> str:
     if numbers and numbers == list(range(numbers[0], numbers[-1] + 1)):
         return f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0])
     return ",".join(map(str, numbers)) or "none"
-
-
-# -- a backup of a running cluster, without a learner ---------------------------
-
-
-def backup_cluster(client: Client, cluster: str, store: BackupStore, work: Path, created: datetime,
-                   sent: Callable[[int], None] = _ignore, planned: Callable[[int], None] = _ignore,
-                   copying: Callable[[int], None] = _ignore) -> BackupInfo:
-    """Copy each partition's checkpoint from its leader into `work`, then export them (`copying(p)` hears of
-    each partition as its copy starts, `planned(n)` of the bytes to upload, `sent(n)` of each n uploaded).
-
-    Each partition is exactly the state after its recorded entry; partitions are copied one after
-    another, at different moments. The files are the leader's own table files, which RocksDB never
-    changes, so from one backup to the next only what was written (or compacted) since is new, and
-    only that is uploaded.
-    """
-    cluster_id = client.topology().meta.cluster_id
-    checkpoints = {}
-    for p in range(client.partitions):
-        copying(p)
-        folder = work / partition_dir(p)
-        checkpoints[p] = (folder, client.checkpoint(p, folder))
-    return store.export(cluster, checkpoints, created, cluster_id, sent, planned)

@@ -5,8 +5,9 @@ for each target, `backup_cluster` (what `raftkv backup create` runs) makes a ful
 of the keys get new values, a second (incremental) backup is made, and each backup is restored into a
 fresh one-node data dir (`restore`, what `raftkv backup restore` runs). MB/s is bytes moved over
 seconds: for a backup, the bytes it stored (uploaded; the rest was already there), for a restore, the
-bytes it read (the whole backup); "whole MB/s" is the backup's full size over the same seconds. Seconds
-are wall time, a backup's including the copy of every checkpoint from the leaders and hashing it.
+bytes it read (the whole backup); "whole MB/s" is the backup's full size over the same seconds; "MB
+fetched" is what a backup copied from the leaders (the checkpoint files its store lacked, and the small
+files that change). Seconds are wall time, a backup's including the leaders' listings and copies.
 
     .venv/bin/python scripts/bench_backup.py                          # 1,000,000 keys
     .venv/bin/python scripts/bench_backup.py --keys 20000 --json-out backup.json
@@ -40,7 +41,8 @@ from bench_load import VALUE_BYTES, key  # noqa: E402
 from tests.s3_server import s3_server  # noqa: E402
 
 import raftkv  # noqa: E402
-from learners.backup_restore import backup_cluster, restore  # noqa: E402
+from learners.backup_restore import restore  # noqa: E402
+from learners.cluster_backup import backup_cluster  # noqa: E402
 from raftkv.backup.store import BackupStore  # noqa: E402
 from raftkv.core.partitioning import partition_for_key  # noqa: E402
 from raftkv.core.spec import build_spec  # noqa: E402
@@ -57,6 +59,7 @@ class Row:
     bytes: int  # stored (backup) or read (restore)
     backup_bytes: int  # the whole backup
     seconds: float
+    fetched: int = 0  # a backup's: copied from the leaders
 
     @property
     def mb_s(self) -> float:
@@ -81,9 +84,11 @@ def backup_and_restore(kv: raftkv.Client, target: str, url: str, options: dict, 
                        partitions: int) -> list[Row]:
     store = BackupStore(url, options)
     stored: list[int] = []
+    fetched: list[int] = []
     started = time.monotonic()
     with tempfile.TemporaryDirectory(dir=work) as copies:
-        info = backup_cluster(kv, "raftkv", store, Path(copies), datetime.now(timezone.utc), sent=stored.append)
+        info = backup_cluster(kv, "raftkv", store, Path(copies), datetime.now(timezone.utc), sent=stored.append,
+                              fetched=fetched.append)
     backed_up = time.monotonic() - started
     read: list[int] = []
     spec = build_spec(nodes=1, partitions=partitions, replication=1, base_port=40000,
@@ -91,7 +96,7 @@ def backup_and_restore(kv: raftkv.Client, target: str, url: str, options: dict, 
     started = time.monotonic()
     restore(url, info.id, spec, options, received=read.append)
     restored = time.monotonic() - started
-    return [Row(target, kind, "backup", sum(stored), info.total_bytes, backed_up),
+    return [Row(target, kind, "backup", sum(stored), info.total_bytes, backed_up, sum(fetched)),
             Row(target, kind, "restore", sum(read), info.total_bytes, restored)]
 
 
@@ -119,12 +124,13 @@ def run(args: argparse.Namespace, work: Path) -> list[Row]:
 def table(rows: list[Row], keys: int, change: float) -> Table:
     t = Table(title=f"backup and restore, {keys:,} keys (16 B keys, {VALUE_BYTES} B values), "
                     f"incremental after {change:.0%} changed")
-    for column in ("target", "backup", "step", "MB moved", "backup MB", "seconds", "MB/s", "whole MB/s"):
+    for column in ("target", "backup", "step", "MB moved", "MB fetched", "backup MB", "seconds", "MB/s", "whole MB/s"):
         text = column in ("target", "backup", "step")
         t.add_column(column, justify="left" if text else "right", no_wrap=text)
     for r in rows:
-        t.add_row(r.target, r.kind, r.step, f"{r.bytes / 1e6:.1f}", f"{r.backup_bytes / 1e6:.1f}", f"{r.seconds:.2f}",
-                  f"{r.mb_s:.1f}", f"{r.whole_mb_s:.1f}")
+        t.add_row(r.target, r.kind, r.step, f"{r.bytes / 1e6:.1f}",
+                  f"{r.fetched / 1e6:.2f}" if r.step == "backup" else "", f"{r.backup_bytes / 1e6:.1f}",
+                  f"{r.seconds:.2f}", f"{r.mb_s:.1f}", f"{r.whole_mb_s:.1f}")
     return t
 
 

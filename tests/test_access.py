@@ -38,7 +38,7 @@ def secured(make_module_cluster):
         yield cluster, admin
 
 
-def test_a_read_only_user_reads_and_cannot_write(secured):
+def test_a_read_only_user_reads_and_cannot_write(secured, tmp_path):
     cluster, admin = secured
     token = _token_user(admin, "rita", "reader")
     with Client(cluster.endpoints, tls=cluster.tls, token=token, timeout=5) as rita:
@@ -48,7 +48,9 @@ def test_a_read_only_user_reads_and_cannot_write(secured):
             rita.put(b"app/x", b"2")
         with pytest.raises(PermissionDenied, match="user rita may not run change_topology"):
             rita.change_topology(RemoveUser("admin"))
-    assert admin.get(b"app/x") == b"1"
+        with pytest.raises(PermissionDenied, match="user rita may not run checkpoint"):  # a backup's copy
+            rita.checkpoint_files(0, tmp_path / "p0", lambda listed: [f.path for f in listed])
+    assert admin.get(b"app/x") == b"1" and not (tmp_path / "p0").exists()
     assert {"admin", "rita"} <= {u.name for u in admin.topology().meta.users}
 
 

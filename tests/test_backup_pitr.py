@@ -12,7 +12,8 @@ import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from learners.backup_restore import STAGING, backup_cluster
+from learners.backup_restore import STAGING
+from learners.cluster_backup import backup_cluster
 from raftkv import Client, failpoints
 from raftkv.backup.store import BackupStore, list_backups
 from raftkv.core.commands import Delete, Put

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from raftkv.backup.manifest import BackupInfo, FileEntry, PartitionCopy, backup_id_for
 from raftkv.backup.plan import (CLOCK_MARGIN, PENDING_GRACE, PRUNE_WINDOW, is_fresh, plan_prune, prunes_in_the_way,
-                                to_upload)
+                                to_fetch, to_upload)
 from raftkv.storage.engine import Position
 
 NOW = datetime(2026, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
@@ -27,6 +27,14 @@ def test_an_export_uploads_what_is_absent_or_cut_short_in_its_own_order():
     needed = {SHA["c"]: 5, SHA["a"]: 7, SHA["b"]: 9}
     assert to_upload(needed, {SHA["a"]: 7, SHA["b"]: 4, SHA["d"]: 1}) == [SHA["c"], SHA["b"]]
     assert to_upload(needed, needed) == []
+
+
+def test_backup_create_fetches_what_the_store_lacks_or_holds_cut_short_and_every_unhashed_file():
+    listed = [("000009.sst", 7, SHA["a"]), ("CURRENT", 16, ""), ("000011.sst", 9, SHA["b"]),
+              ("000012.sst", 5, SHA["c"]), ("MANIFEST-000010", 300, "")]
+    present = {SHA["a"]: 7, SHA["b"]: 4, SHA["d"]: 1}
+    assert to_fetch(listed, present) == ["CURRENT", "000011.sst", "000012.sst", "MANIFEST-000010"]
+    assert to_fetch(listed, {}) == [path for path, _, _ in listed]
 
 
 def test_an_export_waits_for_a_prune_until_its_window_and_the_clock_margin_passed():

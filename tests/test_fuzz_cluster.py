@@ -73,6 +73,10 @@ ADMIN_SEEDS: dict[str, list[pb.Message]] = {
     "/raftkv.v1.Admin/TransferLeadership": [pb.TransferLeadershipRequest(group=1, node="n2")],
     "/raftkv.v1.Admin/Compact": [pb.ReplicaRequest(group=0)],
     "/raftkv.v1.Admin/Checkpoint": [pb.ReplicaRequest(group=0)],
+    "/raftkv.v1.Admin/CheckpointFiles": [
+        pb.CheckpointFilesRequest(replica=pb.ReplicaRequest(group=1, linearizable=True)),
+        pb.CheckpointFilesRequest(paths=["CURRENT", "../escaped"]),
+    ],
     "/raftkv.v1.Admin/Topology": [pb.TopologyRequest()],
 }
 LEARNER_SEEDS: dict[str, list[pb.Message]] = {
@@ -186,7 +190,10 @@ async def _call(channel: grpc.aio.Channel, target: Target, body: bytes) -> tuple
     """The call's status, and what went wrong that must not: an unhandled exception, or a unary call
     that hung."""
     try:
-        if target.streaming:
+        if METHODS[target.method].client_streaming:  # one message, then the stream ends
+            async for _ in channel.stream_stream(target.method)(iter([body]), timeout=STREAM_DEADLINE):
+                pass
+        elif target.streaming:
             async for _ in channel.unary_stream(target.method)(body, timeout=STREAM_DEADLINE):
                 pass
         else:

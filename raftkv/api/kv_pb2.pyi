@@ -580,18 +580,38 @@ class ReplicaState(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ..., log_index_term: _Optional[int] = ..., base: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ..., term: _Optional[int] = ..., guarded: _Optional[bool] = ...) -> None: ...
 
 class CheckpointChunk(_message.Message):
-    __slots__ = ("index", "term", "path", "data", "base")
+    __slots__ = ("index", "term", "path", "data", "base", "files")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     BASE_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
     index: int
     term: int
     path: str
     data: bytes
     base: _containers.RepeatedCompositeFieldContainer[LogEntry]
-    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., path: _Optional[str] = ..., data: _Optional[bytes] = ..., base: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ...) -> None: ...
+    files: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
+    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., path: _Optional[str] = ..., data: _Optional[bytes] = ..., base: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ..., files: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ...) -> None: ...
+
+class CheckpointFile(_message.Message):
+    __slots__ = ("path", "size", "sha256")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    sha256: str
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class CheckpointFilesRequest(_message.Message):
+    __slots__ = ("replica", "paths")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    replica: ReplicaRequest
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica: _Optional[_Union[ReplicaRequest, _Mapping]] = ..., paths: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LogEntry(_message.Message):
     __slots__ = ("command", "index", "term")

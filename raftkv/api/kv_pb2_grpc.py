@@ -447,6 +447,11 @@ class AdminStub:
                 request_serializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
                 response_deserializer=raftkv_dot_api_dot_kv__pb2.CheckpointChunk.FromString,
                 _registered_method=True)
+        self.CheckpointFiles = channel.stream_stream(
+                '/raftkv.v1.Admin/CheckpointFiles',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.CheckpointFilesRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.CheckpointChunk.FromString,
+                _registered_method=True)
         self.Reseed = channel.unary_unary(
                 '/raftkv.v1.Admin/Reseed',
                 request_serializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
@@ -521,6 +526,17 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckpointFiles(self, request_iterator, context):
+        """A backup's checkpoint, only the files it asks for. The first request names the partition (`replica`,
+        as Checkpoint's); the first answer lists every file of a checkpoint taken then (`files`: the SHA-256
+        of each table file, remembered while the file lasts; none for the small files that change). The
+        second request names the files to send (`paths`); their chunks follow, and the checkpoint goes
+        with the call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Reseed(self, request, context):
         """On a move's target: its learner of the partition made no progress while the leader went on; drop
         it and its data, and start again from a voter's checkpoint. done = false: no learner here.
@@ -579,6 +595,11 @@ def add_AdminServicer_to_server(servicer, server):
             'Checkpoint': grpc.unary_stream_rpc_method_handler(
                     servicer.Checkpoint,
                     request_deserializer=raftkv_dot_api_dot_kv__pb2.ReplicaRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.CheckpointChunk.SerializeToString,
+            ),
+            'CheckpointFiles': grpc.stream_stream_rpc_method_handler(
+                    servicer.CheckpointFiles,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.CheckpointFilesRequest.FromString,
                     response_serializer=raftkv_dot_api_dot_kv__pb2.CheckpointChunk.SerializeToString,
             ),
             'Reseed': grpc.unary_unary_rpc_method_handler(
@@ -789,6 +810,33 @@ class Admin:
             target,
             '/raftkv.v1.Admin/Checkpoint',
             raftkv_dot_api_dot_kv__pb2.ReplicaRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.CheckpointChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointFiles(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/raftkv.v1.Admin/CheckpointFiles',
+            raftkv_dot_api_dot_kv__pb2.CheckpointFilesRequest.SerializeToString,
             raftkv_dot_api_dot_kv__pb2.CheckpointChunk.FromString,
             options,
             channel_credentials,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-_IMMUTABLE = (".sst", ".blob")
+IMMUTABLE = (".sst", ".blob")  # RocksDB never changes these once written
 _CHUNK = 4 << 20
 
 
@@ -30,7 +30,7 @@ class FileDigests:
             st = path.stat()
             key = (path.name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             digest = known.get(key) or _sha256(path)
-            if path.suffix in _IMMUTABLE:
+            if path.suffix in IMMUTABLE:
                 self._known[key] = digest
             found[path] = (digest, st.st_size)
         return found

@@ -17,6 +17,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Iterable
 
 from raftkv.core.errors import CorruptData
 from raftkv.storage.engine import Position
@@ -162,7 +163,7 @@ class BackupInfo:
 
     def pending_marker(self) -> bytes:
         """What an export writes before it uploads: the objects the backup will reference."""
-        return json.dumps({"format": _PENDING_FORMAT, "id": self.id, "objects": sorted(self.objects)}).encode()
+        return pending_marker(self.id, self.objects)
 
 
 def _partition_copy(doc: dict) -> PartitionCopy:
@@ -189,6 +190,11 @@ def _sha256(value: object) -> str:
     if not isinstance(value, str) or not _SHA256.fullmatch(value):
         raise ValueError(f"sha256: expected 64 lowercase hex digits, got {value!r}")
     return value
+
+
+def pending_marker(backup_id: str, objects: Iterable[str]) -> bytes:
+    """A backup's pending marker: the objects it will (or, before it has hashed everything, may) reference."""
+    return json.dumps({"format": _PENDING_FORMAT, "id": backup_id, "objects": sorted(objects)}).encode()
 
 
 def pending_objects(data: bytes, where: str) -> frozenset[str]:

@@ -28,6 +28,13 @@ def to_upload(needed: Mapping[str, int], present: Mapping[str, int]) -> list[str
     return [name for name, size in needed.items() if present.get(name) != size]
 
 
+def to_fetch(listed: Iterable[tuple[str, int, str]], present: Mapping[str, int]) -> list[str]:
+    """Of a checkpoint's files (path, size, sha256; no sha256: a small file that changes, not hashed by its
+    source), the ones a backup must fetch: every file whose object is not stored whole, and every unhashed
+    one. In the order listed."""
+    return [path for path, size, sha256 in listed if not sha256 or present.get(sha256) != size]
+
+
 def prunes_in_the_way(locks: Mapping[str, datetime], now: datetime) -> list[str]:
     """The prune locks (name -> when that prune started, by its clock) an export must wait for after writing
     its marker: those whose PRUNE_WINDOW may not be over, even if our clock is up to CLOCK_MARGIN ahead."""

@@ -31,11 +31,12 @@ from typing import Callable, Iterable, Iterator, Mapping
 import fsspec
 
 from raftkv import failpoints
-from raftkv.backup.digests import FileDigests
+from raftkv.backup.digests import IMMUTABLE, FileDigests
 from raftkv.backup.manifest import (FILES, LOCKS, MANIFEST, PENDING, BackupInfo, FileEntry, PartitionCopy,
                                     backup_id_for, is_object, lock_name, lock_time, object_path, partition_dir,
-                                    pending_objects, time_of)
-from raftkv.backup.plan import MAX_EXPORT, PRUNE_WINDOW, is_fresh, plan_prune, prunes_in_the_way, to_upload
+                                    pending_marker, pending_objects, time_of)
+from raftkv.backup.plan import (CLOCK_MARGIN, MAX_EXPORT, PRUNE_WINDOW, is_fresh, plan_prune, prunes_in_the_way,
+                                to_upload)
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import checkpoint_position
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 
 LATEST = "latest"
 TRANSFERS = 8  # files uploaded or downloaded at once
-_IMMUTABLE = (".sst", ".blob")  # RocksDB never changes these once written: a staged one may be linked, not copied
 _CHUNK = 4 << 20
 _DELETES_PER_CALL = 1000  # S3's DeleteObjects takes at most this many keys
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "az"}  # a PUT stores an object whole, or not at all
@@ -169,17 +169,21 @@ class BackupStore:
 
     def export(self, cluster: str, checkpoints: Mapping[int, tuple[Path, Position]], created: datetime,
                cluster_id: str = "", sent: Callable[[int], None] = lambda n: None,
-               planned: Callable[[int], None] = lambda n: None) -> BackupInfo:
+               planned: Callable[[int], None] = lambda n: None,
+               stored: Mapping[int, Iterable[FileEntry]] | None = None) -> BackupInfo:
         """Make a backup of checkpoints (partition -> (folder, position)): upload the files no stored
-        object holds yet, then the manifest that makes them a backup. `planned(n)` hears once how many
-        bytes will be uploaded, `sent(n)` of every n bytes uploaded (from the upload threads). The order
-        of steps is what keeps a concurrent prune off the files (docs/backup.md)."""
+        object holds yet, then the manifest that makes them a backup. `stored` names, per partition, the
+        files of its checkpoint that are not in its folder but under files/ (`reserve`d under the same
+        `created`). `planned(n)` hears once how many bytes will be uploaded, `sent(n)` of every n bytes
+        uploaded (from the upload threads). The order of steps is what keeps a concurrent prune off the
+        files (docs/backup.md)."""
         backup_id = backup_id_for(created)
         local = {p: sorted(f for f in folder.iterdir() if f.is_file()) for p, (folder, _) in checkpoints.items()}
         digests = self._digests.of([f for files in local.values() for f in files])
         copies = tuple(
-            PartitionCopy(p, checkpoints[p][1], tuple(FileEntry(f"{partition_dir(p)}/{f.name}", digests[f][1],
-                                                                digests[f][0]) for f in files))
+            PartitionCopy(p, checkpoints[p][1], tuple(sorted(
+                [FileEntry(f"{partition_dir(p)}/{f.name}", digests[f][1], digests[f][0]) for f in files]
+                + list((stored or {}).get(p, ())), key=lambda entry: entry.path)))
             for p, files in sorted(local.items())
         )
         info = BackupInfo(backup_id, cluster, created.astimezone(timezone.utc), copies, cluster_id)
@@ -188,6 +192,9 @@ class BackupStore:
             self._put_whole(info.pending_marker(), self._path(backup_id, PENDING), backup_id)
             self._wait_for_prunes()
             missing = to_upload(info.objects, self._objects())
+            if gone := [sha256 for sha256 in missing if sha256 not in sources]:
+                raise Unavailable(f"backup {backup_id}: {len(gone)} stored files it reuses were deleted while it "
+                                  f"ran (a prune whose clock is off by more than {CLOCK_MARGIN}?); run it again")
             planned(sum(info.objects[sha256] for sha256 in missing))
 
             def upload(sha256: str) -> None:
@@ -202,6 +209,16 @@ class BackupStore:
             self._put_whole(info.to_manifest(), self._path(backup_id, MANIFEST), backup_id)
             self._fs.rm_file(self._path(backup_id, PENDING))
         return info
+
+    def reserve(self, created: datetime, objects: Iterable[str]) -> dict[str, int]:
+        """Before a backup (started at `created`) decides which files it need not fetch: announce the objects
+        it may reuse in its pending marker, wait out every prune that may not have seen the marker, then
+        list what is stored (sha256 -> size). What is announced and listed stays until its export ends."""
+        backup_id = backup_id_for(created)
+        with self._storage("prepare a backup in"):
+            self._put_whole(pending_marker(backup_id, objects), self._path(backup_id, PENDING), backup_id)
+            self._wait_for_prunes()
+            return self._objects()
 
     def _wait_for_prunes(self) -> None:
         """Until no prune that may have listed the markers before ours can still delete anything."""
@@ -341,7 +358,7 @@ class BackupStore:
             self.stage([(info, partition)], staged, received)
             for entry in copy.files:
                 kept, local = staged / entry.sha256, dest / PurePosixPath(entry.path).name
-                if local.suffix in _IMMUTABLE:
+                if local.suffix in IMMUTABLE:  # never changed: linked, not copied
                     local.hardlink_to(kept)
                 else:
                     shutil.copyfile(kept, local)
@@ -353,16 +370,6 @@ class BackupStore:
         if position != copy.position:
             raise CorruptData(f"{where}: the checkpoint is the state after entry {position.index} (term "
                               f"{position.term}), the manifest says {copy.position.index} (term {copy.position.term})")
-
-    def verify(self, info: BackupInfo, work: Path, received: Callable[[int], None] = lambda n: None) -> None:
-        """Check every partition of a backup as `download` does, in a scratch folder under `work`
-        (one partition at a time, removed after)."""
-        for partition in info.partitions:
-            scratch = work / partition_dir(partition)
-            try:
-                self.download(info, partition, scratch, received)
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
 
     def stage(self, copies: Iterable[tuple[BackupInfo, int]], staged: Path,
               received: Callable[[int], None] = lambda n: None, planned: Callable[[int], None] = lambda n: None) -> None:

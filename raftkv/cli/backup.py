@@ -10,12 +10,14 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from learners.backup_restore import backup_cluster, restore, restore_to
+from learners.backup_restore import restore, restore_to
+from learners.cluster_backup import backup_cluster
 from learners.feed_history import FeedHistory, open_feed
 from learners.restore_plan import parse_index_targets, parse_time
 from raftkv import failpoints
 from raftkv.backup.manifest import BackupInfo
 from raftkv.backup.store import LATEST, BackupStore, list_backups, parse_storage_options
+from raftkv.backup.verification import bytes_to_read, verify_backups
 from raftkv.cli.options import config_option, json_option, parse_key_values, tls_files
 from raftkv.cli.output import console, progress_bars
 from raftkv.client.sync_client import Client
@@ -59,9 +61,9 @@ def backup() -> None:
 def create(config: str, url: str, storage_pairs: tuple[str, ...], progress: bool | None) -> None:
     """Back up a running cluster, without a learner.
 
-    Each partition is copied as a checkpoint of its leader's database, exactly
-    the state after one Raft entry; only the files no backup under the URL
-    holds yet are uploaded, several at once. Partitions are copied one after
+    Each partition is a checkpoint of its leader's database, exactly the state
+    after one Raft entry; only its files no backup under the URL holds yet
+    are copied from the leader and uploaded, several at once. Partitions are copied one after
     another, so the backup is not a single point in time across partitions.
     An admin verb.
     """
@@ -69,6 +71,7 @@ def create(config: str, url: str, storage_pairs: tuple[str, ...], progress: bool
     spec = load_spec(config)
     store = BackupStore(url, _storage_options(storage_pairs), source="--to")
     uploaded: list[int] = []
+    fetched: list[int] = []
     with Client([n.api_address for n in spec.nodes], tls=tls_files(spec)) as kv, \
             tempfile.TemporaryDirectory(prefix="raftkv-backup-") as tmp, progress_bars(progress) as bars:
         bar = bars.add("copying from the leaders")
@@ -82,9 +85,11 @@ def create(config: str, url: str, storage_pairs: tuple[str, ...], progress: bool
             bar.total(total)
 
         info = backup_cluster(kv, spec.name, store, work=Path(tmp), created=datetime.now(timezone.utc), sent=sent,
-                              planned=planned, copying=lambda p: bar.describe(f"copying partition {p} from its leader"))
+                              planned=planned, copying=lambda p: bar.describe(f"copying partition {p} from its leader"),
+                              fetched=fetched.append)
     console.print(f"backup {info.id}: {len(info.partitions)} partitions, {_size(info.total_bytes)} "
-                  f"({_size(sum(uploaded))} uploaded, the rest already stored) -> {store.url}", soft_wrap=True)
+                  f"({_size(sum(fetched))} copied from the leaders, {_size(sum(uploaded))} uploaded, the rest "
+                  f"already stored) -> {store.url}", soft_wrap=True)
 
 
 @backup.command("list")
@@ -118,8 +123,8 @@ def list_(url: str, storage_pairs: tuple[str, ...], as_json: bool) -> None:
 def verify(url: str, backup_id: str, storage_pairs: tuple[str, ...], progress: bool | None) -> None:
     """Check a backup: every file's size and SHA-256, and that each partition's checkpoint opens.
 
-    Each partition is downloaded to a temporary folder, checked and removed; a missing or damaged file
-    is named and the exit code is 2.
+    Each partition is downloaded to a temporary folder, checked and removed; a file several backups
+    share is downloaded once. A missing or damaged file is named and the exit code is 2.
     """
     failpoints.arm_from_environment()
     store = BackupStore(url, _storage_options(storage_pairs), source="--from")
@@ -127,8 +132,7 @@ def verify(url: str, backup_id: str, storage_pairs: tuple[str, ...], progress: b
     if not infos:
         raise ConfigError(f"no backups in {store.url}", source="--backup")
     with progress_bars(progress) as bars, tempfile.TemporaryDirectory(prefix="raftkv-verify-") as tmp:
-        for info in infos:
-            store.verify(info, Path(tmp), received=bars.add(f"backup {info.id}", total=info.total_bytes).advance)
+        verify_backups(store, infos, Path(tmp), received=bars.add("verifying", total=bytes_to_read(infos)).advance)
     for info in infos:
         console.print(f"backup {info.id}: {sum(len(c.files) for c in info.copies)} files, "
                       f"{_size(info.total_bytes)}: every size and hash matches, every checkpoint opens", soft_wrap=True)

@@ -19,9 +19,10 @@ import asyncio
 import heapq
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Iterable, Sequence, TypedDict
+from typing import AsyncIterator, Callable, Iterable, Sequence, TypedDict
 
 from raftkv.api import kv_pb2 as pb
+from raftkv.api.checkpoint_stream import ListedFile
 from raftkv.client.core import ClientCore, NodeStatus
 from raftkv.api.convert import consistency_from_name, op_from_command
 from raftkv.core.commands import (
@@ -203,6 +204,12 @@ class AsyncClient:
         """A partition's state as its leader's RocksDB checkpoint, written to `dest` (a folder that does not
         exist yet): the files and the Raft position they are exactly the state after. An admin verb."""
         return await self._core.checkpoint(partition, dest)
+
+    async def checkpoint_files(self, partition: int, dest: Path,
+                               choose: Callable[[list[ListedFile]], list[str]]) -> tuple[Position, list[ListedFile]]:
+        """`checkpoint`, only the files `choose` names of the leader's listing (called with every file of
+        the checkpoint: its path, size and, for a table file, SHA-256): the position, and the listing."""
+        return await self._core.checkpoint_files(partition, dest, choose)
 
     async def split_keys(self, partition: int, start: bytes = b"", end: bytes | None = None, *,
                          every: int) -> list[bytes]:

@@ -22,14 +22,14 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.api.checkpoint_stream import SILENCE_SECONDS, receive_checkpoint
+from raftkv.api.checkpoint_stream import SILENCE_SECONDS, ListedFile, receive_checkpoint, receive_files
 from raftkv.core.batching import GroupCommit
 from raftkv.api.convert import error_from_result
 from raftkv.api.rpc_errors import error_of, never_sent
 from raftkv.client.retry import decide
 from raftkv.client.routing import RoutingTable
-from raftkv.core.errors import (ChangeRefused, NotLeader, PermissionDenied, RaftKVError, ResourceExhausted,
-                                Unauthenticated, Unavailable, Undetermined)
+from raftkv.core.errors import (ChangeRefused, CorruptData, InvalidRequest, NotLeader, PermissionDenied,
+                                RaftKVError, ResourceExhausted, Unauthenticated, Unavailable, Undetermined)
 from raftkv.security.tls import Tls, open_channel, refusal
 from raftkv.storage.engine import Position
 
@@ -324,6 +324,50 @@ class ClientCore:
 
         return await self._retrying(partition, pb.LINEARIZABLE, False, f"checkpoint of partition {partition}", at)
 
+    async def checkpoint_files(self, partition: int, dest: Path,
+                               choose: Callable[[list[ListedFile]], list[str]]) -> tuple[Position, list[ListedFile]]:
+        """`checkpoint`'s, for a backup: the leader lists the checkpoint's files first, `choose` (run in a
+        thread: it may wait on storage) names the ones to fetch, and only those are written to `dest`.
+        The position, and every file of the checkpoint. Tried again as `checkpoint` is."""
+
+        async def at(address: str) -> tuple[Position, list[ListedFile]]:
+            call = self.admin(address).CheckpointFiles()
+            try:
+                request = pb.ReplicaRequest(group=partition, linearizable=True)
+                await call.write(pb.CheckpointFilesRequest(replica=request))
+                first = await asyncio.wait_for(call.read(), SILENCE_SECONDS)
+                if first is grpc.aio.EOF:
+                    raise Unavailable(f"{address}: the checkpoint's listing never came")
+                listed = [ListedFile(f.path, f.size, f.sha256) for f in first.files]
+                try:
+                    wanted = await asyncio.to_thread(choose, listed)
+                except RaftKVError as exc:  # the caller's (its storage): not a reason to ask another node
+                    raise _ChoiceFailed(exc) from exc
+                await call.write(pb.CheckpointFilesRequest(paths=wanted))
+                await call.done_writing()
+                dest.mkdir(parents=True, exist_ok=True)
+                await receive_files(call, dest, lambda n: None)
+                _check_received(dest, listed, wanted)
+                return Position(first.index, first.term), listed
+            except grpc.aio.AioRpcError as exc:  # FAILED_PRECONDITION: no voter of the partition there
+                error = (error_of(exc, partition) or _refused(exc) or _too_old(exc, address)
+                         or Unavailable(f"{address}: {exc.details() or exc.code().name}"))
+            except asyncio.TimeoutError:
+                error = Unavailable(f"{address}: sent nothing for {SILENCE_SECONDS:.0f}s")
+            except CorruptData as exc:
+                error = exc
+            except BaseException:
+                call.cancel()
+                raise
+            call.cancel()
+            shutil.rmtree(dest, ignore_errors=True)  # the next attempt starts afresh
+            raise error
+
+        try:
+            return await self._retrying(partition, pb.LINEARIZABLE, False, f"checkpoint of partition {partition}", at)
+        except _ChoiceFailed as failed:
+            raise failed.error from None
+
     async def scan_partition(self, partition: int, request: pb.ScanRequest) -> AsyncIterator[pb.ScanChunk]:
         """Chunks of one partition's scan, all from one view; retried only before the first chunk."""
 
@@ -342,3 +386,26 @@ class ClientCore:
                 chunk = await call.read()
             except grpc.aio.AioRpcError as exc:
                 raise Unavailable(f"scan of partition {partition} broke off at {address}: {exc.details()}") from None
+
+
+class _ChoiceFailed(Exception):
+    """`checkpoint_files`' chooser failed: raised past the retry loop, which would ask the other nodes."""
+
+    def __init__(self, error: RaftKVError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _too_old(exc: grpc.aio.AioRpcError, address: str) -> RaftKVError | None:
+    if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+        return None
+    return InvalidRequest(f"{address} runs a release without Admin.CheckpointFiles: upgrade the nodes first")
+
+
+def _check_received(dest: Path, listed: list[ListedFile], wanted: list[str]) -> None:
+    """Every file asked for arrived whole (a listing and its files come from one checkpoint)."""
+    sizes = {f.path: f.size for f in listed}
+    for name in wanted:
+        local = dest / name
+        if name not in sizes or not local.is_file() or local.stat().st_size != sizes[name]:
+            raise CorruptData(f"the checkpoint's {name} did not arrive whole")

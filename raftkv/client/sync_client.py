@@ -23,11 +23,12 @@ import asyncio
 import heapq
 import threading
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence, Unpack
+from typing import Callable, Iterable, Iterator, Sequence, Unpack
 
 import uvloop
 
 from raftkv.api import kv_pb2 as pb
+from raftkv.api.checkpoint_stream import ListedFile
 from raftkv.client.async_client import AsyncClient, Bytes, ClientOptions, LearnerView, Read, scan_bounds
 from raftkv.client.core import NodeStatus
 from raftkv.core.commands import CasResult, Mutation
@@ -129,6 +130,12 @@ class Client:
         """A partition's state as its leader's RocksDB checkpoint, written to `dest` (a folder that does not
         exist yet): the files and the Raft position they are exactly the state after. An admin verb."""
         return self._run(self._async.checkpoint(partition, dest))
+
+    def checkpoint_files(self, partition: int, dest: Path,
+                         choose: Callable[[list[ListedFile]], list[str]]) -> tuple[Position, list[ListedFile]]:
+        """`checkpoint`, only the files `choose` names of the leader's listing (called with every file of
+        the checkpoint: its path, size and, for a table file, SHA-256): the position, and the listing."""
+        return self._run(self._async.checkpoint_files(partition, dest, choose))
 
     def split_keys(self, partition: int, start: bytes = b"", end: bytes | None = None, *, every: int) -> list[bytes]:
         """Every `every`-th key of a partition's range, from one replica: boundaries for parallel scans."""

@@ -34,7 +34,8 @@ RAFT_BYTES_SENT = Counter("raftkv_raft_bytes_sent_total",
                           "Bytes of log entries and of snapshot chunks this replica sent to other members",
                           ["partition", "kind"])
 CHECKPOINT_BYTES_SENT = Counter("raftkv_checkpoint_bytes_sent_total",
-                                "Bytes of checkpoint files this node's voter sent to a new replica (Admin.Checkpoint)",
+                                "Bytes of checkpoint files this node's voter sent: to a new replica, to a backup "
+                                "(Admin.Checkpoint, Admin.CheckpointFiles)",
                                 ["partition"])
 GROUP_RESTING = Gauge("raftkv_group_resting",
                       "1 while this replica's Raft group rests: idle, it neither ticks nor heartbeats", ["partition"])

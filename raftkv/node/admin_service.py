@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import AsyncIterator, Callable, Mapping
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
@@ -72,6 +73,28 @@ class AdminService(kv_pb2_grpc.AdminServicer):
 
     async def Checkpoint(self, request: pb.ReplicaRequest, context):
         await self._gate.admit(context, Request.admin("checkpoint"))
+        chunks = await self._opened(request, context, lambda: self._replicas.checkpoint(request.group))
+        async for chunk in self._counted(request.group, chunks):
+            yield chunk
+
+    async def CheckpointFiles(self, requests, context):
+        """Checkpoint's for a backup: the listing first, then only the files the caller names."""
+        await self._gate.admit(context, Request.admin("checkpoint"))
+        first = await _next_request(requests, context)
+        if first is None:
+            return
+        request = first.replica
+
+        async def wanted() -> list[str]:
+            return list(then.paths) if (then := await _next_request(requests, context)) else []  # []: it left
+
+        chunks = await self._opened(request, context, lambda: self._replicas.backup_checkpoint(request.group, wanted))
+        async for chunk in self._counted(request.group, chunks):
+            yield chunk
+
+    async def _opened(self, request: pb.ReplicaRequest, context, open_chunks: Callable[[], AsyncIterator]):
+        """The chunks of this node's voter of the partition, after a read barrier if asked; the call
+        fails when there is no voter here, or it is not the leader."""
         voter = self._voters.get(request.group)
         if voter is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -79,10 +102,13 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         try:
             if request.linearizable:
                 await voter.barrier()  # not the leader (the error names it), or no quorum
-            chunks = self._replicas.checkpoint(request.group)
+            return open_chunks()
         except RaftKVError as error:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error), trailing_metadata=error_metadata(error))
-        sent = metrics.CHECKPOINT_BYTES_SENT.labels(request.group)
+
+    @staticmethod
+    async def _counted(group: int, chunks: AsyncIterator[pb.CheckpointChunk]) -> AsyncIterator[pb.CheckpointChunk]:
+        sent = metrics.CHECKPOINT_BYTES_SENT.labels(group)
         async for chunk in chunks:
             sent.inc(len(chunk.data))
             yield chunk
@@ -118,6 +144,15 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         await self._gate.admit(context, Request.admin("report_stop"))  # nodes only, and admins
         self._stops.heard(request.node, request.reason)
         return pb.StopAck()
+
+
+async def _next_request(requests, context) -> pb.CheckpointFilesRequest | None:
+    """The next message of a request stream, None when it ended; a message that does not parse ends the
+    call with INVALID_ARGUMENT (a stream's messages are parsed as the handler reads them)."""
+    try:
+        return await anext(requests, None)
+    except DecodeError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a CheckpointFilesRequest: {exc}")
 
 
 def _response(answer: Answer) -> pb.ChangeMembershipResponse:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Protocol
+from typing import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Protocol
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.core.commands import Command
@@ -137,6 +137,11 @@ class ReplicaAdminPort(Protocol):
     def checkpoint(self, group: int) -> AsyncIterator[pb.CheckpointChunk]:
         """A checkpoint of this node's voter of partition `group` (one it holds), as its RocksDB files:
         the receiving node opens them as its replica's database."""
+
+    def backup_checkpoint(self, group: int,
+                          wanted: Callable[[], Awaitable[Iterable[str]]]) -> AsyncIterator[pb.CheckpointChunk]:
+        """A checkpoint of this node's voter of partition `group` for a backup: first its listing (every
+        file, the SHA-256 of each table file), then the chunks of the files `wanted()` names."""
 
     def reseed(self, group: int) -> Answer:
         """Drop the learner of a move here and copy a checkpoint afresh; not done when there is none."""

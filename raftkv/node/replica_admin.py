@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Iterable
 
 from raftkv.api import kv_pb2 as pb
+from raftkv.backup.digests import FileDigests
 from raftkv.core.errors import ChangeRefused, Unavailable
 from raftkv.meta.records import META, ClusterMeta
+from raftkv.node.backup_checkpoint import backup_checkpoint
 from raftkv.node.hosted_replicas import HostedReplicas
 from raftkv.node.meta_replica import MetaReplica
 from raftkv.node.mover import RPC_TIMEOUT
@@ -29,6 +31,7 @@ class ReplicaAdmin:
         self._hosted = hosted
         self._meta = meta
         self._topology = topology
+        self._digests: dict[int, FileDigests] = {}  # partition -> the hashes of its table files, for backups
 
     def progress(self, group: int, log_index: int) -> ReplicaProgress:
         hosted, g = self._hosted, group
@@ -116,6 +119,13 @@ class ReplicaAdmin:
         if voter is None:  # it left since the caller looked
             raise Unavailable(f"{self._me} no longer holds a voter of partition {group}")
         return checkpoint_chunks(voter.replica)
+
+    def backup_checkpoint(self, group: int,
+                          wanted: Callable[[], Awaitable[Iterable[str]]]) -> AsyncIterator[pb.CheckpointChunk]:
+        voter = self._hosted.frontends.get(group)
+        if voter is None:  # it left since the caller looked
+            raise Unavailable(f"{self._me} no longer holds a voter of partition {group}")
+        return backup_checkpoint(voter.replica, self._digests.setdefault(group, FileDigests()), wanted)
 
     def reseed(self, group: int) -> Answer:
         return Answer(done=self._hosted.reseed(group), leader=self._me)

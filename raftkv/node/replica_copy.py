@@ -51,25 +51,40 @@ async def checkpoint_chunks(replica: Replica[RocksEngine]) -> AsyncIterator[pb.C
     RocksDB's, which the receiving node opens as its replica's database."""
     work = Path(tempfile.mkdtemp(dir=replica.engine.folder, prefix="copy-"))
     try:
-        # No await between these: the entries applied since the database's position changed nothing in it.
-        # A replica still replaying its journal after a restart has applied less than its database holds
-        # (issue 32): the base is then the log's entries at the database's position.
-        position = replica.engine.checkpoint(work / "db")
-        at = max(position.index, replica.group.last_applied)
-        base = [pb.LogEntry(command=c, index=i, term=t) for c, i, t in replica.group.log_base_at(at) or ()]
-        root = work / "db"
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            name = path.relative_to(root).as_posix()
-            with open(path, "rb") as f:
-                while True:
-                    data = await asyncio.to_thread(_read_chunk, f)
-                    yield pb.CheckpointChunk(index=position.index, term=position.term, path=name, data=data,
-                                             base=base)
-                    base = []
-                    if len(data) < CHUNK_BYTES:
-                        break
+        position, base = take_checkpoint(replica, work / "db")
+        async for chunk in file_chunks(work / "db", files_under(work / "db"), position, base):
+            yield chunk
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def take_checkpoint(replica: Replica[RocksEngine], dest: Path) -> tuple[Position, list[pb.LogEntry]]:
+    """Checkpoint the replica into `dest` (hard links); the position it is the state after, and the log's
+    entries at it (the base of a log seeded with it)."""
+    # No await between these: the entries applied since the database's position changed nothing in it.
+    # A replica still replaying its journal after a restart has applied less than its database holds
+    # (issue 32): the base is then the log's entries at the database's position.
+    position = replica.engine.checkpoint(dest)
+    at = max(position.index, replica.group.last_applied)
+    return position, [pb.LogEntry(command=c, index=i, term=t) for c, i, t in replica.group.log_base_at(at) or ()]
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+async def file_chunks(root: Path, files: list[Path], position: Position,
+                      base: list[pb.LogEntry]) -> AsyncIterator[pb.CheckpointChunk]:
+    """Chunks of `files` (under `root`, one after the other); the first carries `base`."""
+    for path in files:
+        name = path.relative_to(root).as_posix()
+        with open(path, "rb") as f:
+            while True:
+                data = await asyncio.to_thread(_read_chunk, f)
+                yield pb.CheckpointChunk(index=position.index, term=position.term, path=name, data=data, base=base)
+                base = []
+                if len(data) < CHUNK_BYTES:
+                    break
 
 
 def _read_chunk(f) -> bytes:
