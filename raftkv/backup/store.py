@@ -28,7 +28,6 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Iterator, Mapping
 
-import fsspec
 
 from raftkv import failpoints
 from raftkv.backup.digests import IMMUTABLE, FileDigests
@@ -98,6 +97,8 @@ class BackupStore:
 
     def __init__(self, url: str, storage_options: Mapping | None = None, source: str = "url",
                  clock: Callable[[], datetime] = _utc_now):
+        import fsspec  # here, not at the top: a node without a backup URL never pays for importing it
+
         self.url = url.rstrip("/")
         try:
             # A fresh instance each time, and its listings never cached (`_listing`): another writer
