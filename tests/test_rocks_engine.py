@@ -328,3 +328,15 @@ def test_a_scan_still_reading_after_the_grace_fails_its_next_step_and_the_instal
     finally:
         leader.close()
         follower.close()
+
+
+def test_a_checkpoint_being_sent_when_the_process_died_is_deleted_at_the_next_open(tmp_path):
+    """Its hard links would keep every table file it named on disk, compacted away or not, for good."""
+    engine = RocksEngine(tmp_path)
+    engine.write([Put(b"k", b"v")], Position(1, 1))
+    scratch = engine.scratch()
+    engine.checkpoint(scratch / "db")
+    engine.close()  # the process died here: nobody removed the scratch folder
+    assert list((scratch / "db").iterdir())
+    RocksEngine(tmp_path).close()
+    assert not scratch.exists()

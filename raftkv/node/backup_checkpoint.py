@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import tempfile
 from pathlib import Path
 from typing import AsyncIterator, Awaitable, Callable, Iterable
 
@@ -27,7 +26,7 @@ from raftkv.storage.rocks_engine import RocksEngine
 async def backup_checkpoint(replica: Replica[RocksEngine], digests: FileDigests,
                             wanted: Callable[[], Awaitable[Iterable[str]]]) -> AsyncIterator[pb.CheckpointChunk]:
     """The listing of a checkpoint taken now, then the chunks of the files `wanted()` names of it."""
-    work = Path(tempfile.mkdtemp(dir=replica.engine.folder, prefix="copy-"))
+    work = replica.engine.scratch()
     try:
         root = work / "db"
         position, base = take_checkpoint(replica, root)

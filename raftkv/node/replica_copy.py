@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 from typing import AsyncIterator, Callable, Iterable
 
@@ -49,7 +48,7 @@ class ReplicaCopying:
 async def checkpoint_chunks(replica: Replica[RocksEngine]) -> AsyncIterator[pb.CheckpointChunk]:
     """The replica's state, checkpointed now, as chunks of its files (the scratch copy is removed after):
     RocksDB's, which the receiving node opens as its replica's database."""
-    work = Path(tempfile.mkdtemp(dir=replica.engine.folder, prefix="copy-"))
+    work = replica.engine.scratch()
     try:
         position, base = take_checkpoint(replica, work / "db")
         async for chunk in file_chunks(work / "db", files_under(work / "db"), position, base):

@@ -134,7 +134,14 @@ def empty_database(path: Path) -> Path:
     return path
 
 
+SCRATCH_PREFIX = "copy-"  # a checkpoint on its way out of this replica (`RocksEngine.scratch`)
+
+
 def recover_interrupted_install(folder: Path) -> None:
+    """An install cut short finished or undone, and the scratch folders of checkpoints that were being
+    sent when the process died deleted (nothing else removes them)."""
+    for scratch in folder.glob(SCRATCH_PREFIX + "*"):
+        shutil.rmtree(scratch, ignore_errors=True)
     db, incoming, old = folder / "db", folder / "db.incoming", folder / "db.old"
     if not db.exists():
         if (incoming / INSTALL_READY).exists():
@@ -317,6 +324,11 @@ class RocksEngine:
         with self._lock:
             self._readers -= 1
             self._readers_done.notify_all()
+
+    def scratch(self) -> Path:
+        """A new folder beside the database for a checkpoint on its way out: the caller removes it, and
+        the next open does if the process dies first."""
+        return Path(tempfile.mkdtemp(dir=self.folder, prefix=SCRATCH_PREFIX))
 
     def checkpoint(self, dest: Path) -> Position:
         """A consistent copy of the database (hard links) at `dest`, and its position."""
