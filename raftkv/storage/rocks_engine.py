@@ -38,17 +38,17 @@ import tempfile
 import threading
 import time
 import weakref
-from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from rocksdict import AccessType, Checkpoint, DbClosedError, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import AccessType, Checkpoint, DbClosedError, Options, Rdict, WriteBatch
 
 from raftkv.core.command_kinds import write_mutation
 from raftkv.core.commands import Mutation
 from raftkv.storage.engine import ZERO, KeyRange, Position
 from raftkv.core.durable import fsync_directory, fsync_tree, make_dirs
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull, Unavailable
+from raftkv.storage.rocks_scan import RocksScan
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class RocksEngine:
         self._lock = threading.Lock()
         self._readers = 0
         self._readers_done = threading.Condition(self._lock)
-        self._scans: weakref.WeakSet[_Scan] = weakref.WeakSet()  # open ones, to cut at a close
+        self._scans: weakref.WeakSet[RocksScan] = weakref.WeakSet()  # open ones, to cut at a close
         self._db = _open(self.folder / "db")
         self._meta = self._db.get_column_family(_META_CF)
         # Every open, not only the first: a kill between RocksDB making db/ and this sync leaves a
@@ -315,7 +315,7 @@ class RocksEngine:
     def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
         with self._lock:
             position = self._position
-            scan = _Scan(self._db, key_range, self._reader_done, self._checked)  # pins the view of `position`
+            scan = RocksScan(self._db, key_range, self._reader_done, self._checked)  # pins the view of `position`
             self._readers += 1
             self._scans.add(scan)
         return position, scan
@@ -372,80 +372,3 @@ class RocksEngine:
         with self._lock:
             self._meta = None
             self._db.close()
-
-
-class _Scan:
-    """A scan's iterator; releases its reader slot when exhausted, closed or collected.
-
-    rocksdict's `items()` steps the RocksDB iterator in Rust, about ten times
-    faster than calling valid/key/value/next from Python for each item.
-    """
-
-    def __init__(self, db: Rdict, key_range: KeyRange, release, checked: Callable[[Exception], Exception]):
-        read_options = ReadOptions()
-        if key_range.end is not None:
-            read_options.set_iterate_upper_bound(key_range.end)
-        try:
-            items = db.items(from_key=key_range.start or None, read_opt=read_options)
-        except Exception as exc:
-            raise checked(exc) from None
-        self._it = islice(items, key_range.limit) if key_range.limit else items
-        self._db = db
-        self._read_options = read_options
-        self._last_key = key_range.start
-        self._checked = checked
-        self._release = weakref.finalize(self, release)
-        self._was_cut = False
-
-    def __iter__(self) -> _Scan:
-        return self
-
-    def __next__(self) -> tuple[bytes, bytes]:
-        it = self._it  # `cut` may drop it from another thread meanwhile
-        if self._was_cut:
-            raise _replaced()
-        if it is None:
-            raise StopIteration
-        try:
-            item = next(it)
-        except DbClosedError:
-            if self._was_cut:
-                raise _replaced() from None
-            raise
-        except StopIteration:
-            try:
-                self._check_ended_cleanly()
-            finally:
-                self.close()
-            raise
-        self._last_key = item[0]
-        return item
-
-    def _check_ended_cleanly(self) -> None:
-        """`items()` also just ends where RocksDB meets a damaged block; an iterator's status tells."""
-        db = self._db
-        if self._was_cut or db is None:
-            raise _replaced()
-        probe = db.iter(self._read_options)
-        probe.seek(self._last_key)
-        if probe.valid():
-            probe.next()
-        try:
-            probe.status()
-        except Exception as exc:
-            raise self._checked(exc) from None
-
-    def close(self) -> None:
-        self._it = None
-        self._release()
-
-    def cut(self) -> bool:
-        """The engine closes its database under this scan: drop every reference to it. True if the scan
-        was still counted as a reader (the engine, holding its lock, uncounts it)."""
-        self._was_cut = True
-        self._it = self._db = None
-        return self._release.detach() is not None
-
-
-def _replaced() -> Unavailable:
-    return Unavailable("the replica's database was replaced while this scan read it; retry")
