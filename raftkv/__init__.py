@@ -13,6 +13,11 @@ from typing import TYPE_CHECKING
 # gRPC's core logs every failed TLS handshake to stderr at INFO, beside the one line raftkv prints for it;
 # GRPC_VERBOSITY=INFO brings those back (e.g. on a node, to see who was refused).
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+# A child started with a preexec_fn (dev up's nodes and learner die with it) is forked, not vforked, and
+# gRPC's fork handlers then aborted about one child in fifteen (SIGABRT, SIGSEGV: "epoll_wait error: Bad
+# file descriptor") while a client of the parent was busy. raftkv never uses gRPC in a forked child
+# that does not exec at once. It must be set before grpc is imported: this package comes first.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 _WHERE = {
     "AsyncClient": "raftkv.client.async_client",

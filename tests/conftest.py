@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 
 import pytest
 
+import raftkv  # noqa: F401  before anything imports grpc: it sets how gRPC treats a fork (raftkv/__init__.py)
 from learners.changelog_client import ChangeLogClient
 from raftkv.raft import snapshot_file
 from raftkv.client.sync_client import Client
