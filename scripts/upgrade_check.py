@@ -1,0 +1,428 @@
+"""A rolling upgrade from an older release to this build, node by node, under a write load and with a
+Kafka learner, on real processes; exit 0 only when every check holds (docs/operations.md, "Upgrading").
+
+    .venv/bin/python scripts/upgrade_check.py                       # from c191d37 (0.1.0, before the Raft engine)
+    .venv/bin/python scripts/upgrade_check.py --partitions 2 --threads 2 --warmup 2
+
+It makes a git worktree of --release in a temporary folder and runs that release with this interpreter
+(its setup.cfg requirements must hold here; the check says which do not). The older release's CLI
+writes the spec (`cluster init`, mutual TLS) and registers a Kafka learner feeding a tansu broker; its
+nodes and learner start, writer threads put distinct keys, then each node in turn gets SIGTERM and is
+started on this build, until it serves and every partition has a leader; then the learner (--learner-first:
+before the nodes), until it delivers on every partition. It checks that every acknowledged write reads back, no stretch without an acknowledgement passed --max-gap, the
+feed is complete and in order, every node runs this build, the cluster version rose to it, and every
+node keeps its Raft log in the node log (raft-log/, no journal/ left, its writes counted on /metrics).
+Files stay (the path is printed) when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+from upgrade_release import OldRelease, UsageError, commit_of, imported_from  # noqa: E402
+
+from learners.consumer import read_feed  # noqa: E402
+from learners.feed_check import chain_breaks, replay  # noqa: E402
+from raftkv.client.sync_client import Client  # noqa: E402
+from raftkv.core.errors import RaftKVError  # noqa: E402
+from raftkv.core.release import VERSION  # noqa: E402
+from raftkv.core.spec_toml import load_spec  # noqa: E402
+from raftkv.dev.broker import TansuBroker  # noqa: E402
+from raftkv.dev.local_cluster import LocalCluster, free_port_block  # noqa: E402
+from raftkv.dev.write_load import WriteLoad  # noqa: E402
+from raftkv.security.tls import client_tls  # noqa: E402
+
+LEARNER = "feed"
+TOPIC = "raftkv-upgrade-feed"
+console = Console()
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not argparse's usage block
+        raise UsageError(f"{message} (see --help)")
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} must be above 0")
+        return value
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog="\n".join(__doc__.splitlines()[1:]))
+    parser.add_argument("--release", default="c191d37", help="the release to upgrade from: a commit of this "
+                        "repository (default c191d37, 0.1.0)")
+    parser.add_argument("--nodes", type=_positive(int), default=3, help="cluster nodes, 3 or more (default 3)")
+    parser.add_argument("--partitions", type=_positive(int), default=4, help="default 4")
+    parser.add_argument("--threads", type=_positive(int), default=4, help="writer threads (default 4)")
+    parser.add_argument("--durability", choices=("default", "fsync"), default="default")
+    parser.add_argument("--warmup", type=_positive(float), default=5.0,
+                        help="seconds of load before the first node is upgraded, and after the last step (default 5)")
+    parser.add_argument("--max-gap", type=_positive(float), default=5.0,
+                        help="the longest time allowed without an acknowledged write (default 5 s)")
+    parser.add_argument("--step-timeout", type=_positive(float), default=120.0,
+                        help="seconds a restarted node or learner may take to serve (default 120)")
+    parser.add_argument("--learner-first", action="store_true",
+                        help="upgrade the learner before the nodes (default: after them)")
+    args = parser.parse_args(argv)
+    if args.nodes < 3:
+        parser.error("--nodes must be 3 or more: a rolling upgrade keeps a majority of 3 replicas up")
+    return args
+
+
+@dataclass
+class Step:
+    name: str
+    log: Path
+    stopped_at: float  # when SIGTERM was sent
+    new_from: int = 0  # where this build's output begins in `log` (before it: the older release's)
+    exit_code: int | None = None  # None: it did not exit within the grace and was killed
+    down_seconds: float = 0.0
+    started_at: float = 0.0
+    serving_seconds: float | None = None  # None: it did not serve within --step-timeout
+    ended_at: float = 0.0  # when the next step began (the last: when the load stopped)
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Run:
+    steps: list[Step] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what a reader should know that no check decides
+    phases: dict[str, float] = field(default_factory=dict)  # seconds each part of the run took
+    _mark: float = field(default_factory=time.monotonic)
+
+    def phase(self, name: str) -> None:
+        """The part of the run that ended now."""
+        now = time.monotonic()
+        self.phases[name], self._mark = now - self._mark, now
+
+    def check(self, name: str, ok: bool, detail: str) -> bool:
+        self.checks.append(Check(name, ok, detail))
+        return ok
+
+
+class Learner:
+    """The learner process, started from one release or the other."""
+
+    def __init__(self, spec_path: Path, log_path: Path):
+        self.spec_path = spec_path
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "raftkv", "learner", "start", "--name", LEARNER, "--config", str(self.spec_path)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **env})
+
+    def stop(self, grace: float = 30.0) -> int | None:
+        return _terminate(self.proc, grace) if self.proc else None
+
+
+def _terminate(proc: subprocess.Popen, grace: float) -> int | None:
+    """SIGTERM; its exit code, or None if it had to be killed after `grace` seconds."""
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
+
+
+def _cli(env: dict[str, str], *args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "raftkv", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"raftkv {' '.join(args[:2])} failed ({done.returncode}): {done.stderr.strip()}")
+
+
+def _until(predicate, timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except RaftKVError:  # the cluster may not answer while a node restarts
+            pass
+        time.sleep(interval)
+    return False
+
+
+def _upgrade_node(run: Run, cluster: LocalCluster, node_id: str, env: dict[str, str], timeout: float) -> bool:
+    step = Step(node_id, cluster.log_path(node_id), time.monotonic())
+    run.steps.append(step)
+    step.exit_code = _terminate(cluster.procs[node_id], 30.0)
+    step.new_from = step.log.stat().st_size
+    step.started_at = time.monotonic()
+    step.down_seconds = step.started_at - step.stopped_at
+    cluster.start(node_id, env=env)
+    try:
+        cluster.wait_ready(timeout)
+    except RaftKVError as exc:
+        return run.check(f"{node_id} serves on {VERSION}", False, str(exc))
+    step.serving_seconds = time.monotonic() - step.started_at
+    return True
+
+
+def _delivered(kv: Client) -> dict[int, int]:
+    view = kv.learners().get(LEARNER)
+    return dict(view.progress) if view else {}
+
+
+def _upgrade_learner(run: Run, learner: Learner, kv: Client, env: dict[str, str], timeout: float) -> bool:
+    step = Step("learner", learner.log_path, time.monotonic())
+    run.steps.append(step)
+    step.exit_code = learner.stop()
+    step.new_from = step.log.stat().st_size
+    step.started_at = time.monotonic()
+    step.down_seconds = step.started_at - step.stopped_at
+    before = _delivered(kv)
+    learner.start(env)
+    moved = _until(lambda: (now := _delivered(kv)) and all(now[p] > before.get(p, 0) for p in now), timeout)
+    if not moved:
+        return run.check(f"learner delivers on {VERSION}", False, f"no partition's delivered index moved past "
+                         f"{before} within {timeout:.0f} s; see {learner.log_path}")
+    step.serving_seconds = time.monotonic() - step.started_at
+    return True
+
+
+def _metrics(host: str, port: int) -> dict[str, float]:
+    """Every sample on the node's /metrics, summed over labels."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    return sums
+
+
+def _node_log_in_use(spec, fsync: bool) -> list[str]:
+    """What says a node still keeps a replica's Raft journal of its own, one line each."""
+    problems = []
+    for node in spec.nodes:
+        if not (node.data_dir / "raft-log").is_dir():
+            problems.append(f"{node.id}: no raft-log/ in {node.data_dir}")
+        if journals := sorted(str(p.relative_to(node.data_dir)) for p in node.data_dir.glob("*/journal")):
+            problems.append(f"{node.id}: journals left: {', '.join(journals)}")
+        sums = _metrics(node.host, node.metrics_port)
+        if not sums.get("raftkv_journal_writes_total"):
+            problems.append(f"{node.id}: raftkv_journal_writes_total is 0 (no write to the node log)")
+        if fsync and not sums.get("raftkv_node_log_fsyncs_total"):
+            problems.append(f"{node.id}: raftkv_node_log_fsyncs_total is 0")
+        if sums.get("raftkv_journal_fsyncs_total"):
+            problems.append(f"{node.id}: raftkv_journal_fsyncs_total is {sums['raftkv_journal_fsyncs_total']:.0f} "
+                            "(a replica synced a journal of its own)")
+    return problems
+
+
+def _final_checks(run: Run, args, spec, load: WriteLoad, broker: TansuBroker, kv: Client, first_ack: float,
+                  load_end: float, cluster_version_seconds: float | None) -> None:
+    missing = load.not_read_back()
+    run.check("no acknowledged write lost", not missing,
+              f"{len(load.acked):,} acknowledged, {len(missing)} not read back by a scan"
+              + (f": {sorted(missing)[:3]}" if missing else ""))
+    failed = ", ".join(f"{name} {count}" for name, count in load.errors.most_common()) or "none"
+    run.check("writes fail only as Unavailable or Undetermined",
+              not set(load.errors) - {"Unavailable", "Undetermined"}, f"failed writes: {failed}")
+    gap = load.longest_gap(first_ack, load_end)
+    run.check(f"no write gap over {args.max_gap:g} s", gap <= args.max_gap, f"longest {gap:.2f} s")
+    final = dict(kv.scan())
+    events = read_feed(broker.bootstrap, TOPIC)
+    deadline = time.monotonic() + 120  # for the learner to deliver what the last writes left
+    while replay(events) != final and time.monotonic() < deadline:
+        time.sleep(1.0)
+        events = read_feed(broker.bootstrap, TOPIC)
+    breaks = chain_breaks(events)
+    table = replay(events)
+    run.check("feed complete and in order", not breaks and table == final,
+              f"{len(events):,} events replay to {len(table):,} keys of {len(final):,}; {len(breaks)} chain breaks"
+              + (f": {breaks[0]}" if breaks else ""))
+    versions = {s.node_id: (s.version if s.reachable else f"unreachable ({s.error})") for s in kv.status()}
+    run.check(f"every node runs {VERSION}", set(versions.values()) == {VERSION},
+              ", ".join(f"{n} {v}" for n, v in sorted(versions.items())))
+    run.check(f"cluster version {VERSION}", cluster_version_seconds is not None,
+              f"{kv.topology().meta.cluster_version}" + (f", {cluster_version_seconds:.1f} s after the last node"
+                                                         if cluster_version_seconds is not None else ""))
+    problems = _node_log_in_use(spec, args.durability == "fsync")
+    run.check("node log in use", not problems, "; ".join(problems) or
+              "raft-log/ on every node, no journal/, its writes counted"
+              + (" and synced" if args.durability == "fsync" else ""))
+
+
+def _tracebacks(text: str) -> list[str]:
+    """The exception line that ends each traceback in `text`."""
+    found = []
+    for block in text.split("Traceback (most recent call last):")[1:]:
+        ends = [line for line in block.splitlines() if line and not line[0].isspace()]
+        found.append(ends[0] if ends else "(cut off)")
+    return found
+
+
+def _log_checks(run: Run, release: str) -> None:
+    """A traceback this build logged fails the run; one the older release logged is a note (it is released)."""
+    ours = []
+    for step in run.steps:
+        text = step.log.read_bytes()
+        ours += [f"{step.name}: {line}" for line in _tracebacks(text[step.new_from:].decode(errors="replace"))]
+        run.notes += [f"{step.name} on {release} logged a traceback: {line}"
+                      for line in _tracebacks(text[:step.new_from].decode(errors="replace"))]
+    run.check("no traceback in what this build logged", not ours, "; ".join(ours) or f"{len(run.steps)} logs")
+
+
+def upgrade(args, work: Path) -> Run:
+    run = Run()
+    with ExitStack() as stack:
+        commit = commit_of(ROOT, args.release)
+        old = stack.enter_context(OldRelease(ROOT, commit, work / f"release-{commit[:12]}"))
+        if unmet := old.unmet():
+            raise UsageError(f"{args.release} needs what this environment lacks: {'; '.join(unmet)}; run the check "
+                             "from a venv that has them")
+        os.chdir(work)  # no raftkv here: `python -m` puts the working directory before PYTHONPATH
+        new = {"PYTHONPATH": str(ROOT)}
+        runs_old, runs_new = imported_from(old.env, work), imported_from(new, work)
+        if not run.check("each release imports its own tree", runs_old == old.tree and runs_new == ROOT,
+                         f"{args.release}: {runs_old}; this build: {runs_new}"):
+            return run
+
+        data = work / "data"
+        base = free_port_block(args.nodes * (args.partitions + 3))
+        _cli(old.env, "cluster", "init", "--nodes", str(args.nodes), "--partitions", str(args.partitions),
+             "--base-port", str(base), "--data-dir", str(data), "--durability", args.durability,
+             "-o", str(data / "cluster.toml"))
+        spec = load_spec(data / "cluster.toml")
+        # Not die_with_parent: its preexec_fn makes subprocess fork (not vfork), and gRPC's fork handlers
+        # abort 1-10 % of children before they exec while the load's clients are busy (docs/operations.md).
+        cluster = LocalCluster(spec, spec.path, env=old.env)
+        stack.callback(cluster.stop_all)
+        cluster.start_all()
+        cluster.wait_ready(args.step_timeout)
+        broker = TansuBroker(log_path=work / "tansu.log").start()
+        stack.callback(broker.stop)
+        _cli(old.env, "learner", "add", "--name", LEARNER, "--sink", "kafka", "--config", str(spec.path),
+             "--sink-option", f"bootstrap.servers={broker.bootstrap}", "--sink-option", f"topic={TOPIC}",
+             "--sink-option", "timeout.ms=5000")
+        learner = Learner(spec.path, work / "learner.log")
+        learner.start(old.env)
+        stack.callback(learner.stop)
+        kv = stack.enter_context(Client(cluster.endpoints, timeout=10.0, tls=client_tls(spec)))
+        releases = {s.node_id: s.version for s in kv.status()}
+        if not run.check(f"the cluster runs {args.release}", set(releases.values()) == {""},
+                         f"releases reported: {releases} (0.1 reports none)"):
+            return run
+
+        run.phase("the older release's cluster and learner started")
+        load = WriteLoad(cluster.endpoints, spec.partitions, threads=args.threads, tls=client_tls(spec))
+        stack.enter_context(load)
+        if not run.check("the old learner delivers", _until(lambda: len(_delivered(kv)) == spec.partitions and
+                                                            all(_delivered(kv).values()), args.step_timeout),
+                         f"delivered {_delivered(kv)}"):
+            return run
+        first_ack = min(load.ack_times() or [time.monotonic()])
+        time.sleep(args.warmup)
+        run.phase("warm-up")
+        cluster_version_seconds = None
+        for name in ["learner", *spec.node_ids] if args.learner_first else [*spec.node_ids, "learner"]:
+            if not (_upgrade_learner(run, learner, kv, new, args.step_timeout) if name == "learner" else
+                    _upgrade_node(run, cluster, name, new, args.step_timeout)):
+                return run
+            if name == spec.node_ids[-1]:
+                last_node = time.monotonic()
+                if _until(lambda: kv.topology().meta.cluster_version == VERSION, 60):
+                    cluster_version_seconds = time.monotonic() - last_node
+                    if not args.learner_first:
+                        run.notes.append(f"the cluster version reached {VERSION} while the learner still ran "
+                                         f"{args.release}: learners are not counted (docs/operations.md)")
+        time.sleep(args.warmup)
+        run.phase("upgrade")
+        load.stop()
+        load_end = time.monotonic()
+        for earlier, later in zip(run.steps, run.steps[1:]):
+            earlier.ended_at = later.stopped_at
+        run.steps[-1].ended_at = load_end
+        run.check("every node and the learner stopped on SIGTERM", all(s.exit_code == 0 for s in run.steps),
+                  ", ".join(f"{s.name} {'killed after 30 s' if s.exit_code is None else f'exit {s.exit_code}'}"
+                            for s in run.steps))
+        _final_checks(run, args, spec, load, broker, kv, first_ack, load_end, cluster_version_seconds)
+        run.phase("checks")
+        _log_checks(run, args.release)
+        _report(run, load)
+    return run
+
+
+def _report(run: Run, load: WriteLoad) -> None:
+    table = Table(title=f"rolling upgrade to {VERSION}")
+    for column in ("step", "down (s)", "serving after (s)", "longest write gap (s)", "acks"):
+        table.add_column(column, justify="left" if column == "step" else "right")
+    for s in run.steps:
+        acks = len(load.ack_times(s.stopped_at, s.ended_at))
+        table.add_row(s.name, f"{s.down_seconds:.1f}",
+                      "-" if s.serving_seconds is None else f"{s.serving_seconds:.1f}",
+                      f"{load.longest_gap(s.stopped_at, s.ended_at):.2f}", f"{acks:,}")
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="raftkv-upgrade-"))
+    try:
+        run = upgrade(parse_args(argv), work)
+    except UsageError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"upgrade_check: {exc}", file=sys.stderr)
+        return 2
+    except (RaftKVError, RuntimeError) as exc:  # the older release's cluster did not come up
+        run = Run([], [Check("the older release's cluster and learner start", False, str(exc))])
+    finally:
+        os.chdir(ROOT)
+    for c in run.checks:
+        console.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}", markup=False, highlight=False,
+                      soft_wrap=True)
+    for note in run.notes:
+        console.print(f"note {note}", markup=False, highlight=False, soft_wrap=True)
+    ok = bool(run.checks) and all(c.ok for c in run.checks)
+    parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in run.phases.items())
+    console.print(f"{'passed' if ok else 'FAILED'} in {time.monotonic() - started:.0f} s ({parts})", markup=False)
+    if ok:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        console.print(f"logs and data kept in {work}", markup=False, highlight=False)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
