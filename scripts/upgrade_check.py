@@ -20,14 +20,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,6 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from upgrade_release import OldRelease, UsageError, commit_of, imported_from  # noqa: E402
+from upgrade_steps import (LEARNER, Check, Learner, Run, cli, delivered, fall_behind, until, upgrade_learner,  # noqa: E402
+                           upgrade_node)
 
 from learners.consumer import read_feed  # noqa: E402
 from learners.feed_check import chain_breaks, replay  # noqa: E402
@@ -49,8 +48,8 @@ from raftkv.dev.local_cluster import LocalCluster, free_port_block  # noqa: E402
 from raftkv.dev.write_load import WriteLoad  # noqa: E402
 from raftkv.security.tls import client_tls  # noqa: E402
 
-LEARNER = "feed"
 TOPIC = "raftkv-upgrade-feed"
+PAUSE_SECONDS = 4.0  # an older node's, with --compact-every: long enough to be sent a snapshot
 console = Console()
 
 
@@ -86,138 +85,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the longest time allowed without an acknowledged write (default 5 s)")
     parser.add_argument("--step-timeout", type=_positive(float), default=120.0,
                         help="seconds a restarted node or learner may take to serve (default 120)")
+    parser.add_argument("--compact-every", type=_positive(int), default=None, metavar="ENTRIES",
+                        help="[tuning] compaction_min_entries (and compaction_min_seconds 1): with few, a restarted "
+                             "node is sent a snapshot by a node of the other release (default: the release's)")
     parser.add_argument("--learner-first", action="store_true",
                         help="upgrade the learner before the nodes (default: after them)")
     args = parser.parse_args(argv)
     if args.nodes < 3:
         parser.error("--nodes must be 3 or more: a rolling upgrade keeps a majority of 3 replicas up")
     return args
-
-
-@dataclass
-class Step:
-    name: str
-    log: Path
-    stopped_at: float  # when SIGTERM was sent
-    new_from: int = 0  # where this build's output begins in `log` (before it: the older release's)
-    exit_code: int | None = None  # None: it did not exit within the grace and was killed
-    down_seconds: float = 0.0
-    started_at: float = 0.0
-    serving_seconds: float | None = None  # None: it did not serve within --step-timeout
-    ended_at: float = 0.0  # when the next step began (the last: when the load stopped)
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
-
-
-@dataclass
-class Run:
-    steps: list[Step] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what a reader should know that no check decides
-    phases: dict[str, float] = field(default_factory=dict)  # seconds each part of the run took
-    _mark: float = field(default_factory=time.monotonic)
-
-    def phase(self, name: str) -> None:
-        """The part of the run that ended now."""
-        now = time.monotonic()
-        self.phases[name], self._mark = now - self._mark, now
-
-    def check(self, name: str, ok: bool, detail: str) -> bool:
-        self.checks.append(Check(name, ok, detail))
-        return ok
-
-
-class Learner:
-    """The learner process, started from one release or the other."""
-
-    def __init__(self, spec_path: Path, log_path: Path):
-        self.spec_path = spec_path
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, env: dict[str, str]) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "raftkv", "learner", "start", "--name", LEARNER, "--config", str(self.spec_path)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **env})
-
-    def stop(self, grace: float = 30.0) -> int | None:
-        return _terminate(self.proc, grace) if self.proc else None
-
-
-def _terminate(proc: subprocess.Popen, grace: float) -> int | None:
-    """SIGTERM; its exit code, or None if it had to be killed after `grace` seconds."""
-    if proc.poll() is not None:
-        return proc.returncode
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return None
-
-
-def _cli(env: dict[str, str], *args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "raftkv", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"raftkv {' '.join(args[:2])} failed ({done.returncode}): {done.stderr.strip()}")
-
-
-def _until(predicate, timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return True
-        except RaftKVError:  # the cluster may not answer while a node restarts
-            pass
-        time.sleep(interval)
-    return False
-
-
-def _upgrade_node(run: Run, cluster: LocalCluster, node_id: str, env: dict[str, str], timeout: float) -> bool:
-    step = Step(node_id, cluster.log_path(node_id), time.monotonic())
-    run.steps.append(step)
-    step.exit_code = _terminate(cluster.procs[node_id], 30.0)
-    step.new_from = step.log.stat().st_size
-    step.started_at = time.monotonic()
-    step.down_seconds = step.started_at - step.stopped_at
-    cluster.start(node_id, env=env)
-    try:
-        cluster.wait_ready(timeout)
-    except RaftKVError as exc:
-        return run.check(f"{node_id} serves on {VERSION}", False, str(exc))
-    step.serving_seconds = time.monotonic() - step.started_at
-    return True
-
-
-def _delivered(kv: Client) -> dict[int, int]:
-    view = kv.learners().get(LEARNER)
-    return dict(view.progress) if view else {}
-
-
-def _upgrade_learner(run: Run, learner: Learner, kv: Client, env: dict[str, str], timeout: float) -> bool:
-    step = Step("learner", learner.log_path, time.monotonic())
-    run.steps.append(step)
-    step.exit_code = learner.stop()
-    step.new_from = step.log.stat().st_size
-    step.started_at = time.monotonic()
-    step.down_seconds = step.started_at - step.stopped_at
-    before = _delivered(kv)
-    learner.start(env)
-    moved = _until(lambda: (now := _delivered(kv)) and all(now[p] > before.get(p, 0) for p in now), timeout)
-    if not moved:
-        return run.check(f"learner delivers on {VERSION}", False, f"no partition's delivered index moved past "
-                         f"{before} within {timeout:.0f} s; see {learner.log_path}")
-    step.serving_seconds = time.monotonic() - step.started_at
-    return True
 
 
 def _metrics(host: str, port: int) -> dict[str, float]:
@@ -295,13 +171,16 @@ def _tracebacks(text: str) -> list[str]:
 
 def _log_checks(run: Run, release: str) -> None:
     """A traceback this build logged fails the run; one the older release logged is a note (it is released)."""
-    ours = []
-    for step in run.steps:
+    ours, installs = [], []
+    for step in (s for s in run.steps if s.upgrade):
         text = step.log.read_bytes()
+        installs.append(f"{step.name} {text[:step.new_from].count(b'installed a snapshot')}/"
+                        f"{text[step.new_from:].count(b'installed a snapshot')}")
         ours += [f"{step.name}: {line}" for line in _tracebacks(text[step.new_from:].decode(errors="replace"))]
         run.notes += [f"{step.name} on {release} logged a traceback: {line}"
                       for line in _tracebacks(text[:step.new_from].decode(errors="replace"))]
-    run.check("no traceback in what this build logged", not ours, "; ".join(ours) or f"{len(run.steps)} logs")
+    run.notes.append(f"snapshots installed (on {release}/on this build): {', '.join(installs)}")
+    run.check("no traceback in what this build logged", not ours, "; ".join(ours) or f"{len(installs)} logs")
 
 
 def upgrade(args, work: Path) -> Run:
@@ -321,9 +200,14 @@ def upgrade(args, work: Path) -> Run:
 
         data = work / "data"
         base = free_port_block(args.nodes * (args.partitions + 3))
-        _cli(old.env, "cluster", "init", "--nodes", str(args.nodes), "--partitions", str(args.partitions),
+        cli(old.env, "cluster", "init", "--nodes", str(args.nodes), "--partitions", str(args.partitions),
              "--base-port", str(base), "--data-dir", str(data), "--durability", args.durability,
              "-o", str(data / "cluster.toml"))
+        if args.compact_every:
+            with open(data / "cluster.toml", "a") as spec_file:
+                every = max(2, args.compact_every)  # the learner's retention too: it would hold the log back
+                spec_file.write(f"\n[tuning]\ncompaction_min_entries = {every}\ncompaction_min_seconds = 1.0\n"
+                                f"learner_retention_entries = {every}\n")
         spec = load_spec(data / "cluster.toml")
         # Not die_with_parent: its preexec_fn makes subprocess fork (not vfork), and gRPC's fork handlers
         # abort 1-10 % of children before they exec while the load's clients are busy (docs/operations.md).
@@ -333,7 +217,7 @@ def upgrade(args, work: Path) -> Run:
         cluster.wait_ready(args.step_timeout)
         broker = TansuBroker(log_path=work / "tansu.log").start()
         stack.callback(broker.stop)
-        _cli(old.env, "learner", "add", "--name", LEARNER, "--sink", "kafka", "--config", str(spec.path),
+        cli(old.env, "learner", "add", "--name", LEARNER, "--sink", "kafka", "--config", str(spec.path),
              "--sink-option", f"bootstrap.servers={broker.bootstrap}", "--sink-option", f"topic={TOPIC}",
              "--sink-option", "timeout.ms=5000")
         learner = Learner(spec.path, work / "learner.log")
@@ -348,21 +232,24 @@ def upgrade(args, work: Path) -> Run:
         run.phase("the older release's cluster and learner started")
         load = WriteLoad(cluster.endpoints, spec.partitions, threads=args.threads, tls=client_tls(spec))
         stack.enter_context(load)
-        if not run.check("the old learner delivers", _until(lambda: len(_delivered(kv)) == spec.partitions and
-                                                            all(_delivered(kv).values()), args.step_timeout),
-                         f"delivered {_delivered(kv)}"):
+        if not run.check("the old learner delivers", until(lambda: len(delivered(kv)) == spec.partitions and
+                                                            all(delivered(kv).values()), args.step_timeout),
+                         f"delivered {delivered(kv)}"):
             return run
         first_ack = min(load.ack_times() or [time.monotonic()])
         time.sleep(args.warmup)
         run.phase("warm-up")
         cluster_version_seconds = None
         for name in ["learner", *spec.node_ids] if args.learner_first else [*spec.node_ids, "learner"]:
-            if not (_upgrade_learner(run, learner, kv, new, args.step_timeout) if name == "learner" else
-                    _upgrade_node(run, cluster, name, new, args.step_timeout)):
+            if not (upgrade_learner(run, learner, kv, new, args.step_timeout) if name == "learner" else
+                    upgrade_node(run, cluster, name, new, args.step_timeout)):
+                return run
+            if args.compact_every and name == spec.node_ids[0] and not fall_behind(
+                    run, cluster, kv, name, spec.node_ids[1], PAUSE_SECONDS, args.step_timeout):
                 return run
             if name == spec.node_ids[-1]:
                 last_node = time.monotonic()
-                if _until(lambda: kv.topology().meta.cluster_version == VERSION, 60):
+                if until(lambda: kv.topology().meta.cluster_version == VERSION, 60):
                     cluster_version_seconds = time.monotonic() - last_node
                     if not args.learner_first:
                         run.notes.append(f"the cluster version reached {VERSION} while the learner still ran "
@@ -374,9 +261,10 @@ def upgrade(args, work: Path) -> Run:
         for earlier, later in zip(run.steps, run.steps[1:]):
             earlier.ended_at = later.stopped_at
         run.steps[-1].ended_at = load_end
-        run.check("every node and the learner stopped on SIGTERM", all(s.exit_code == 0 for s in run.steps),
+        upgraded = [s for s in run.steps if s.upgrade]
+        run.check("every node and the learner stopped on SIGTERM", all(s.exit_code == 0 for s in upgraded),
                   ", ".join(f"{s.name} {'killed after 30 s' if s.exit_code is None else f'exit {s.exit_code}'}"
-                            for s in run.steps))
+                            for s in upgraded))
         _final_checks(run, args, spec, load, broker, kv, first_ack, load_end, cluster_version_seconds)
         run.phase("checks")
         _log_checks(run, args.release)
