@@ -1,7 +1,8 @@
 """The wheel a release ships: built from the tracked files alone, installed apart from the source tree,
 it runs `raftkv dev up` and serves (issue 29 item 2). Its dependencies come from this environment: the
-test checks what the wheel holds (code, package data, entry points), not PyPI. And the rolling upgrade
-from the release before the Raft engine (scripts/upgrade_check.py, issue 29 item 3)."""
+test checks what the wheel holds (code, package data, entry points), not PyPI. And what the rolling
+upgrade's script (scripts/upgrade_check.py, issue 29 item 3) checks before it starts anything; the upgrade
+itself takes 40-60 s, so it runs outside make test (docs/operations.md, "Upgrading")."""
 
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import upgrade_check  # noqa: E402
 from upgrade_release import installed_version, unmet_requirements  # noqa: E402
 
-UPGRADE_CHECK = ROOT / "scripts" / "upgrade_check.py"
 OLDEST_UPGRADE = "c191d37"  # 0.1.0, the release before the Raft engine
 
 
@@ -125,11 +125,3 @@ def test_upgrade_check_refuses_bad_input_in_one_line(capsys):
         out, err = capsys.readouterr()
         assert_one_line_error(subprocess.CompletedProcess(args, code, out, err), said)
 
-
-def test_a_cluster_of_the_release_before_the_raft_engine_upgrades_node_by_node_under_load():
-    """scripts/upgrade_check.py with small settings: 0.1.0's nodes and Kafka learner, each restarted on this
-    build under a write load; it checks the writes, the gaps, the feed, the versions and the node log."""
-    done = subprocess.run([sys.executable, str(UPGRADE_CHECK), "--release", OLDEST_UPGRADE, "--partitions", "2",
-                           "--threads", "2", "--warmup", "1"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "FAIL" not in done.stdout and f"every node runs {VERSION}" in done.stdout
