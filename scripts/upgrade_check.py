@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from upgrade_release import OldRelease, UsageError, commit_of, imported_from  # noqa: E402
-from upgrade_steps import (LEARNER, Check, Learner, Run, cli, delivered, fall_behind, until, upgrade_learner,  # noqa: E402
+from upgrade_steps import (LEARNER, Learner, Run, cli, delivered, fall_behind, until, upgrade_learner,  # noqa: E402
                            upgrade_node)
 
 from learners.consumer import read_feed  # noqa: E402
@@ -183,8 +183,7 @@ def _log_checks(run: Run, release: str) -> None:
     run.check("no traceback in what this build logged", not ours, "; ".join(ours) or f"{len(installs)} logs")
 
 
-def upgrade(args, work: Path) -> Run:
-    run = Run()
+def upgrade(args, work: Path, run: Run) -> None:
     with ExitStack() as stack:
         commit = commit_of(ROOT, args.release)
         old = stack.enter_context(OldRelease(ROOT, commit, work / f"release-{commit[:12]}"))
@@ -196,13 +195,13 @@ def upgrade(args, work: Path) -> Run:
         runs_old, runs_new = imported_from(old.env, work), imported_from(new, work)
         if not run.check("each release imports its own tree", runs_old == old.tree and runs_new == ROOT,
                          f"{args.release}: {runs_old}; this build: {runs_new}"):
-            return run
+            return
 
         data = work / "data"
         base = free_port_block(args.nodes * (args.partitions + 3))
         cli(old.env, "cluster", "init", "--nodes", str(args.nodes), "--partitions", str(args.partitions),
-             "--base-port", str(base), "--data-dir", str(data), "--durability", args.durability,
-             "-o", str(data / "cluster.toml"))
+            "--base-port", str(base), "--data-dir", str(data), "--durability", args.durability,
+            "-o", str(data / "cluster.toml"))
         if args.compact_every:
             with open(data / "cluster.toml", "a") as spec_file:
                 every = max(2, args.compact_every)  # the learner's retention too: it would hold the log back
@@ -218,8 +217,8 @@ def upgrade(args, work: Path) -> Run:
         broker = TansuBroker(log_path=work / "tansu.log").start()
         stack.callback(broker.stop)
         cli(old.env, "learner", "add", "--name", LEARNER, "--sink", "kafka", "--config", str(spec.path),
-             "--sink-option", f"bootstrap.servers={broker.bootstrap}", "--sink-option", f"topic={TOPIC}",
-             "--sink-option", "timeout.ms=5000")
+            "--sink-option", f"bootstrap.servers={broker.bootstrap}", "--sink-option", f"topic={TOPIC}",
+            "--sink-option", "timeout.ms=5000")
         learner = Learner(spec.path, work / "learner.log")
         learner.start(old.env)
         stack.callback(learner.stop)
@@ -227,7 +226,7 @@ def upgrade(args, work: Path) -> Run:
         releases = {s.node_id: s.version for s in kv.status()}
         if not run.check(f"the cluster runs {args.release}", set(releases.values()) == {""},
                          f"releases reported: {releases} (0.1 reports none)"):
-            return run
+            return
 
         run.phase("the older release's cluster and learner started")
         load = WriteLoad(cluster.endpoints, spec.partitions, threads=args.threads, tls=client_tls(spec))
@@ -235,19 +234,23 @@ def upgrade(args, work: Path) -> Run:
         if not run.check("the old learner delivers", until(lambda: len(delivered(kv)) == spec.partitions and
                                                             all(delivered(kv).values()), args.step_timeout),
                          f"delivered {delivered(kv)}"):
-            return run
+            return
         first_ack = min(load.ack_times() or [time.monotonic()])
         time.sleep(args.warmup)
         run.phase("warm-up")
-        cluster_version_seconds = None
+        cluster_version_seconds, early = None, []
         for name in ["learner", *spec.node_ids] if args.learner_first else [*spec.node_ids, "learner"]:
             if not (upgrade_learner(run, learner, kv, new, args.step_timeout) if name == "learner" else
                     upgrade_node(run, cluster, name, new, args.step_timeout)):
-                return run
+                return
             if args.compact_every and name == spec.node_ids[0] and not fall_behind(
                     run, cluster, kv, name, spec.node_ids[1], PAUSE_SECONDS, args.step_timeout):
-                return run
+                return
+            if name in spec.node_ids[:-1]:
+                early.append(f"after {name}: {kv.topology().meta.cluster_version}")
             if name == spec.node_ids[-1]:
+                run.check("the cluster version waits for every node", not any(e.endswith(f": {VERSION}") for e in early),
+                          "; ".join(early))
                 last_node = time.monotonic()
                 if until(lambda: kv.topology().meta.cluster_version == VERSION, 60):
                     cluster_version_seconds = time.monotonic() - last_node
@@ -269,7 +272,6 @@ def upgrade(args, work: Path) -> Run:
         run.phase("checks")
         _log_checks(run, args.release)
         _report(run, load)
-    return run
 
 
 def _report(run: Run, load: WriteLoad) -> None:
@@ -287,14 +289,15 @@ def _report(run: Run, load: WriteLoad) -> None:
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="raftkv-upgrade-"))
+    run = Run()
     try:
-        run = upgrade(parse_args(argv), work)
+        upgrade(parse_args(argv), work, run)
     except UsageError as exc:
         shutil.rmtree(work, ignore_errors=True)
         print(f"upgrade_check: {exc}", file=sys.stderr)
         return 2
-    except (RaftKVError, RuntimeError) as exc:  # the older release's cluster did not come up
-        run = Run([], [Check("the older release's cluster and learner start", False, str(exc))])
+    except (RaftKVError, RuntimeError) as exc:  # a cluster that did not come up or answer
+        run.check("the run reaches its checks", False, str(exc))
     finally:
         os.chdir(ROOT)
     for c in run.checks:
