@@ -10,7 +10,8 @@ writes the spec (`cluster init`, mutual TLS) and registers a Kafka learner feedi
 nodes and learner start, writer threads put distinct keys, then each node in turn gets SIGTERM and is
 started on this build, until it serves and every partition has a leader; then the learner (--learner-first:
 before the nodes), until it delivers on every partition. It checks that every acknowledged write reads back, no stretch without an acknowledgement passed --max-gap, the
-feed is complete and in order, every node runs this build, the cluster version rose to it, and every
+feed is complete and in order, every node runs this build, the cluster version rose to it only after
+the last node, and every
 node keeps its Raft log in the node log (raft-log/, no journal/ left, its writes counted on /metrics).
 Files stay (the path is printed) when a check fails.
 """
