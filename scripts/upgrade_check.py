@@ -5,14 +5,14 @@ Kafka learner, on real processes; exit 0 only when every check holds (docs/opera
     .venv/bin/python scripts/upgrade_check.py --partitions 2 --threads 2 --warmup 2
 
 It makes a git worktree of --release in a temporary folder and runs that release with this interpreter
-(its setup.cfg requirements must hold here; the check says which do not). The older release's CLI
-writes the spec (`cluster init`, mutual TLS) and registers a Kafka learner feeding a tansu broker; its
-nodes and learner start, writer threads put distinct keys, then each node in turn gets SIGTERM and is
-started on this build, until it serves and every partition has a leader; then the learner (--learner-first:
-before the nodes), until it delivers on every partition. It checks that every acknowledged write reads back, no stretch without an acknowledgement passed --max-gap, the
-feed is complete and in order, every node runs this build, the cluster version rose to it only after
-the last node, and every
-node keeps its Raft log in the node log (raft-log/, no journal/ left, its writes counted on /metrics).
+(its setup.cfg requirements must hold here; the check says which do not). The older release's CLI writes
+the spec (`cluster init`, mutual TLS) and registers a Kafka learner feeding a tansu broker; its nodes
+and learner start, writer threads put distinct keys, then each node in turn gets SIGTERM and is started
+on this build, until it serves and every partition has a leader; then the learner (--learner-first:
+before the nodes), until it delivers on every partition. It checks that every acknowledged write reads
+back, no stretch without an acknowledgement passed --max-gap, the feed is complete and in order, every
+node runs this build, the cluster version rose to it only after the last node, and every node keeps its
+Raft log in the node log (raft-log/, no journal/ left, its writes counted on /metrics).
 Files stay (the path is printed) when a check fails.
 """
 
