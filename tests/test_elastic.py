@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import random
 import shutil
 import subprocess
 import sys
-import threading
-import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from raftkv import Client, Unavailable, Undetermined
-from raftkv.core.partitioning import partition_for_key
+from raftkv import Client
 from raftkv.core.spec import NodeSpec, ports_per_node
 from raftkv.dev.local_cluster import free_port_block
+from raftkv.dev.write_load import WriteLoad
 from raftkv.meta.bootstrap import node_record
 from raftkv.meta.records import AddNode, NodeState
 from tests.conftest import settled_topology, wait_until
@@ -25,55 +22,9 @@ from tests.test_cli import assert_one_line_error, run
 FAST = dict(rebalance_interval=0.5, max_moves=4, max_moves_per_node=2)
 
 
-class Load:
-    """`threads` writers putting distinct keys; every acknowledged write, and per partition the
-    longest time between two acknowledged writes."""
-
-    def __init__(self, endpoints: list[str], partitions: int, threads: int = 8):
-        self.endpoints = endpoints
-        self.partitions = partitions
-        self.acked: dict[bytes, bytes] = {}
-        self.last_ack: dict[int, float] = {}
-        self.longest_gap: dict[int, float] = defaultdict(float)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._write, args=(i,), daemon=True) for i in range(threads)]
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=30)
-
-    def _write(self, worker: int) -> None:
-        rng = random.Random(worker)
-        with Client(self.endpoints, timeout=10.0) as kv:
-            i = 0
-            while not self._stop.is_set():
-                key, value = b"w%d-%07d" % (worker, i), b"%d" % rng.randrange(10**9)
-                i += 1
-                try:
-                    kv.put(key, value)
-                except (Unavailable, Undetermined):
-                    continue
-                now = time.monotonic()
-                p = partition_for_key(key, self.partitions)
-                with self._lock:
-                    self.acked[key] = value
-                    if p in self.last_ack:
-                        self.longest_gap[p] = max(self.longest_gap[p], now - self.last_ack[p])
-                    self.last_ack[p] = now
-
-    def check_all_acked_read_back(self) -> None:
-        """One linearizable scan per partition (a get per key took a minute at a load of 30)."""
-        with Client(self.endpoints, timeout=10.0) as kv:
-            stored = dict(kv.scan(prefix=b"w", consistency="linearizable"))
-        missing = {k: v for k, v in self.acked.items() if stored.get(k) != v}
-        assert not missing, f"{len(missing)} of {len(self.acked)} acknowledged writes not read back: {sorted(missing)[:5]}"
+def _all_read_back(load: WriteLoad) -> None:
+    missing = load.not_read_back()
+    assert not missing, f"{len(missing)} of {len(load.acked)} acknowledged writes not read back: {sorted(missing)[:5]}"
 
 
 class Joiner:
@@ -134,7 +85,7 @@ def _balanced(kv: Client, nodes: list[str]) -> bool:
 def test_two_nodes_join_under_load_and_the_cluster_balances_itself(make_cluster, joiner):
     cluster = make_cluster(nodes=3, partitions=8, replication=3, **FAST)
     joined = joiner(8)
-    with Load(cluster.endpoints, 8) as load, Client(cluster.endpoints, timeout=10.0) as kv:
+    with WriteLoad(cluster.endpoints, 8) as load, Client(cluster.endpoints, timeout=10.0) as kv:
         wait_until(lambda: len(load.acked) > 200, 30, "the load to get going")
         joined.join("n4", cluster.endpoints[0])
         joined.join("n5", cluster.endpoints[1])
@@ -142,8 +93,8 @@ def test_two_nodes_join_under_load_and_the_cluster_balances_itself(make_cluster,
                    "replica and leader counts to be balanced within one across the five nodes")
         before = len(load.acked)
         wait_until(lambda: len(load.acked) > before + 100, 30, "writes after the rebalance")
-    assert max(load.longest_gap.values()) < 2.0, dict(load.longest_gap)
-    load.check_all_acked_read_back()
+    assert max(load.longest_partition_gap.values()) < 2.0, load.longest_partition_gap
+    _all_read_back(load)
     meta = kv_topology(cluster)
     assert all(len(set(voters)) == 3 for voters in meta.placement)
     assert len(meta.meta_voters) == 5
@@ -179,7 +130,7 @@ def _meta_leader(kv: Client) -> str:
 
 def test_two_nodes_are_decommissioned_under_load_one_the_metadata_leader(make_cluster):
     cluster = make_cluster(nodes=5, partitions=8, replication=3, **FAST)
-    with Load(cluster.endpoints, 8) as load, Client(cluster.endpoints, timeout=10.0) as kv:
+    with WriteLoad(cluster.endpoints, 8) as load, Client(cluster.endpoints, timeout=10.0) as kv:
         wait_until(lambda: kv.topology().meta.epoch and len(load.acked) > 200, 30, "the load to get going")
         leaving = [_meta_leader(kv)]
         leaving.append(next(n for n in ("n1", "n2", "n3", "n4", "n5") if n not in leaving))
@@ -209,12 +160,12 @@ def test_two_nodes_are_decommissioned_under_load_one_the_metadata_leader(make_cl
         with seeded:
             seeded.put(b"seeded", b"1")  # it learned the other nodes from the one it was given, now gone
             assert seeded.get(b"seeded") == b"1"
-    load.check_all_acked_read_back()
+    _all_read_back(load)
 
 
 def test_a_dead_node_is_replaced_by_itself_and_nothing_acknowledged_is_lost(make_cluster):
     cluster = make_cluster(nodes=4, partitions=8, replication=3, dead_after=10.0, **FAST)
-    with Load(cluster.endpoints, 8) as load, Client(cluster.endpoints, timeout=10.0) as kv:
+    with WriteLoad(cluster.endpoints, 8) as load, Client(cluster.endpoints, timeout=10.0) as kv:
         wait_until(lambda: kv.topology().meta.epoch and len(load.acked) > 200, 30, "the load to get going")
         victim = next(n for n in ("n4", "n3") if n != kv.topology().meta_leader)
         cluster.kill(victim)
@@ -225,7 +176,7 @@ def test_a_dead_node_is_replaced_by_itself_and_nothing_acknowledged_is_lost(make
         assert all(len(voters) == 3 and victim not in voters for voters in meta.placement)
         before = len(load.acked)
         wait_until(lambda: len(load.acked) > before + 100, 30, "writes after the replacement")
-    load.check_all_acked_read_back()
+    _all_read_back(load)
 
 
 def test_bad_membership_commands_are_one_line_and_change_nothing(make_cluster, tmp_path):

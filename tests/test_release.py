@@ -1,6 +1,8 @@
 """The wheel a release ships: built from the tracked files alone, installed apart from the source tree,
 it runs `raftkv dev up` and serves (issue 29 item 2). Its dependencies come from this environment: the
-test checks what the wheel holds (code, package data, entry points), not PyPI."""
+test checks what the wheel holds (code, package data, entry points), not PyPI. And what the rolling
+upgrade's script (scripts/upgrade_check.py, issue 29 item 3) checks before it starts anything; the upgrade
+itself takes 40-60 s, so it runs outside make test (docs/operations.md, "Upgrading")."""
 
 from __future__ import annotations
 
@@ -22,10 +24,15 @@ from raftkv.dev.local_cluster import free_port_block
 from raftkv.meta.cluster_version import RaiseClusterVersion
 from raftkv.meta.records import encode_command
 from tests.conftest import wait_until
-from tests.test_cli import _running
+from tests.test_cli import _running, assert_one_line_error
 from tests.test_dev_up import DevUp, _kill_all
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import upgrade_check  # noqa: E402
+from upgrade_release import installed_version, unmet_requirements  # noqa: E402
+
+OLDEST_UPGRADE = "c191d37"  # 0.1.0, the release before the Raft engine
 
 
 def _wheel(tmp_path: Path) -> Path:
@@ -99,3 +106,22 @@ def test_the_cluster_version_rises_to_the_release_every_member_runs_and_an_older
     lines = cluster.log_path("n3").read_text().splitlines()
     assert f"this node runs raftkv {VERSION}, older than the cluster version 99.0" in lines[-1], lines[-5:]
     assert not any("Traceback" in line for line in lines)
+
+
+def test_the_older_release_needs_nothing_this_environment_lacks_and_a_lack_is_named():
+    setup_cfg = (subprocess.run(["git", "show", f"{OLDEST_UPGRADE}:setup.cfg"], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout)
+    assert unmet_requirements(setup_cfg, installed_version) == []
+    have = {"pysyncobj": "0.3.17", "grpcio": "1.80.0"}.get
+    assert unmet_requirements("[options]\ninstall_requires =\n    # pinned\n    pysyncobj==0.3.17\n    grpcio>=1.85.1,<2\n"
+                              "    rocksdict>=0.3\n", have) == ["grpcio<2,>=1.85.1 (this environment has 1.80.0)",
+                                                              "rocksdict>=0.3 (this environment has none)"]
+
+
+def test_upgrade_check_refuses_bad_input_in_one_line(capsys):
+    for args, said in ((["--nodes", "2"], "--nodes must be 3 or more"), (["--warmup", "-1"], "must be above 0"),
+                       (["--release", "no-such-commit"], "is not a commit")):
+        code = upgrade_check.main(args)
+        out, err = capsys.readouterr()
+        assert_one_line_error(subprocess.CompletedProcess(args, code, out, err), said)
+
