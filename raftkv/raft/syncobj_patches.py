@@ -199,13 +199,18 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         install a snapshot that the log already covers."""
         snapshotIdx = 0
         dumpFile = self._SyncObj__conf.fullDumpFile
+        serializer = self._SyncObj__serializer
         ownDump = None
         if dumpFile is not None and serialized is not None and serialized[2]:
             ownDump = _keepAside(dumpFile)  # the last chunk replaces the file: keep ours at hand
-        if self._SyncObj__serializer.setTransmissionData(serialized):
-            last = self._snapshotLastEntry() if dumpFile is not None else None
+        ownMemory = serializer._Serializer__inMemorySerializedData  # ... or, without a file, replaces this
+        if serializer.setTransmissionData(serialized):
+            last = self._snapshotLastEntry()
             if last is not None and self._logCovers(last):
-                _putBack(ownDump, dumpFile)
+                if dumpFile is None:
+                    serializer._Serializer__inMemorySerializedData = ownMemory
+                else:
+                    _putBack(ownDump, dumpFile)
                 logger.info('ignoring a snapshot up to entry %d: the log already holds it', last[1])
                 self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last[1] + 1, success=True)
                 return
