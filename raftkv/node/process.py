@@ -45,6 +45,7 @@ from raftkv.node.replica_admin import ReplicaAdmin
 from raftkv.node.backup_seed import BackupCatalog
 from raftkv.node.service import KVService
 from raftkv.node.tasks import background
+from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.hub import Directory, RaftHub
 from raftkv.raft.log_turn import LogTurn
 from raftkv.raft.replica_logs import META_GROUP, ReplicaLogs
@@ -169,6 +170,7 @@ class Node:
         tuning = self.spec.tuning
         self.hub = RaftHub(loop, self.me_id, self.directory, self.tls, retry_seconds=tuning.connection_retry_seconds,
                            dead_after=max(3.5, tuning.election_timeout_max), compression=tuning.wire_compression)
+        self.hub.engine = NodeEngine(loop, self.hub, tuning) if self.me.raft_engine == "steady" else None
         try:
             self.hub.listen(self.me.host, self.me.raft_port_base)
         except OSError as exc:

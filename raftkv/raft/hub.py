@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
 from raftkv.raft import hub_frames
-from raftkv.raft.hub_frames import CONTROL, BadFrame
+from raftkv.raft.hub_frames import CONTROL, ENGINE, BadFrame
 from raftkv.core import metrics
 from raftkv.core.errors import ConfigError
 from raftkv.security.certs import Identity
@@ -177,6 +177,8 @@ class RaftHub:
         self._to_flush: list[Connection] = []  # connections with frames queued this turn
         self._flush_scheduled = False
         self.before_send: Callable[[], bool] | None = None  # run before a flush; False: drop its frames
+        self.engine = None  # the node engine (raft_engine = "steady"): it gets engine frames, its peers get them
+        self._engine_peers: set[str] = set()  # nodes that announced the engine on a connection still up
 
     # -- set-up -------------------------------------------------------------
 
@@ -240,6 +242,13 @@ class RaftHub:
         """To a read-only subscriber, on the connection it joined over (and, through `send`, to a node)."""
         metrics.RAFT_MESSAGES_SENT.inc()
         return connection.send(hub_frames.encode((group, message), self._compression))
+
+    def engine_peer(self, node_id: str) -> bool:  # it announced the engine, and the connection to it is up
+        return node_id in self._engine_peers and self._links.get(node_id) is not None
+
+    def send_engine(self, node_id: str, items: list) -> bool:
+        connection = self._links.get(node_id)
+        return connection is not None and connection.send(hub_frames.encode((ENGINE, items), self._compression))
 
     def join(self, group: int, node_ids: frozenset[str]) -> None:
         """Be a read-only member of `group` at these nodes, now and after every reconnect."""
@@ -312,6 +321,8 @@ class RaftHub:
                 return None
         connection = Connection(self, reader, writer, node_id, dialed=True)
         connection.send(hub_frames.encode((CONTROL, "hello", self.node_id)))
+        if self.engine is not None:
+            connection.send(hub_frames.ENGINE_PING)
         return connection
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -365,6 +376,10 @@ class RaftHub:
         if body[0] == CONTROL:
             self._on_control(connection, body[1], body[2])
             return
+        if body[0] == ENGINE:
+            if connection.peer is not None and self.engine is not None:
+                self.engine.receive(connection.peer, body[1])
+            return
         group, message = body
         metrics.RAFT_MESSAGES_RECEIVED.inc()
         endpoint = self._groups.get(group)
@@ -373,6 +388,8 @@ class RaftHub:
 
     def _on_control(self, connection: Connection, verb: str, arg: object) -> None:
         if verb == "ping" and not connection.dialed:
+            if hub_frames.announces_engine(arg) and connection.peer is not None:
+                self._engine_peers.add(connection.peer)
             connection.send(hub_frames.encode((CONTROL, "pong", None)))
         elif verb in ("join", "leave") and not connection.dialed and isinstance(arg, int):
             subscribers = self._subscribers.setdefault(arg, set())
@@ -394,6 +411,8 @@ class RaftHub:
 
     def _closed(self, connection: Connection) -> None:
         self._accepted.discard(connection)
+        if not connection.dialed:
+            self._engine_peers.discard(connection.peer)
         if connection.dialed and self._links.get(connection.peer) is connection:
             self._links[connection.peer] = None
         for group in connection.joined:

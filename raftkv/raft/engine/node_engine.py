@@ -100,6 +100,7 @@ class NodeEngine:
     def receive(self, peer: str, items: object) -> None:
         """A frame of items from node `peer`."""
         metrics.ENGINE_FRAMES.labels("received").inc()
+        metrics.RAFT_MESSAGES_RECEIVED.inc()
         if not isinstance(items, list):
             metrics.ENGINE_STALE.inc()
             return
@@ -145,6 +146,7 @@ class NodeEngine:
         for peer, items in outbox.items():
             if self._wire.send_engine(peer, items):
                 metrics.ENGINE_FRAMES.labels("sent").inc()
+                metrics.RAFT_MESSAGES_SENT.inc()
 
     def _periodic(self) -> None:
         self._timer = None

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from raftkv.core import metrics
 from raftkv.raft.engine import items as it
 from raftkv.raft.engine.rules import IDLE_HEARTBEATS, MAX_STEP_ENTRIES, LeaderView, Match, follower_takes, \
     match_steps, may_offer, quorum_commit
-
-if TYPE_CHECKING:
-    from raftkv.raft.engine.node_engine import NodeEngine
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +26,24 @@ _PASS_WHEN_LEADING = {"apply_command"}  # pysyncobj queues a forwarded proposal;
 _PASS_WHEN_FOLLOWING = {"apply_command_response"}
 
 
+class Engine(Protocol):
+    """What a group calls on its node's engine (`node_engine.NodeEngine`)."""
+
+    enabled: bool
+
+    def attach(self, group: SteadyGroup) -> None: ...
+    def detach(self, group: SteadyGroup) -> None: ...
+    def next_epoch(self) -> int: ...
+    def node_of(self, address: str) -> str | None: ...
+    def supports(self, node_id: str) -> bool: ...
+    def reaches(self, node_id: str) -> bool: ...
+    def emit(self, peer: str, item: tuple) -> None: ...
+    def ready(self, group: SteadyGroup) -> None: ...
+    def handed_back(self, group: SteadyGroup) -> None: ...
+
+
 class SteadyGroup:
-    def __init__(self, group, engine: NodeEngine):
+    def __init__(self, group, engine: Engine):
         """`group`: the `SyncObjGroup`, whose `_member` is pysyncobj's."""
         self._group = group
         self._member = group._member
