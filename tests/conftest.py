@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import subprocess
 import sys
@@ -120,6 +121,11 @@ def quiet_process_logs(request):
         pytest.fail(f"tracebacks in the processes' logs that the test does not expect:\n{found}", pytrace=False)
 
 
+# every node's raft_engine in the clusters `make_cluster` starts: RAFTKV_TEST_RAFT_ENGINE=steady runs the
+# real-process suites with the node engine (docs/raft-engine.md), by hand until it is the default
+RAFT_ENGINE = os.environ.get("RAFTKV_TEST_RAFT_ENGINE", "off")
+
+
 @pytest.fixture
 def make_cluster(tmp_path: Path):
     """make_cluster(nodes=3, partitions=4, backup=None, tls=False, **tuning) -> a started, ready LocalCluster;
@@ -132,7 +138,8 @@ def make_cluster(tmp_path: Path):
         base = free_port_block(nodes * ports_per_node(partitions))
         spec: ClusterSpec = build_spec(nodes=nodes, partitions=partitions, replication=replication,
                                        base_port=base, data_dir=tmp_path / f"c{len(clusters)}", durability=durability)
-        spec = dataclasses.replace(spec, tuning=Tuning(**tuning), backup=backup)
+        spec = dataclasses.replace(spec, tuning=Tuning(**tuning), backup=backup, nodes=tuple(
+            dataclasses.replace(n, raft_engine=RAFT_ENGINE) for n in spec.nodes))
         folder = tmp_path / f"c{len(clusters)}"
         if tls:
             spec = with_certificates(spec, folder)
