@@ -178,7 +178,7 @@ class RaftHub:
         self._flush_scheduled = False
         self.before_send: Callable[[], bool] | None = None  # run before a flush; False: drop its frames
         self.engine = None  # the node engine (raft_engine = "steady"): it gets engine frames, its peers get them
-        self._engine_peers: set[str] = set()  # nodes that announced the engine on a connection still up
+        self._engine_peers: dict[str, Connection] = {}  # nodes that announced the engine, on this connection
 
     # -- set-up -------------------------------------------------------------
 
@@ -389,7 +389,7 @@ class RaftHub:
     def _on_control(self, connection: Connection, verb: str, arg: object) -> None:
         if verb == "ping" and not connection.dialed:
             if hub_frames.announces_engine(arg) and connection.peer is not None:
-                self._engine_peers.add(connection.peer)
+                self._engine_peers[connection.peer] = connection
             connection.send(hub_frames.encode((CONTROL, "pong", None)))
         elif verb in ("join", "leave") and not connection.dialed and isinstance(arg, int):
             subscribers = self._subscribers.setdefault(arg, set())
@@ -411,8 +411,8 @@ class RaftHub:
 
     def _closed(self, connection: Connection) -> None:
         self._accepted.discard(connection)
-        if not connection.dialed:
-            self._engine_peers.discard(connection.peer)
+        if self._engine_peers.get(connection.peer) is connection:  # not a newer connection's announcement
+            del self._engine_peers[connection.peer]
         if connection.dialed and self._links.get(connection.peer) is connection:
             self._links[connection.peer] = None
         for group in connection.joined:

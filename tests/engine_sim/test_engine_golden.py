@@ -53,15 +53,17 @@ class _Scenario:
         self.run_until(self.settled)
 
     def messages(self, since: int) -> list[str]:
-        """The messages delivered since trace line `since`, and the leaders elected, in order."""
-        lines = []
-        for _, _, kind, body in self.trace.lines[since:]:
+        """The messages delivered since trace line `since`, and the leaders elected and writers answered, in
+        order; those of one moment sorted, as pysyncobj and the engine walk sets of nodes in an order that
+        differs between processes (string hashes)."""
+        moments: dict[float, list[str]] = {}
+        for _, when, kind, body in self.trace.lines[since:]:
             if kind == "recv":
                 a, b, group, message = body
-                lines.append(f"{a}->{b} {describe(message)}")
+                moments.setdefault(when, []).append(f"{a}->{b} {describe(message)}")
             elif kind in ("leader", "answer"):
-                lines.append(f"{kind} {body}")
-        return lines
+                moments.setdefault(when, []).append(f"{kind} {body}")
+        return [line for when in sorted(moments) for line in sorted(moments[when])]
 
 
 def _script() -> dict[str, str]:

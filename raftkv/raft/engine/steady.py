@@ -160,6 +160,9 @@ class SteadyGroup:
         if any(node not in connected for node in self._peers.values()):
             self.handback("a follower's node is out of reach")
             return
+        if member._SyncObj__readonlyNodes:
+            self.handback("a learner joined")  # the engine does not feed learners
+            return
         self._drain()
 
     def _drain(self) -> None:
@@ -204,13 +207,23 @@ class SteadyGroup:
             if start - 1 < first:
                 self.handback("a follower needs entries the log no longer holds")
                 return
-            entries = [tuple(e) for e in journal[start - first:min(last, start + MAX_STEP_ENTRIES - 1) + 1 - first]]
+            entries = self._entries(journal, start - first, min(last, start + MAX_STEP_ENTRIES - 1) + 1 - first)
             self._engine.emit(peer, it.steps(self.partition, self.term, self.epoch, start - 1,
                                              journal[start - 1 - first][2], commit, entries))
             next_index[node] = entries[-1][1] + 1
             self._sent_at[peer] = now
             if next_index[node] <= last:
                 self._engine.ready(self)  # the rest in the next turn
+
+    def _entries(self, journal, start: int, end: int) -> list:
+        """The log's entries at positions `start` to `end` (excluded), as many as fit in a pysyncobj batch."""
+        limit, size, entries = self._member._SyncObj__conf.appendEntriesBatchSizeBytes, 0, []
+        for entry in journal[start:end]:
+            size += len(entry[0])
+            if entries and size > limit:
+                break
+            entries.append(tuple(entry))
+        return entries
 
     def periodic(self, now: float, heartbeat: float, silent_after: float) -> None:
         """The node timer, once a heartbeat period: time-outs, resends and coalesced heartbeats."""
