@@ -36,7 +36,7 @@ from raftkv.core.errors import CorruptData
 from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
 from raftkv.raft.engine.node_engine import NodeEngine
-from raftkv.raft.engine.steady import UNDRIVEN, SteadyGroup
+from raftkv.raft.engine.undriven import steady_part
 from raftkv.raft.group import Entry, Outcome, ProposalCallback, Role, StateMachine
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.node_log import GroupLog
@@ -228,7 +228,7 @@ class SyncObjGroup:
                              on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election,
                              next_timer=self._member.next_timer)
         self.quiet = Quiet(self._member, self._ticker, tuning, config.partition, busy=lambda: self._change_pending)
-        self.steady = SteadyGroup(self, config.engine) if config.engine is not None else UNDRIVEN
+        self.steady = steady_part(self, config.engine)
         self._ticker.start()
         self._ticker.soon()  # the first tick loads the snapshot; until then the transport drops what arrives
 

@@ -44,13 +44,13 @@ class NodeEngine:
         self._wire = wire
         self._tuning = tuning
         self._before_send = before_send
-        self.enabled = True
         self._groups: dict[int, SteadyGroup] = {}
         self._driven: set[SteadyGroup] = set()  # not handed back: leading or following
         self._ready: list[SteadyGroup] = []
         self._outbox: dict[str, list[tuple]] = {}
         self._turn_scheduled = False
         self._epoch = 0
+        self._heard: dict[str, float] = {}  # node id -> when its last frame arrived
         self._timer = None
         self._closed = False
 
@@ -71,6 +71,10 @@ class NodeEngine:
     def node_of(self, address: str) -> str | None:
         where = self._wire.directory().locate(address)
         return where[0] if where is not None else None
+
+    def heard_from(self, node_id: str) -> float:
+        """When the last frame from node `node_id` arrived (0: never)."""
+        return self._heard.get(node_id, 0.0)
 
     def supports(self, node_id: str) -> bool:
         return self._wire.engine_peer(node_id)
@@ -101,6 +105,7 @@ class NodeEngine:
         """A frame of items from node `peer`."""
         metrics.ENGINE_FRAMES.labels("received").inc()
         metrics.RAFT_MESSAGES_RECEIVED.inc()
+        self._heard[peer] = time.monotonic()
         if not isinstance(items, list):
             metrics.ENGINE_STALE.inc()
             return

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 _LEADER, _FOLLOWER = 2, 0  # pysyncobj's _RAFT_STATE
 PYSYNCOBJ, LEADING, FOLLOWING = "pysyncobj", "leading", "following"
+SILENT_TIMEOUTS = 3  # a follower whose leader's node sends hands back after this many election timeouts of silence
 _PASS_WHEN_LEADING = {"apply_command"}  # pysyncobj queues a forwarded proposal; the engine drains the queue
 _PASS_WHEN_FOLLOWING = {"apply_command_response"}
 
@@ -29,12 +30,11 @@ _PASS_WHEN_FOLLOWING = {"apply_command_response"}
 class Engine(Protocol):
     """What a group calls on its node's engine (`node_engine.NodeEngine`)."""
 
-    enabled: bool
-
     def attach(self, group: SteadyGroup) -> None: ...
     def detach(self, group: SteadyGroup) -> None: ...
     def next_epoch(self) -> int: ...
     def node_of(self, address: str) -> str | None: ...
+    def heard_from(self, node_id: str) -> float: ...
     def supports(self, node_id: str) -> bool: ...
     def reaches(self, node_id: str) -> bool: ...
     def emit(self, peer: str, item: tuple) -> None: ...
@@ -57,8 +57,8 @@ class SteadyGroup:
         self._sent_at: dict[str, float] = {}  # leading: when a follower was last sent something
         self._active_at = 0.0  # leading: when it last proposed
         self._leader_node: str | None = None  # following
+        self._heard_at = 0.0  # following: when the group last heard from its leader
         self.written = False  # appended this turn: its journal is written (and synced) before frames leave
-        self._ready = False
         engine.attach(self)
 
     @property
@@ -74,13 +74,13 @@ class SteadyGroup:
             if member._SyncObj__raftState != _FOLLOWER or member.raftCurrentTerm != self.term:
                 self.handback("the term or the role changed")
             elif member._SyncObj__raftElectionDeadline < time.monotonic():
-                self.handback("the leader went silent")
+                self._leader_silent()
             return False
         if self.mode == PYSYNCOBJ:
-            if member._SyncObj__raftState != _LEADER or not self._engine.enabled:
-                return False
+            if member._SyncObj__raftState != _LEADER or not member._SyncObj__commandsQueue._FastQueue__queue:
+                return False  # an offer needs a proposal to carry: the check below costs more than this one
             view = self._leader_view()
-            if view is None or not may_offer(view):
+            if not may_offer(view):
                 return False
             self._offer(view)
         self._leader_tick()
@@ -116,23 +116,19 @@ class SteadyGroup:
 
     # -- leading ------------------------------------------------------------------
 
-    def _leader_view(self) -> LeaderView | None:
+    def _leader_view(self) -> LeaderView:
         member, group = self._member, self._group
         journal = member._SyncObj__raftLog
         others = member._SyncObj__otherNodes
         match, connected = member._SyncObj__raftMatchIndex, member._SyncObj__connectedNodes
         last = journal[-1][1]
-        peers = {}
-        for node in others:
-            peer = self._engine.node_of(node.address)
-            if peer is None or node not in connected or match.get(node, 0) < last or not self._engine.supports(peer):
-                return None
-            peers[peer] = node
-        self._peers = peers
+        self._peers = {self._engine.node_of(node.address): node for node in others}
         return LeaderView(
             term=member.raftCurrentTerm, last_term=journal[-1][2], last_index=last,
             commit_index=member.raftCommitIndex, last_applied=member.raftLastApplied, voters=len(others),
-            voters_matched=True, learners=bool(member._SyncObj__readonlyNodes),
+            voters_matched=all(peer is not None and node in connected and match.get(node, 0) >= last
+                               and self._engine.supports(peer) for peer, node in self._peers.items()),
+            learners=bool(member._SyncObj__readonlyNodes),
             busy=(member._SyncObj__transferInProgress or group.membership_busy() or member._SyncObj__forceLogCompaction
                   or any(member._SyncObj__commandsWaitingCommit.values())),
             queued=bool(member._SyncObj__commandsQueue._FastQueue__queue))
@@ -306,7 +302,7 @@ class SteadyGroup:
         journal = member._SyncObj__raftLog
         leader = member._getLeader()
         takes = (self.mode != LEADING and member._SyncObj__raftState == _FOLLOWER and member._SyncObj__selfNode
-                 is not None and self._engine.enabled and follower_takes(
+                 is not None and follower_takes(
                      term=term, current_term=member.raftCurrentTerm,
                      following_sender=leader is not None and self._engine.node_of(leader.address) == peer,
                      last_index=last_index, last_term=last_term, log_last_index=journal[-1][1],
@@ -321,7 +317,19 @@ class SteadyGroup:
         self._advance_commit(min(commit, last_index))
         self._engine.emit(peer, it.taken(group, term, epoch))
 
+    def _leader_silent(self) -> None:
+        """The election deadline passed. While the leader's node sends frames (for any group) and this group
+        heard from it lately, a stalled loop or a slow disk held its items up: no election for that."""
+        member, now = self._member, time.monotonic()
+        conf = member._SyncObj__conf
+        if (now - self._engine.heard_from(self._leader_node) < conf.raftMinTimeout
+                and now - self._heard_at < SILENT_TIMEOUTS * conf.raftMaxTimeout):
+            member._SyncObj__raftElectionDeadline = now + member._SyncObj__generateRaftTimeout()
+        else:
+            self.handback("the leader went silent")
+
     def _heard_leader(self, commit: int) -> None:
+        self._heard_at = time.monotonic()
         member = self._member
         if not member._SyncObj__transferInProgress:
             member._SyncObj__raftElectionDeadline = time.monotonic() + member._SyncObj__generateRaftTimeout()
@@ -417,27 +425,3 @@ class SteadyGroup:
         self._engine.handed_back(self)
         self._group.poller.on_event()  # a tick soon (the Ticker)
 
-
-class _Undriven:
-    """A group on a node without the engine: pysyncobj drives it, always."""
-
-    leading = False
-    mode = PYSYNCOBJ
-
-    def before_tick(self) -> bool:
-        return False
-
-    def heard(self, node, message: object) -> bool:
-        return False
-
-    def asked(self, what: str) -> None:
-        pass
-
-    def links_changed(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-UNDRIVEN = _Undriven()
