@@ -170,7 +170,8 @@ class Node:
         tuning = self.spec.tuning
         self.hub = RaftHub(loop, self.me_id, self.directory, self.tls, retry_seconds=tuning.connection_retry_seconds,
                            dead_after=max(3.5, tuning.election_timeout_max), compression=tuning.wire_compression)
-        self.hub.engine = NodeEngine(loop, self.hub, tuning) if self.me.raft_engine == "steady" else None
+        engine = self.me.raft_engine == "steady"  # settled partitions through the node engine (docs/raft-engine.md)
+        self.hub.engine = NodeEngine(loop, self.hub, tuning, self.hub.flush_soon) if engine else None
         try:
             self.hub.listen(self.me.host, self.me.raft_port_base)
         except OSError as exc:

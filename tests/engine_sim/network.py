@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.hub import Directory
+from raftkv.raft.hub_frames import ENGINE  # the engine's frames travel as the messages of this "group"
 from tests.engine_sim.clock import Scheduler
 from tests.engine_sim.trace import Trace, describe
 
@@ -34,7 +35,6 @@ class NetFaults:
     reconnect: float = 0.5  # at most this long before a connection is made again (the hub's retry)
 
 
-ENGINE = "engine"  # the engine's frames travel as the messages of this "group": its rng, its trace lines
 
 
 class _Connection:
@@ -202,9 +202,6 @@ class SimHub:
     # -- the node engine's wire ---------------------------------------------
 
     engine: NodeEngine | None = None
-
-    def send_engine(self, node_id: str, items: list) -> bool:
-        return self._network.send(self.node_id, node_id, ENGINE, items)
 
     def engine_peer(self, node_id: str) -> bool:
         return self._network.engines and self.is_up(node_id)

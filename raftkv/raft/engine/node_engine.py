@@ -21,13 +21,14 @@ from raftkv.core import metrics
 from raftkv.core.spec import Tuning
 from raftkv.raft.engine import items as it
 from raftkv.raft.engine.steady import SteadyGroup
+from raftkv.raft.hub_frames import ENGINE
 
 
 class Wire(Protocol):
     """What the engine needs of the node's hub."""
 
-    def send_engine(self, node_id: str, items: list) -> bool:
-        """One frame of `items` to node `node_id`, with the turn's other frames."""
+    def send(self, node_id: str, group: int | str, message: object) -> bool:
+        """One frame of `message` to node `node_id`, with the turn's other frames (the engine's: group ENGINE)."""
 
     def engine_peer(self, node_id: str) -> bool:
         """Whether node `node_id` announced the engine (and its connection is up)."""
@@ -38,15 +39,17 @@ class Wire(Protocol):
 
 
 class NodeEngine:
-    def __init__(self, loop, wire: Wire, tuning: Tuning, before_send: Callable[[], None] = lambda: None):
-        """`before_send()`: the turn's records written and synced, where the wire does not do it itself."""
+    def __init__(self, loop, wire: Wire, tuning: Tuning, request_turn: Callable[[], None] | None = None):
+        """`request_turn()`: `turn()` soon, once (the hub's `flush_soon`: its flush runs the turn first, so the
+        turn's frames leave after that flush's write and sync of the node log); by default on the loop."""
         self._loop = loop
         self._wire = wire
         self._tuning = tuning
-        self._before_send = before_send
+        self._request_turn = request_turn or (lambda: loop.call_soon(self.turn))
         self._groups: dict[int, SteadyGroup] = {}
         self._driven: set[SteadyGroup] = set()  # not handed back: leading or following
         self._ready: list[SteadyGroup] = []
+        self._wrote: list[SteadyGroup] = []  # appended this turn: synced before the frames leave (own journals)
         self._outbox: dict[str, list[tuple]] = {}
         self._turn_scheduled = False
         self._epoch = 0
@@ -96,6 +99,9 @@ class NodeEngine:
         self._ready.append(group)
         self._schedule()
 
+    def wrote(self, group: SteadyGroup) -> None:
+        self._wrote.append(group)
+
     def handed_back(self, group: SteadyGroup) -> None:
         self._driven.discard(group)
 
@@ -133,25 +139,24 @@ class NodeEngine:
     def _schedule(self) -> None:
         if not self._turn_scheduled and not self._closed:
             self._turn_scheduled = True
-            self._loop.call_soon(self._turn)
+            self._request_turn()
         if self._timer is None and not self._closed:  # runs while a group is driven
             self._timer = self._loop.call_later(self._tuning.heartbeat_period, self._periodic)
 
-    def _turn(self) -> None:
+    def turn(self) -> None:
+        if not self._turn_scheduled:
+            return
         self._turn_scheduled = False
         ready, self._ready = self._ready, []
         for group in dict.fromkeys(ready):
             group.send_steps()
-        self._before_send()
-        for group in self._groups.values():
-            if group.written:
-                group.written = False
-                group.sync_journal()
+        wrote, self._wrote = self._wrote, []
+        for group in dict.fromkeys(wrote):
+            group.sync_journal()
         outbox, self._outbox = self._outbox, {}
         for peer, items in outbox.items():
-            if self._wire.send_engine(peer, items):
+            if self._wire.send(peer, ENGINE, items):
                 metrics.ENGINE_FRAMES.labels("sent").inc()
-                metrics.RAFT_MESSAGES_SENT.inc()
 
     def _periodic(self) -> None:
         self._timer = None

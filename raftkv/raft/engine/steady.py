@@ -40,6 +40,7 @@ class Engine(Protocol):
     def emit(self, peer: str, item: tuple) -> None: ...
     def ready(self, group: SteadyGroup) -> None: ...
     def handed_back(self, group: SteadyGroup) -> None: ...
+    def wrote(self, group: SteadyGroup) -> None: ...
 
 
 class SteadyGroup:
@@ -58,7 +59,6 @@ class SteadyGroup:
         self._active_at = 0.0  # leading: when it last proposed
         self._leader_node: str | None = None  # following
         self._heard_at = 0.0  # following: when the group last heard from its leader
-        self.written = False  # appended this turn: its journal is written (and synced) before frames leave
         engine.attach(self)
 
     @property
@@ -183,7 +183,7 @@ class SteadyGroup:
             elif callback is not None:
                 waiting[index].append((term, callback))
         self._active_at = time.monotonic()
-        self.written = True
+        self._engine.wrote(self)
         self._engine.ready(self)
 
     def send_steps(self) -> None:
@@ -356,7 +356,7 @@ class SteadyGroup:
         for command, index, entry_term in new:
             journal.add(command, index, entry_term)
         if new:
-            self.written = True
+            self._engine.wrote(self)
         verified = prev_index + len(entries)
         self._engine.emit(peer, it.ack(group, term, epoch, verified, True))
         self._advance_commit(min(commit, verified))
