@@ -1,5 +1,5 @@
 """Every message of the node engine's fast path and of a hand-over on a new term, printed and compared
-with tests/testdata/raft/engine_*.txt (etcd-raft's interaction tests are the model): one group of three
+with tests/testdata/engine/*.txt (etcd-raft's interaction tests are the model): one group of three
 members in the simulation, fsync mode, a network that neither loses, repeats nor reorders.
 
     RAFTKV_GOLDEN_UPDATE=1 pytest tests/engine_sim/test_engine_golden.py    # rewrite the files after a change
@@ -20,7 +20,7 @@ from tests.engine_sim.cluster import SimCluster
 from tests.engine_sim.network import NetFaults, SimNetwork
 from tests.engine_sim.trace import Trace, describe
 
-GOLDEN = Path(__file__).resolve().parents[1] / "testdata" / "raft"
+GOLDEN = Path(__file__).resolve().parents[1] / "testdata" / "engine"  # not raft/: those are raft_scenarios' scripts
 QUIET = NetFaults(loss=0.0, duplication=0.0, reorder=False, jitter=0.0)
 
 
@@ -83,7 +83,7 @@ def _script() -> dict[str, str]:
                                and scenario.settled())
             scenario.propose(b"d=4")
             handover = scenario.messages(mark)
-    return {"engine_fast_path.txt": "\n".join(fast) + "\n", "engine_new_term.txt": "\n".join(handover) + "\n"}
+    return {"fast_path.txt": "\n".join(fast) + "\n", "new_term.txt": "\n".join(handover) + "\n"}
 
 
 def test_the_engines_messages_are_as_recorded():
