@@ -56,6 +56,7 @@ class SteadyGroup:
         self._took: set[str] = set()  # leading: the followers that took the group
         self._offered_at = 0.0
         self._sent_at: dict[str, float] = {}  # leading: when a follower was last sent something
+        self._match_seen: dict[str, int] = {}  # leading: a follower's matchIndex at the last period
         self._active_at = 0.0  # leading: when it last proposed
         self._leader_node: str | None = None  # following
         self._heard_at = 0.0  # following: when the group last heard from its leader
@@ -137,7 +138,7 @@ class SteadyGroup:
         self.mode, self.term, self.epoch = LEADING, view.term, self._engine.next_epoch()
         self._took = set()
         self._offered_at = self._active_at = time.monotonic()
-        self._sent_at = {}
+        self._sent_at, self._match_seen = {}, {}
         metrics.ENGINE_HANDOVERS.labels("take").inc()
         for peer in self._peers:
             self._engine.emit(peer, it.take(self.partition, self.term, self.epoch, view.last_index, view.last_term,
@@ -245,9 +246,13 @@ class SteadyGroup:
         for peer in self._took:
             node = self._peers[peer]
             if match[node] < last:
-                next_index[node] = match[node] + 1  # resend what was not acknowledged (lost, or a gap)
-                self._engine.ready(self)
-            elif now - self._sent_at.get(peer, 0.0) >= heartbeat / 2:
+                if self._match_seen.get(peer) == match[node]:  # no progress in a period: resend (lost, or a gap)
+                    next_index[node] = match[node] + 1
+                    self._engine.ready(self)
+                self._match_seen[peer] = match[node]
+                continue
+            self._match_seen.pop(peer, None)
+            if now - self._sent_at.get(peer, 0.0) >= heartbeat / 2:
                 self._engine.emit(peer, it.beat(self.partition, self.term, self.epoch, member.raftCommitIndex))
                 self._sent_at[peer] = now
 
