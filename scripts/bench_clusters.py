@@ -46,15 +46,17 @@ class Running:
 
 @contextmanager
 def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "default",
-                   tuning: Tuning | None = None, ready_timeout: float = 60, tls: bool = False) -> Iterator[Running]:
+                   tuning: Tuning | None = None, ready_timeout: float = 60, tls: bool = False,
+                   raft_engine: str = "off") -> Iterator[Running]:
     """`tls`: mutual TLS on every connection, and the clients are the `admin` user (role root): a cluster
-    with TLS enforces permissions."""
+    with TLS enforces permissions. `raft_engine`: every node's setting (docs/raft-engine.md)."""
     spec = build_spec(
         nodes=MEMBERS, partitions=partitions, replication=MEMBERS, durability=durability,
         base_port=free_port_block(MEMBERS * ports_per_node(partitions)), data_dir=data_dir,
     )
     if tuning is not None:
         spec = replace(spec, tuning=tuning)
+    spec = replace(spec, nodes=tuple(replace(n, raft_engine=raft_engine) for n in spec.nodes))
     if tls:
         spec = with_certificates(spec, data_dir)
     cluster = LocalCluster(spec, save_spec(spec, data_dir / "cluster.toml"))

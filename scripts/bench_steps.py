@@ -40,6 +40,8 @@ STEPS = {
     "raftkv_journal_fsyncs_total": "fsyncs (per replica journal)",
     "raftkv_node_log_fsyncs_total": "fsyncs (node log)",
     "raftkv_apply_seconds_count": "RocksDB writes",
+    "raftkv_engine_frames_total": "engine frames",
+    "raftkv_engine_handovers_total": "engine hand-overs",
 }
 PUTS, ENTRIES, CPU = "raftkv_api_ops_total", "raftkv_proposals_total", "process_cpu_seconds_total"
 
@@ -72,7 +74,7 @@ def scrape(addresses: tuple[str, ...]) -> Counter:
 
 def measure(durability: str, partitions: int, args: argparse.Namespace, work: Path) -> Steps:
     with raftkv_cluster(work / f"{durability}-{partitions}", partitions, durability=durability,
-                        ready_timeout=60 + partitions * 0.3) as cluster:
+                        ready_timeout=60 + partitions * 0.3, raft_engine=args.raft_engine) as cluster:
         keys = max(args.keys, partitions * 4)
         fill("raftkv", cluster.endpoints, keys)
         load = Load("raftkv", cluster.endpoints, "put", processes=args.processes, in_flight=args.in_flight,
@@ -97,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--raft-engine", default="off", choices=("off", "steady"), help="every node's setting")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     console = Console()

@@ -39,7 +39,7 @@ def _config(args, seed: int, steps: int) -> SimConfig:
     net = NetFaults(**{f.name: getattr(args, f.name) for f in dataclasses.fields(NetFaults)})
     faults = Faults(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Faults)})
     return SimConfig(seed=seed, steps=steps, nodes=args.nodes, groups=args.groups, replicas=args.replicas,
-                     fsync=args.mode == "fsync", net=net, faults=faults)
+                     fsync=args.mode == "fsync", net=net, faults=faults, engine=args.engine)
 
 
 def _minimize(args, seed: int, steps: int) -> int:
@@ -64,6 +64,8 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--mode", choices=("default", "fsync"), default="default")
+    parser.add_argument("--engine", action="store_true",
+                        help="groups' steady state through the node engine, with hand-overs forced both ways")
     parser.add_argument("--trace", action="store_true", help="print the whole trace of a failing run")
     parser.add_argument("--digest", action="store_true", help="first print each run's trace digest (replays match)")
     parser.add_argument("--minimize", action="store_true", help="bisect a failing seed to its fewest steps")

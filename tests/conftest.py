@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
 import subprocess
 import sys
@@ -151,6 +152,11 @@ def quiet_process_logs(request):
         pytest.fail(f"tracebacks in the processes' logs that the test does not expect:\n{found}", pytrace=False)
 
 
+# every node's raft_engine in the clusters `cluster_maker` starts: RAFTKV_TEST_RAFT_ENGINE=steady runs the
+# real-process suites with the node engine (docs/raft-engine.md), by hand until it is the default
+RAFT_ENGINE = os.environ.get("RAFTKV_TEST_RAFT_ENGINE", "off")
+
+
 @contextlib.contextmanager
 def cluster_maker(root: Path) -> Iterator[Callable[..., LocalCluster]]:
     """make(nodes=3, partitions=4, backup=None, tls=False, **tuning) -> a started, ready LocalCluster under
@@ -164,7 +170,8 @@ def cluster_maker(root: Path) -> Iterator[Callable[..., LocalCluster]]:
         base = free_port_block(nodes * ports_per_node(partitions))
         spec: ClusterSpec = build_spec(nodes=nodes, partitions=partitions, replication=replication,
                                        base_port=base, data_dir=root / f"c{len(clusters)}", durability=durability)
-        spec = dataclasses.replace(spec, tuning=Tuning(**tuning), backup=backup)
+        spec = dataclasses.replace(spec, tuning=Tuning(**tuning), backup=backup, nodes=tuple(
+            dataclasses.replace(n, raft_engine=RAFT_ENGINE) for n in spec.nodes))
         folder = root / f"c{len(clusters)}"
         if tls:
             spec = with_certificates(spec, folder)

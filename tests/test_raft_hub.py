@@ -18,7 +18,9 @@ import uvloop
 
 from raftkv.core.spec import Tuning, build_spec
 from raftkv.dev.local_cluster import free_port_block
+from raftkv.core import metrics
 from raftkv.raft import hub_frames
+from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.hub import Connection, Directory, RaftHub
 from raftkv.raft.hub_frames import CONTROL, BadFrame
@@ -184,6 +186,38 @@ def test_a_connection_that_does_not_speak_the_protocol_is_closed_and_changes_not
                 Role.LEADER, term, applied, frozenset({address}))
         finally:
             group.close()
+            await hubs.close()
+
+    asyncio.run(scenario())
+
+
+def test_engine_frames_go_only_to_nodes_that_announced_the_engine_and_a_node_without_it_stays_connected():
+    """Mixed releases: hubs a and b run the node engine, c does not (as a node of the previous release).
+    a and b hear each other's engine frames; c, which never announced it, is never an engine peer, and
+    the announcement it gets (a ping's argument) leaves its connections up."""
+
+    async def scenario():
+        hubs = LoopbackHubs()
+        a, b, c = (f"127.0.0.1:{free_port_block(1)}" for _ in range(3))
+        hubs.know(a, b, c)
+        loop = asyncio.get_running_loop()
+        engines = {}
+        for address in (a, b):
+            hub = hubs.hub(address)
+            hub.engine = engines[address] = NodeEngine(loop, hub, Tuning(), hub.flush_soon)
+        hubs.hub(c)
+        try:
+            pairs = [(x, y) for x in (a, b, c) for y in (a, b, c) if x != y]
+            await until(lambda: all(hubs.hub(x).is_up(y) for x, y in pairs))
+            await until(lambda: hubs.hub(a).engine_peer(b) and hubs.hub(b).engine_peer(a))
+            assert not hubs.hub(a).engine_peer(c) and not hubs.hub(b).engine_peer(c)
+            stale = metrics.ENGINE_STALE._value.get()
+            assert hubs.hub(a).send(b, hub_frames.ENGINE, [("beat", 7, 1, 1, 0), "not an item"])
+            await until(lambda: engines[b].heard_from(a) > 0)
+            assert metrics.ENGINE_STALE._value.get() == stale + 2  # a group b does not host, and garbage
+            await asyncio.sleep(0.2)
+            assert all(hubs.hub(x).is_up(y) for x, y in pairs)
+        finally:
             await hubs.close()
 
     asyncio.run(scenario())

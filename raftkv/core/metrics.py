@@ -56,6 +56,14 @@ NODE_FSYNCS = Counter("raftkv_node_fsyncs_total",
                       "fsync and fdatasync calls of this node: its Raft logs, their meta files, snapshots (durable.py)")
 NODE_RAFT_BYTES_SENT = Counter("raftkv_node_raft_bytes_sent_total",
                                "Bytes of log entries and snapshot chunks this node's replicas sent")
+ENGINE_HANDOVERS = Counter("raftkv_engine_handovers_total",
+                           "Raft groups handed to the node engine (take: offered by this leader; taken: by this "
+                           "follower) and back to the Raft library (handback)", ["kind"])
+ENGINE_STALE = Counter("raftkv_engine_stale_total",
+                       "Engine items dropped: for another term or ownership epoch, a group not hosted, or a "
+                       "Raft answer the engine superseded")
+ENGINE_FRAMES = Counter("raftkv_engine_frames_total", "Engine frames (one per peer node per loop turn)",
+                        ["direction"])
 API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")
 API_OPS = Counter("raftkv_api_ops_total", "Operations received in Execute requests (several per request)")
 # What a client asked of this node (forwarded requests are counted where they arrived): the console's

@@ -12,6 +12,7 @@ from pathlib import Path
 from raftkv.core.errors import ConfigError, one_line
 
 DURABILITY_MODES = ("default", "fsync")
+RAFT_ENGINES = ("off", "steady")  # steady: settled groups replicate through the node engine (docs/raft-engine.md)
 DEFAULT_MAX_KEY_BYTES = 4 * 1024
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 MAX_PARTITIONS = 4096
@@ -79,6 +80,7 @@ class NodeSpec:
     metrics_port: int
     raft_port_base: int
     data_dir: Path
+    raft_engine: str = "off"
 
     @property
     def api_address(self) -> str:
@@ -182,6 +184,8 @@ def _node_problems(nodes: tuple[NodeSpec, ...], partitions: int) -> list[str]:
         elif n.id in seen_ids:
             problems.append(f"{where}.id: duplicate node id {n.id!r}")
         seen_ids.add(n.id)
+        if n.raft_engine not in RAFT_ENGINES:
+            problems.append(f"{where}.raft_engine: {n.raft_engine!r} is not one of {', '.join(RAFT_ENGINES)}")
         ports = [("api_port", n.api_port), ("metrics_port", n.metrics_port)]
         ports += [(f"raft port of partition {p}", n.raft_port_base + p) for p in range(partitions)]
         ports.append(("metadata raft port (raft_port_base + partitions)", n.meta_port(partitions)))

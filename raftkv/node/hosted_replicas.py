@@ -198,6 +198,7 @@ class HostedReplicas:
             on_corrupt=self._corrupt,
             guard=self.lost_data.guard(p, self._folder(p)) if voter else None,
             node_log=self.logs,
+            engine=self.hub.engine,
         )
         with opening(self.me):
             return PartitionReplica(

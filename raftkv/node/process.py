@@ -1,9 +1,8 @@
 """A node process: its start and stop, the gRPC API and metrics, and its duties on the cluster
 metadata. The partition replicas it hosts are `hosted_replicas.HostedReplicas`.
 
-Everything runs on one asyncio loop (the main thread): the gRPC API, group
-commit, and every replica's Raft ticks (see `raftkv.raft.syncobj_loop`). Only gRPC's
-and RocksDB's own threads run beside it.
+Everything runs on one asyncio loop (the main thread): the gRPC API, group commit, and every replica's
+Raft ticks (see `raftkv.raft.syncobj_loop`). Only gRPC's and RocksDB's own threads run beside it.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from raftkv.node.replica_admin import ReplicaAdmin
 from raftkv.node.backup_seed import BackupCatalog
 from raftkv.node.service import KVService
 from raftkv.node.tasks import background
+from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.hub import Directory, RaftHub
 from raftkv.raft.log_turn import LogTurn
 from raftkv.raft.replica_logs import META_GROUP, ReplicaLogs
@@ -154,6 +154,8 @@ class Node:
         tuning = self.spec.tuning
         self.hub = RaftHub(loop, self.me_id, self.directory, self.tls, retry_seconds=tuning.connection_retry_seconds,
                            dead_after=max(3.5, tuning.election_timeout_max), compression=tuning.wire_compression)
+        engine = self.me.raft_engine == "steady"  # settled partitions through the node engine (docs/raft-engine.md)
+        self.hub.engine = NodeEngine(loop, self.hub, tuning, self.hub.flush_soon) if engine else None
         try:
             self.hub.listen(self.me.host, self.me.raft_port_base)
         except OSError as exc:

@@ -1,26 +1,27 @@
 """The Raft hub: one connection from each node to each other node, for the messages of all groups.
 
-pysyncobj's own transport opens a socket per group per pair of members, trusts whatever
-address a connection's first message claims, and answers its admin commands (add, remove,
-transfer) from anyone. Here each process has one hub on its asyncio loop (docs/raft-transport.md):
+pysyncobj's own transport opens a socket per group per pair of members, trusts whatever address a
+connection's first message claims, and answers its admin commands (add, remove, transfer) from anyone.
+Here each process has one hub on its asyncio loop (docs/raft-transport.md):
 
-- A node listens on one port (its `raft_port_base`) and dials every node it has a message for;
-  it sends on the connection it dialed, and receives on the ones it accepted. A learner process
-  dials the voters of its groups, asks to `join` each group, and is sent to on that same
-  connection. So no rule decides which side connects: a node that does not know yet that another
-  is a member still hears from it.
+- A node listens on one port (its `raft_port_base`) and dials every node it has a message for; it
+  sends on the connection it dialed, and receives on the ones it accepted. A learner process dials
+  the voters of its groups, asks to `join` each group, and is sent to on that same connection. So no
+  rule decides which side connects: a node that does not know yet that another is a member still
+  hears from it.
 - With the cluster's TLS the connections are mutual TLS, and who sent a message is what the peer's
   certificate says, never what its bytes claim: a node certificate names its node, a learner
-  certificate may only join groups read-only, anything else is refused at the handshake or at
-  the hello. Without TLS the hello is trusted, as pysyncobj trusted its first message.
-- Only Raft messages and the hub's own control frames are carried (`hub_frames`): pysyncobj's
-  admin commands have no way in; membership changes go through the Admin API.
-- Frames queued for a connection in one turn of the loop leave in one write; one flush a turn
-  writes every connection's, after the owner's `before_send` (the node log written and, in fsync
-  mode, synced: `log_turn`), and none if that failed.
-- Each dialer pings every `ping_every` seconds and the other side answers; a connection that
-  hears nothing for `dead_after` seconds is closed (a cut network otherwise leaves it hanging for
-  TCP's minutes), and the dialer tries again every `retry_seconds`.
+  certificate may only join groups read-only, anything else is refused at the handshake or at the
+  hello. Without TLS the hello is trusted, as pysyncobj trusted its first message.
+- Only Raft messages, the node engine's frames (to nodes that announced it in a ping after their
+  hello) and the hub's own control frames are carried (`hub_frames`): pysyncobj's admin commands
+  have no way in; membership changes go through the Admin API.
+- Frames queued for a connection in one turn of the loop leave in one write; one flush a turn runs
+  the node engine's turn (its frames of every group), then the owner's `before_send` (the node log
+  written and, in fsync mode, synced: `log_turn`), then writes every connection's, none if that failed.
+- Each dialer pings every `ping_every` seconds and the other side answers; a connection that hears
+  nothing for `dead_after` seconds is closed (a cut network otherwise leaves it hanging for TCP's
+  minutes), and the dialer tries again every `retry_seconds`.
 
 Groups attach a `GroupEndpoint` (their transport, `syncobj_transport.GroupTransport`) under their
 group number; who a group member is comes from the `Directory` the owner keeps up to date.
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
 from raftkv.raft import hub_frames
-from raftkv.raft.hub_frames import CONTROL, BadFrame
+from raftkv.raft.hub_frames import CONTROL, ENGINE, BadFrame
 from raftkv.core import metrics
 from raftkv.core.errors import ConfigError
 from raftkv.security.certs import Identity
@@ -177,6 +178,8 @@ class RaftHub:
         self._to_flush: list[Connection] = []  # connections with frames queued this turn
         self._flush_scheduled = False
         self.before_send: Callable[[], bool] | None = None  # run before a flush; False: drop its frames
+        self.engine = None  # the node engine (raft_engine = "steady"): it gets engine frames, its peers get them
+        self._engine_peers: dict[str, Connection] = {}  # nodes that announced the engine, on this connection
 
     # -- set-up -------------------------------------------------------------
 
@@ -241,6 +244,9 @@ class RaftHub:
         metrics.RAFT_MESSAGES_SENT.inc()
         return connection.send(hub_frames.encode((group, message), self._compression))
 
+    def engine_peer(self, node_id: str) -> bool:  # it announced the engine, and the connection to it is up
+        return node_id in self._engine_peers and self._links.get(node_id) is not None
+
     def join(self, group: int, node_ids: frozenset[str]) -> None:
         """Be a read-only member of `group` at these nodes, now and after every reconnect."""
         before = self._joins.get(group, frozenset())
@@ -263,6 +269,8 @@ class RaftHub:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        if self.engine is not None:  # its items of the turn join the frames below
+            self.engine.turn()
         connections, self._to_flush = self._to_flush, []
         if self.before_send is not None and not self.before_send():
             for connection in connections:
@@ -312,6 +320,8 @@ class RaftHub:
                 return None
         connection = Connection(self, reader, writer, node_id, dialed=True)
         connection.send(hub_frames.encode((CONTROL, "hello", self.node_id)))
+        if self.engine is not None:
+            connection.send(hub_frames.ENGINE_PING)
         return connection
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -365,6 +375,10 @@ class RaftHub:
         if body[0] == CONTROL:
             self._on_control(connection, body[1], body[2])
             return
+        if body[0] == ENGINE:
+            if connection.peer is not None and self.engine is not None:
+                self.engine.receive(connection.peer, body[1])
+            return
         group, message = body
         metrics.RAFT_MESSAGES_RECEIVED.inc()
         endpoint = self._groups.get(group)
@@ -373,6 +387,8 @@ class RaftHub:
 
     def _on_control(self, connection: Connection, verb: str, arg: object) -> None:
         if verb == "ping" and not connection.dialed:
+            if hub_frames.announces_engine(arg) and connection.peer is not None:
+                self._engine_peers[connection.peer] = connection
             connection.send(hub_frames.encode((CONTROL, "pong", None)))
         elif verb in ("join", "leave") and not connection.dialed and isinstance(arg, int):
             subscribers = self._subscribers.setdefault(arg, set())
@@ -394,6 +410,8 @@ class RaftHub:
 
     def _closed(self, connection: Connection) -> None:
         self._accepted.discard(connection)
+        if self._engine_peers.get(connection.peer) is connection:  # not a newer connection's announcement
+            del self._engine_peers[connection.peer]
         if connection.dialed and self._links.get(connection.peer) is connection:
             self._links[connection.peer] = None
         for group in connection.joined:

@@ -3,6 +3,11 @@
     frame  = length (4 bytes, big-endian) + flag (1 byte: 0 plain, 1 zlib) + body
     body   = pickle of (group, message)      a Raft message of one group (pysyncobj's dicts)
            | pickle of (CONTROL, verb, arg)  the connection's own: hello, join, leave, ping, pong
+           | pickle of (ENGINE, [item, ...]) the node engine's items of every group (raftkv/raft/engine/items.py)
+
+A node running the engine says so in a ping sent right after its hello (`ENGINE_PING`), whose argument
+nodes of earlier releases ignore; engine frames go only to nodes that said so (an earlier release
+would close the connection on one).
 
 Bodies are pickles of plain data only (dicts, lists, tuples, bytes, text, numbers): the
 unpickler here refuses every global, so a frame cannot name a class or a function to call,
@@ -26,6 +31,8 @@ import struct
 import zlib
 
 CONTROL = "hub"  # the group field of a control frame
+ENGINE = "engine"  # ... and of an engine frame
+ENGINE_VERSION = 1
 MAX_FRAME_BYTES = 256 * 1024 * 1024  # far above any entry batch or snapshot chunk; a larger length is garbage
 _LENGTH = struct.Struct(">I")
 HEADER_BYTES = _LENGTH.size
@@ -101,6 +108,17 @@ def decode(frame: bytes, from_node: bool = False) -> tuple:
     if body[0] == CONTROL:
         if len(body) != 3 or not isinstance(body[1], str):
             raise BadFrame("a malformed control frame")
+    elif body[0] == ENGINE:
+        if len(body) != 2 or not isinstance(body[1], list):
+            raise BadFrame("a malformed engine frame")
     elif len(body) != 2 or not isinstance(body[0], int) or isinstance(body[0], bool):
         raise BadFrame("a message frame without a group number")
     return body
+
+
+ENGINE_PING = encode((CONTROL, "ping", {"engine": ENGINE_VERSION}))
+
+
+def announces_engine(arg: object) -> bool:
+    """Whether a ping's argument says the sender runs the node engine."""
+    return isinstance(arg, dict) and arg.get("engine") == ENGINE_VERSION

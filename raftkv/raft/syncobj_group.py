@@ -3,22 +3,19 @@
 This is where our parts are wired into pysyncobj (docs/pysyncobj.md lists every override):
 - the Raft log is the group's part of the node log (`replica_logs`), or without one a `RaftJournal`
   of its own (both checksummed, fsync-able), plugged in through pysyncobj's `createJournal`;
-- the transport (`GroupTransport`) carries the group's messages over the node's
-  Raft hub (one connection per pair of nodes, mutual TLS with the cluster's),
-  a journal of its own synced before any message leaves in fsync mode, and keeps the members
-  the cluster metadata names linked whatever a snapshot or the journal replays;
-- log compaction writes the state machine's checkpoint into a snapshot file
-  (`syncobj_snapshots`), never pysyncobj's pickle of the whole object, and
-  never with fork;
-- every committed proposal goes to the `StateMachine` with its index and
-  term; entries at or below the state machine's position are skipped, so
-  replaying the journal after a restart is idempotent;
-- the follower's AppendEntries handling is `PatchedSyncObj`'s.
+- the transport (`GroupTransport`) carries the group's messages over the node's Raft hub (one
+  connection per pair of nodes, mutual TLS with the cluster's), a journal of its own synced before
+  any message leaves in fsync mode, and keeps the members the cluster metadata names linked whatever
+  a snapshot or the journal replays;
+- log compaction writes the state machine's checkpoint into a snapshot file (`syncobj_snapshots`);
+- every committed proposal goes to the `StateMachine` with its index and term; entries at or below
+  the state machine's position are skipped, so replaying the journal after a restart is idempotent;
+- the follower's AppendEntries handling is `PatchedSyncObj`'s;
+- with the node engine (`raft_engine = "steady"`), a settled group's steady state is its (`engine/`).
 
-pysyncobj is driven by composition: `_Member` is the SyncObj subclass, and
-everything else only holds a `SyncObjGroup`. Groups run on the node's asyncio
-loop (`syncobj_loop`), not on threads of their own: `propose`, its callback
-and every pysyncobj call happen on the loop.
+pysyncobj is driven by composition: `_Member` is the SyncObj subclass, and everything else only
+holds a `SyncObjGroup`. Groups run on the node's asyncio loop (`syncobj_loop`), not on threads of
+their own: `propose`, its callback and every pysyncobj call happen on the loop.
 """
 
 from __future__ import annotations
@@ -37,6 +34,8 @@ from raftkv.core.durable import make_dirs
 from raftkv.core.errors import CorruptData
 from raftkv.core.spec import Tuning
 from raftkv.raft import snapshot_file
+from raftkv.raft.engine.node_engine import NodeEngine
+from raftkv.raft.engine.undriven import steady_part
 from raftkv.raft.group import Entry, Outcome, ProposalCallback, Role, StateMachine
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.node_log import GroupLog
@@ -66,6 +65,7 @@ class GroupConfig:
     on_corrupt: Callable[[CorruptData], None] | None = None  # the group found its files untrustworthy and stopped
     guard: VoteGuard | None = None  # a voter that lost its data: when it may vote and campaign (vote_guard)
     node_log: ReplicaLogs | None = None  # the node's log of every group; None: a RaftJournal in folder/journal
+    engine: NodeEngine | None = None  # the node's engine, which may drive the group's steady state (raft_engine)
 
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
@@ -100,6 +100,8 @@ class _Member(PatchedSyncObj):
         follower's election; at once while commands wait (a tick takes them for at most a heartbeat period)."""
         if self._SyncObj__commandsQueue._FastQueue__queue:
             return 0.0
+        if self._group.steady.leading:  # the node engine's timer heartbeats for it
+            return NEVER
         if self._SyncObj__raftState == _LEADER:
             return self._SyncObj__newAppendEntriesTime
         if self._SyncObj__selfNode is None:  # a learner never campaigns
@@ -119,6 +121,8 @@ class _Member(PatchedSyncObj):
         guard = self._group.config.guard
         if guard is not None and not guard.may_campaign(self._group.last_log_index):
             self._SyncObj__raftElectionDeadline = time.monotonic() + self._group.config.tuning.election_timeout_max
+        if self._group.steady.before_tick():  # the node engine drives the group (engine/steady.py)
+            return
         quiet = self._group.quiet
         quiet.before_tick()
         PatchedSyncObj._onTick(self, timeToWait)
@@ -224,6 +228,7 @@ class SyncObjGroup:
                              next_timer=self._member.next_timer)
         self.quiet = Quiet(self._member, self._ticker, tuning, config.partition, busy=lambda: self._change_pending)
         self.snapshots.on_written = self._ticker.soon_from_thread
+        self.steady = steady_part(self, config.engine)
         self._ticker.start()
         self._ticker.soon()  # the first tick loads the snapshot; until then the transport drops what arrives
 
@@ -325,6 +330,7 @@ class SyncObjGroup:
         self._ticker.soon()
 
     def compact(self, keep_from: int = 0) -> None:
+        self.steady.asked("a compaction")
         self._keep_from = keep_from
         self._member.forceLogCompaction()
         self._ticker.soon()
@@ -337,6 +343,7 @@ class SyncObjGroup:
 
     def transfer_leadership(self, to: str | None = None) -> None:
         """Best effort: pysyncobj refuses when no connected follower holds every entry."""
+        self.steady.asked("a leadership transfer")
         self._member.transferLeadership(to)
         self.quiet.wake(tell_leader=True)
         self._ticker.soon()
@@ -355,6 +362,7 @@ class SyncObjGroup:
         if self._change_pending or self._uncommitted_membership():
             callback(None, Outcome.REJECTED)
             return
+        self.steady.asked("a membership change")
         self._change_pending = True
 
         def done(result, reason) -> None:
@@ -370,10 +378,14 @@ class SyncObjGroup:
         after = self.commit_index + 1 - journal[0][1]
         return any(membership_change(command) is not None for command, _, _ in journal[max(after, 0):])
 
+    def membership_busy(self) -> bool:
+        return self._change_pending or self._uncommitted_membership()
+
     def name_members(self, addresses: frozenset[str]) -> None:
         self._member._SyncObj__transport.name_members(addresses - {self.config.self_address})
 
     def close(self) -> None:
+        self.steady.close()
         self.quiet.close()
         self._ticker.stop()
         self._member.destroy()  # with autoTick off this closes sockets and the journal at once

@@ -127,6 +127,8 @@ class GroupTransport(Transport):
 
     def _received(self, node: Node, message: object) -> None:
         group = self._syncObj._group
+        if group.steady.heard(node, message):
+            return
         if not group.quiet.heard(node, message) and group.admits(message):
             self._onMessageReceived(node, message)
 
@@ -137,7 +139,9 @@ class GroupTransport(Transport):
     def links_changed(self) -> None:
         self._links_moved = True
         if self._ticked:  # nothing rests before
-            self._syncObj._group.quiet.links_changed()
+            group = self._syncObj._group
+            group.quiet.links_changed()
+            group.steady.links_changed()
         self._poller.on_event()  # a tick soon, which follows them (`_follow_links`)
 
     # -- keeping pysyncobj's view in step with the hub's ----------------------

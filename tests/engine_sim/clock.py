@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 import pysyncobj.syncobj
 
 from raftkv.raft import syncobj_group, syncobj_loop, syncobj_quiet
+from raftkv.raft.engine import node_engine, steady
 
 
 class Handle:
@@ -100,6 +101,8 @@ def virtual_time(scheduler: Scheduler, seed: int, create_journal: Callable) -> I
         (syncobj_group, "time", clock),
         (syncobj_loop, "time", clock),
         (syncobj_quiet, "time", clock),
+        (steady, "time", clock),
+        (node_engine, "time", clock),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
     try:

@@ -14,12 +14,13 @@ from functools import partial
 from pathlib import Path
 
 from raftkv.core.spec import Tuning
+from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.hub import Directory
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from tests.engine_sim.checker import Checker
 from tests.engine_sim.clock import Scheduler, SimLoop
-from tests.engine_sim.network import SimNetwork
+from tests.engine_sim.network import ENGINE, SimNetwork
 from tests.engine_sim.storage import JournalDisk, SimJournal, SimStateMachine, StateDisk
 from tests.engine_sim.trace import Trace
 
@@ -51,7 +52,7 @@ class Member:
 
 class SimCluster:
     def __init__(self, nodes: int, groups: int, replicas: int, fsync: bool, seed: int, folder: Path,
-                 scheduler: Scheduler, network_factory, trace: Trace, checker: Checker):
+                 scheduler: Scheduler, network_factory, trace: Trace, checker: Checker, engine: bool = False):
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
         self.groups = list(range(groups))
         self.fsync = fsync
@@ -62,6 +63,9 @@ class SimCluster:
         self._rng = random.Random(seed * 7919 + 1)  # what the disks keep at a power cut
         directory = Directory({}, {address(n, g): (n, g) for n in self.nodes for g in self.groups})
         self.network: SimNetwork = network_factory(directory)
+        self.network.engines = engine
+        self.engines: dict[str, NodeEngine] = {}  # running nodes' engines (raft_engine = "steady")
+        self._engine_loops: dict[str, SimLoop] = {}
         # the cluster metadata's view: each group's voters, placed round the nodes
         self.voters = {g: [self.nodes[(g + i) % nodes] for i in range(min(replicas, nodes))] for g in self.groups}
         self.members: dict[tuple[str, int], Member] = {}
@@ -75,10 +79,16 @@ class SimCluster:
     def start(self) -> None:
         """Every node up with its members (inside `virtual_time`, whose journal factory is `create_journal`)."""
         for node in self.nodes:
-            self.network.node_up(node)
+            self._node_up(node)
         for group in self.groups:
             for node in self.voters[group]:
                 self._open(node, group)
+
+    def _node_up(self, node: str) -> None:
+        hub = self.network.node_up(node)
+        if self.network.engines:
+            loop = self._engine_loops[node] = SimLoop(self.scheduler, (node, ENGINE))
+            hub.engine = self.engines[node] = NodeEngine(loop, hub, TUNING)
 
     # -- members ----------------------------------------------------------------
 
@@ -98,7 +108,8 @@ class SimCluster:
         config = GroupConfig(
             partition=group, hub=self.network.hubs[node], self_address=address(node, group),
             peers=tuple(address(n, group) for n in voters if n != node), folder=folder, fsync=self.fsync,
-            tuning=TUNING, membership_changes=True, on_corrupt=partial(self._stopped, node, group))
+            tuning=TUNING, membership_changes=True, on_corrupt=partial(self._stopped, node, group),
+            engine=self.engines.get(node))
         loop = SimLoop(self.scheduler, key)
         self._opening = key
         try:
@@ -139,7 +150,10 @@ class SimCluster:
     def check(self, key) -> None:
         """After a step: the member it touched (a tick, a message delivered). The cluster's own events (a
         fault, a client's call) change no member's Raft state until it ticks or handles a message."""
-        if key is not None and (member := self.members.get(key)) is not None:
+        if key is not None and key[1] == ENGINE:  # the node's engine: any of its members
+            for member in [m for k, m in self.members.items() if k[0] == key[0]]:
+                self._check(member)
+        elif key is not None and (member := self.members.get(key)) is not None:
             self._check(member)
 
     def _check(self, member: Member) -> None:
@@ -207,6 +221,7 @@ class SimCluster:
             "committed entries forgotten": sum(r.forgotten for r in self.checker.groups.values()),
             "acknowledged lost": counts["ack-lost"],
             "handler exceptions": len(self.network.errors),
+            "engine frames": counts["engine-recv"], "forced handbacks": counts["handback"],
         }
 
     # -- faults -------------------------------------------------------------------
@@ -216,6 +231,9 @@ class SimCluster:
         if node not in self.down:
             for key in [k for k in self.members if k[0] == node]:
                 self.members.pop(key).loop.dead = True
+            if node in self.engines:
+                self.engines.pop(node).close()
+                self._engine_loops.pop(node).dead = True
             self.network.node_down(node)
             self.down.add(node)
         lost = ""
@@ -257,7 +275,7 @@ class SimCluster:
         if node not in self.down:
             return
         self.down.discard(node)
-        self.network.node_up(node)
+        self._node_up(node)
         self.trace.add("restart", node)
         for group in self.groups:
             if node in self.voters[group]:
@@ -321,6 +339,14 @@ class SimCluster:
         elif outcome is not Outcome.REJECTED:
             self.unsure.add(group)
         done()
+
+    def hand_back(self, group: int, rng: random.Random) -> None:
+        """A hand-over back to pysyncobj forced on a member the engine drives, leader or follower."""
+        driven = [m for m in self.running(group) if m.raft.steady is not None and m.raft.steady.mode != "pysyncobj"]
+        if driven:
+            member = rng.choice(driven)
+            self.trace.add("handback", f"g{group} {member.node} ({member.raft.steady.mode}) forced")
+            member.raft.steady.handback("forced by the simulation")
 
     def reconcile(self, group: int) -> None:
         """A change whose answer was lost may have committed anyway: as a node's mover asks again until it

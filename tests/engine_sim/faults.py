@@ -31,6 +31,7 @@ class Faults:
     cluster_power: float = 0.03
     transfer: float = 0.15
     membership: float = 0.1
+    handback: float = 2.0  # forced hand-overs of an engine-driven group back to pysyncobj (with the engine on)
     change_timeout: float = 5.0  # a change not answered by then (its leader went) no longer holds up the next
 
 
@@ -51,6 +52,8 @@ class Nemesis:
         self._every(faults.cluster_power, self._cluster_power_cut)
         self._every(faults.transfer, self._transfer)
         self._every(faults.membership, self._change)
+        if cluster.network.engines:
+            self._every(faults.handback, lambda: cluster.hand_back(self._rng.choice(cluster.groups), self._rng))
         if not cluster.fsync:
             for node in cluster.nodes:
                 self._scheduler.after(self._rng.uniform(0.0, 1.0), self._sync, node)

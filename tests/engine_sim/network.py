@@ -17,7 +17,9 @@ import random
 import zlib
 from dataclasses import dataclass
 
+from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.hub import Directory
+from raftkv.raft.hub_frames import ENGINE  # the engine's frames travel as the messages of this "group"
 from tests.engine_sim.clock import Scheduler
 from tests.engine_sim.trace import Trace, describe
 
@@ -31,6 +33,8 @@ class NetFaults:
     jitter: float = 0.010
     detect: float = 2.0  # at most this long before a cut connection is noticed (the hub's pings)
     reconnect: float = 0.5  # at most this long before a connection is made again (the hub's retry)
+
+
 
 
 class _Connection:
@@ -48,6 +52,7 @@ class SimNetwork:
         self.directory = directory
         self._trace = trace
         self.hubs: dict[str, SimHub] = {}  # running nodes
+        self.engines = False  # every node runs the node engine (raft_engine = "steady")
         self._side: dict[str, int] = {}  # partition: nodes on different sides cannot talk
         self._up: dict[tuple[str, str], bool] = {}  # A's connection to B, as A's hub sees it
         self._epoch: dict[tuple[str, str], int] = {}
@@ -139,6 +144,8 @@ class SimNetwork:
             self._trace.message("cut", a, b, group, message)
             return
         self._trace.message("recv", a, b, group, message)
+        if group == ENGINE:
+            self._trace.counts["engine-recv"] += 1
         try:
             self.hubs[b].deliver(a, group, message)
         except Exception as exc:  # noqa: BLE001 - what the hub does with it: log it, close the connection
@@ -192,7 +199,18 @@ class SimHub:
         for endpoint in list(self._groups.values()):
             endpoint.links_changed()
 
+    # -- the node engine's wire ---------------------------------------------
+
+    engine: NodeEngine | None = None
+
+    def engine_peer(self, node_id: str) -> bool:
+        return self._network.engines and self.is_up(node_id)
+
     def deliver(self, sender: str, group: int, message: object) -> None:
+        if group == ENGINE:
+            if self.engine is not None:
+                self.engine.receive(sender, message)
+            return
         endpoint = self._groups.get(group)
         if endpoint is not None:
             endpoint.deliver(sender, CONNECTION, message)

@@ -38,11 +38,14 @@ class SimConfig:
     net: NetFaults = NetFaults()
     faults: Faults = Faults()
     settle_seconds: float = 60.0
+    engine: bool = False  # groups' steady state through the node engine, hand-overs both ways
 
     def command(self) -> str:
         """The command line that replays this run."""
         words = [f"--seed {self.seed} --steps {self.steps} --nodes {self.nodes} --groups {self.groups}",
                  f"--mode {'fsync' if self.fsync else 'default'}"]
+        if self.engine:
+            words.append("--engine")
         if self.replicas != 3:
             words.append(f"--replicas {self.replicas}")
         for name, value, default in _changed(self.net, NetFaults()) + _changed(self.faults, Faults()):
@@ -100,7 +103,8 @@ def run(config: SimConfig) -> Result:
         stack.enter_context(_logs_into(trace, checker))
         cluster = SimCluster(
             config.nodes, config.groups, config.replicas, config.fsync, config.seed, folder, scheduler,
-            lambda directory: SimNetwork(scheduler, config.seed, config.net, directory, trace), trace, checker)
+            lambda directory: SimNetwork(scheduler, config.seed, config.net, directory, trace), trace, checker,
+            engine=config.engine)
         stack.enter_context(virtual_time(scheduler, config.seed, cluster.create_journal))
         cluster.start()
         nemesis = Nemesis(cluster, config.faults, config.seed)

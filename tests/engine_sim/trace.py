@@ -6,6 +6,7 @@ from __future__ import annotations
 import zlib
 from collections import Counter
 
+from raftkv.raft.engine import items
 from tests.engine_sim.clock import Scheduler
 
 _SHORT = {"append_entries": "append", "next_node_idx": "ack", "request_vote": "vote?", "response_vote": "vote!",
@@ -46,7 +47,9 @@ def _render(line: tuple) -> str:
 
 
 def describe(message: object) -> str:
-    """A pysyncobj message in one short line."""
+    """A pysyncobj message, or an engine frame, in one short line."""
+    if isinstance(message, list):
+        return "engine [" + "; ".join(items.describe(item) for item in message) + "]"
     if not isinstance(message, dict):
         return repr(message)
     kind = message.get("type")

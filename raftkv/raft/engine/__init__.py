@@ -1,0 +1,1 @@
+"""The node's Raft engine: batched steady-state replication for groups pysyncobj hands it (docs/raft-engine.md)."""

@@ -1,0 +1,169 @@
+"""The node's engine: one turn for every engine-driven group that has something to do, one frame per
+peer node per turn, one heartbeat timer for the node (docs/raft-engine.md, "Step 4, as built").
+
+It carries items between the groups (`steady.SteadyGroup`) and the wire, which is the node's Raft hub
+(`RaftHub.send_engine`, one hub frame of plain data per peer) or, in the simulation, its `SimHub`:
+
+- items a group emits wait in the peer's outbox until the end of the turn;
+- the turn: each ready leader's new entries go into `steps` items, then every group whose log was
+  written this turn has it synced (fsync mode, a journal of its own; on the node log the hub's flush
+  writes and syncs every group's records before any frame leaves), then each peer's items leave as
+  one frame;
+- every heartbeat period, each engine-driven leader times out, resends and heartbeats (`periodic`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Protocol
+
+from raftkv.core import metrics
+from raftkv.core.spec import Tuning
+from raftkv.raft.engine import items as it
+from raftkv.raft.engine.steady import SteadyGroup
+from raftkv.raft.hub_frames import ENGINE
+
+
+class Wire(Protocol):
+    """What the engine needs of the node's hub."""
+
+    def send(self, node_id: str, group: int | str, message: object) -> bool:
+        """One frame of `message` to node `node_id`, with the turn's other frames (the engine's: group ENGINE)."""
+
+    def engine_peer(self, node_id: str) -> bool:
+        """Whether node `node_id` announced the engine (and its connection is up)."""
+
+    def is_up(self, node_id: str) -> bool: ...
+
+    def directory(self): ...
+
+
+class NodeEngine:
+    def __init__(self, loop, wire: Wire, tuning: Tuning, request_turn: Callable[[], None] | None = None):
+        """`request_turn()`: `turn()` soon, once (the hub's `flush_soon`: its flush runs the turn first, so the
+        turn's frames leave after that flush's write and sync of the node log); by default on the loop."""
+        self._loop = loop
+        self._wire = wire
+        self._tuning = tuning
+        self._request_turn = request_turn or (lambda: loop.call_soon(self.turn))
+        self._groups: dict[int, SteadyGroup] = {}
+        self._driven: set[SteadyGroup] = set()  # not handed back: leading or following
+        self._ready: list[SteadyGroup] = []
+        self._wrote: list[SteadyGroup] = []  # appended this turn: synced before the frames leave (own journals)
+        self._outbox: dict[str, list[tuple]] = {}
+        self._turn_scheduled = False
+        self._epoch = 0
+        self._heard: dict[str, float] = {}  # node id -> when its last frame arrived
+        self._timer = None
+        self._closed = False
+
+    # -- groups ---------------------------------------------------------------------
+
+    def attach(self, group: SteadyGroup) -> None:
+        self._groups[group.partition] = group
+
+    def detach(self, group: SteadyGroup) -> None:
+        if self._groups.get(group.partition) is group:
+            del self._groups[group.partition]
+        self._driven.discard(group)
+
+    def next_epoch(self) -> int:
+        self._epoch += 1
+        return self._epoch
+
+    def node_of(self, address: str) -> str | None:
+        where = self._wire.directory().locate(address)
+        return where[0] if where is not None else None
+
+    def heard_from(self, node_id: str) -> float:
+        """When the last frame from node `node_id` arrived (0: never)."""
+        return self._heard.get(node_id, 0.0)
+
+    def supports(self, node_id: str) -> bool:
+        return self._wire.engine_peer(node_id)
+
+    def reaches(self, node_id: str) -> bool:
+        return self._wire.is_up(node_id)
+
+    # -- what groups call -------------------------------------------------------------
+
+    def emit(self, peer: str, item: tuple) -> None:
+        group = self._groups.get(item[1])
+        if group is not None and group.mode != "pysyncobj":
+            self._driven.add(group)
+        self._outbox.setdefault(peer, []).append(item)
+        self._schedule()
+
+    def ready(self, group: SteadyGroup) -> None:
+        self._driven.add(group)
+        self._ready.append(group)
+        self._schedule()
+
+    def wrote(self, group: SteadyGroup) -> None:
+        self._wrote.append(group)
+
+    def handed_back(self, group: SteadyGroup) -> None:
+        self._driven.discard(group)
+
+    # -- the wire ------------------------------------------------------------------------
+
+    def receive(self, peer: str, items: object) -> None:
+        """A frame of items from node `peer`."""
+        metrics.ENGINE_FRAMES.labels("received").inc()
+        metrics.RAFT_MESSAGES_RECEIVED.inc()
+        self._heard[peer] = time.monotonic()
+        if not isinstance(items, list):
+            metrics.ENGINE_STALE.inc()
+            return
+        for item in items:
+            group = self._groups.get(item[1]) if it.well_formed(item) else None
+            if group is None:
+                metrics.ENGINE_STALE.inc()  # malformed, or a group this node does not host
+                continue
+            group.on_item(peer, item)
+            if group.mode != "pysyncobj":
+                self._driven.add(group)
+
+    def links_changed(self) -> None:
+        for group in list(self._driven):
+            group.links_changed()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- the turn -------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        if not self._turn_scheduled and not self._closed:
+            self._turn_scheduled = True
+            self._request_turn()
+        if self._timer is None and not self._closed:  # runs while a group is driven
+            self._timer = self._loop.call_later(self._tuning.heartbeat_period, self._periodic)
+
+    def turn(self) -> None:
+        if not self._turn_scheduled:
+            return
+        self._turn_scheduled = False
+        ready, self._ready = self._ready, []
+        for group in dict.fromkeys(ready):
+            group.send_steps()
+        wrote, self._wrote = self._wrote, []
+        for group in dict.fromkeys(wrote):
+            group.sync_journal()
+        outbox, self._outbox = self._outbox, {}
+        for peer, items in outbox.items():
+            if self._wire.send(peer, ENGINE, items):
+                metrics.ENGINE_FRAMES.labels("sent").inc()
+
+    def _periodic(self) -> None:
+        self._timer = None
+        if self._closed:
+            return
+        now, tuning = time.monotonic(), self._tuning
+        for group in [g for g in self._driven if g.leading]:
+            group.periodic(now, tuning.heartbeat_period, tuning.election_timeout_max)
+        if self._driven and self._timer is None:
+            self._timer = self._loop.call_later(tuning.heartbeat_period, self._periodic)
