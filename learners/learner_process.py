@@ -27,7 +27,8 @@ from raftkv.api import kv_pb2_grpc
 from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.peers import Peers
-from raftkv.node.process import api_server, close_reporting
+from raftkv.node.process import close_reporting
+from raftkv.node.service import api_server
 from raftkv.node.reads import LocalReads
 from raftkv.node.service import KVService
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup

@@ -157,7 +157,7 @@ class AsyncFixedKV(kv_pb2_grpc.KVServicer):
 
 async def start_aio(front_end: FrontEnd, port: int) -> Awaitable:
     if front_end.server == "node":
-        from raftkv.node.process import api_server
+        from raftkv.node.service import api_server
 
         server = api_server()
     else:

@@ -18,7 +18,6 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.api.malformed import RejectMalformed
 from raftkv.core import metrics
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec
@@ -42,7 +41,7 @@ from raftkv.node.reads import LocalReads
 from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica_admin import ReplicaAdmin
 from raftkv.node.backup_seed import BackupCatalog
-from raftkv.node.service import KVService
+from raftkv.node.service import KVService, api_server
 from raftkv.node.tasks import background
 from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.hub import Directory, RaftHub
@@ -55,18 +54,6 @@ from raftkv.storage.rocks_engine import RocksEngine
 log = logging.getLogger(__name__)
 
 LEADERLESS_ASK_SECONDS = 5  # a metadata group with no leader for this long: ask the members (`_ask_members`)
-
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.so_reuseport", 0),
-]
-
-
-def api_server() -> grpc.aio.Server:
-    """The gRPC server of a node's or a learner's API (not yet listening)."""
-    return grpc.aio.server(options=GRPC_OPTIONS, interceptors=[RejectMalformed()])
-
 
 class Node:
     """`initial` is the topology until this node's copy of the metadata has one: the spec's for a
@@ -346,6 +333,8 @@ class Node:
         while True:
             try:
                 await self._metadata_duties(time.monotonic())  # the one clock read of the node's duties
+            except Unavailable as exc:  # the metadata leader changed under a proposal (the bootstrap's)
+                log.info("metadata duties: %s", exc)
             except Exception:
                 log.exception("metadata duties failed; trying again in a second")
             await asyncio.sleep(1.0)

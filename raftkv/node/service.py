@@ -17,6 +17,7 @@ import grpc
 from raftkv.core import metrics
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.api.malformed import RejectMalformed
 from raftkv.api.rpc_errors import error_metadata, never_sent
 from raftkv.api.convert import command_from_op, result_from_error, result_from_write
 from raftkv.core.commands import Command, Limits
@@ -38,6 +39,18 @@ SCAN_CHUNK_ITEMS = 1024
 SCAN_CHUNK_BYTES = 1 << 20
 COLUMNS_CHUNK_BYTES = 4 << 20  # one Arrow batch in Spark: bigger is cheaper per row there
 _SCAN_CODES = {NotLeader: grpc.StatusCode.FAILED_PRECONDITION, InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT}
+
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def api_server() -> grpc.aio.Server:
+    """The gRPC server of a node's or a learner's API (not yet listening)."""
+    return grpc.aio.server(options=GRPC_OPTIONS, interceptors=[RejectMalformed()])
 
 
 class KVService(kv_pb2_grpc.KVServicer):
