@@ -36,8 +36,18 @@ class StateRepair:
         return journal[index - journal[0][1]][2]
 
     def after_load(self) -> None:
-        """At start-up, once the snapshot is loaded: a state that reaches past the log's end."""
-        position, end = self._sm.position, self._member._SyncObj__raftLog[-1][1]
+        """At start-up, once the snapshot is loaded: a commit index or a state that reaches past the log's
+        end. pysyncobj clamps the commit index only when it loads a snapshot: a leader elected with one
+        past its log asked for appends at every tick for good (the simulation, seed 109, power cuts of
+        every node in the default mode)."""
+        member = self._member
+        position, end = self._sm.position, member._SyncObj__raftLog[-1][1]
+        if member._SyncObj__raftCommitIndex > end:
+            log.warning("partition %d: the saved commit index %d is past the log's end %d (a power cut took the "
+                        "log's last entries); it is %d now", self._partition, member._SyncObj__raftCommitIndex,
+                        end, end)
+            member._SyncObj__raftCommitIndex = end
+            member._SyncObj__raftLog.setRaftCommitIndex(end)
         if position.index > end:
             snapshot = self._snapshots.current()
             log.warning("partition %d: the database reached entry %d but the log ends at %d (a power cut kept "

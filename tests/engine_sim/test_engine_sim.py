@@ -98,3 +98,14 @@ def test_an_engine_that_commits_without_a_quorum_is_caught(monkeypatch):
                         own_last if own_last > commit and term_at(own_last) == term else commit)
     result = run(SimConfig(seed=4, steps=2_400, engine=True))  # fails at step 2,359
     assert any("leader completeness" in line for line in result.violations), result.report(40)
+
+
+def test_a_member_whose_saved_commit_index_is_past_its_log_settles():
+    """Seed 109 with the engine and power cuts of every node: a member restarted with a commit index past
+    its log's end (526 against 521), was elected, and asked for appends at every tick while virtual time
+    stood still, so the run never ended. StateRepair.after_load now clamps it (pysyncobj does only when
+    it loads a snapshot). Without the clamp this runs until the timeout."""
+    command = [sys.executable, "scripts/raft_sim.py", "--seed", "109", "--steps", "20000", "--engine",
+               "--cluster-power", "0.1"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "1 seeds, 0 failed, 0 did not settle" in done.stdout, done.stdout + done.stderr
