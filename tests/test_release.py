@@ -33,7 +33,6 @@ import upgrade_check  # noqa: E402
 from upgrade_release import installed_version, unmet_requirements  # noqa: E402
 
 
-
 def _wheel(tmp_path: Path) -> Path:
     """`pip wheel` (PEP 517, as `python -m build` does) of a copy of what git tracks: nothing untracked
     in the working tree can make the wheel work."""
