@@ -75,9 +75,9 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _files(root: Path) -> dict[str, Path]:
-    """Every file under root, by its path relative to root's parent (as the tar names it)."""
-    return {p.relative_to(root.parent).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+def _files(db: Path) -> dict[str, Path]:
+    """Every file under a checkpoint, by the name the tar gives it (db/...)."""
+    return {f"db/{p.relative_to(db).as_posix()}": p for p in sorted(db.rglob("*")) if p.is_file()}
 
 
 def write(filename: str | Path, checkpoint_dir: Path, meta: Meta, fsync: bool = False) -> None:
@@ -93,7 +93,7 @@ def write(filename: str | Path, checkpoint_dir: Path, meta: Meta, fsync: bool = 
         _add_bytes(tar, "prev.entry", _encode_entry(meta.prev_entry))
         _add_bytes(tar, "last.entry", _encode_entry(meta.last_entry))
         tar.add(checkpoint_dir, arcname="db")
-        digests = {f"db/{name.split('/', 1)[1]}": _sha256(path) for name, path in _files(checkpoint_dir).items()}
+        digests = {name: _sha256(path) for name, path in _files(checkpoint_dir).items()}
         _add_bytes(tar, DIGESTS, json.dumps(digests, sort_keys=True).encode())
     if fsync:  # pysyncobj renames it over the previous snapshot once we return
         fsync_path(Path(filename))
