@@ -53,8 +53,11 @@ def test_calls_scans_and_writes_are_counted_per_client_and_given_back():
 
 @pytest.fixture
 def limited(make_cluster):
-    """A TLS cluster whose clients may each have 2 scans and 5 writes open per node; users ann and bob."""
-    cluster = make_cluster(nodes=3, partitions=2, tls=True, max_scans_per_client=2, max_writes_per_client=5)
+    """A TLS cluster whose clients may each have 2 scans and 5 writes open per node; users ann and bob.
+
+    The tests call partition 0's leader directly, so the rebalancer does not transfer leaders here."""
+    cluster = make_cluster(nodes=3, partitions=2, tls=True, max_scans_per_client=2, max_writes_per_client=5,
+                           rebalance_interval=0)
     certs = cluster.spec.tls.ca.parent
     init_certs(certs, None, ["ann", "bob"], days=30)
     with Client(cluster.endpoints, tls=cluster.tls, timeout=10) as admin:
