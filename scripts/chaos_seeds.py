@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/chaos_seeds.py --seeds 10 --duration 300
     .venv/bin/python scripts/chaos_seeds.py --seeds 3 --faults kill,failpoint --durability fsync --first-seed 7
+    .venv/bin/python scripts/chaos_seeds.py --seeds 4 --raft-engine steady --durability fsync
 
 Each run is what `raftkv chaos run` does, on a fresh cluster; a run with a violation keeps its files
 (the table says where). Exit code 1 if any run had a violation. Needs root, as `raftkv chaos run` does.
@@ -20,6 +21,7 @@ from rich.table import Table
 from raftkv.chaos.config import LEARNERS, ChaosConfig
 from raftkv.chaos.nemesis import FAULTS, parse_faults
 from raftkv.chaos.runner import run_chaos
+from raftkv.core.spec import RAFT_ENGINES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--durability", choices=("default", "fsync"), default="default")
     parser.add_argument("--learner", choices=LEARNERS, default=None)
+    parser.add_argument("--raft-engine", choices=RAFT_ENGINES, default="off")
     args = parser.parse_args(argv)
     try:
         faults = parse_faults(args.faults)
@@ -45,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds: Counter = Counter()
     total_ops = total_violations = 0
     for seed in range(first, first + args.seeds):
-        config = ChaosConfig(nodes=args.nodes, partitions=args.partitions, duration=args.duration, faults=faults, learner=args.learner, seed=seed,
-                             durability=args.durability)
+        config = ChaosConfig(nodes=args.nodes, partitions=args.partitions, duration=args.duration, faults=faults,
+                             learner=args.learner, seed=seed, durability=args.durability, raft_engine=args.raft_engine)
         if problems := config.problems():
             parser.error("; ".join(problems))
         report = run_chaos(config)

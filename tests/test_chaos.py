@@ -24,12 +24,17 @@ from raftkv.chaos.nemesis import FAULTS, GAP_SECONDS, HOLD_SECONDS, VARIANTS, WA
 from raftkv.chaos.netcut import cgroup2_mount
 from raftkv.chaos.power_cuts import LOSS_BOUND_SECONDS
 from raftkv.chaos.runner import run_chaos
-from tests.conftest import wait_until
+from tests.conftest import RAFT_ENGINE, wait_until
 from tests.raft_admin import statuses
 from tests.test_corrupt_data import damage_table_files, loaded_and_stopped, wipe
 from tests.test_cli import RAFTKV, assert_one_line_error, run
 
 MIN_OPS = 5000
+
+
+def chaos_config(**settings) -> ChaosConfig:
+    """A run's config, its nodes on the Raft engine the suite runs with (RAFTKV_TEST_RAFT_ENGINE)."""
+    return ChaosConfig(raft_engine=RAFT_ENGINE, **settings)
 
 
 def failure_summary(report, tmp_path: Path) -> str:
@@ -63,7 +68,7 @@ def test_every_variant_of_each_fault_type_breaks_nothing(faults, tmp_path):
     """Faults back to back, every variant of each type (4 to 9 faults a run)."""
     learner = "kafka" if "kill" in faults else None  # the change feed through kill -9 of every node
     nodes = 4 if "membership" in faults else 3  # a replica moves only to a node without one
-    config = ChaosConfig(nodes=nodes, duration=180, faults=tuple(FaultChoice(f) for f in faults), learner=learner,
+    config = chaos_config(nodes=nodes, duration=180, faults=tuple(FaultChoice(f) for f in faults), learner=learner,
                          seed=1, out=tmp_path)
     report = run_chaos(config, steps=every_variant(faults, config.partitions))
     check_every_variant_ran(report, faults, learner, tmp_path)
@@ -73,7 +78,7 @@ def test_every_variant_of_a_bad_disk_breaks_nothing(tmp_path):
     """Scheduled (seed 1: each of the five variants once, the last at 38 s), in fsync mode, where every
     write meets the disk's fsync. Given steps hit n1 with eio-read right after fsync-5s, and once it hung
     at start (issue 32's note; a silent start is now a problem, with the node's stacks in its log)."""
-    report = run_chaos(ChaosConfig(duration=50, faults=(FaultChoice("disk"),), seed=1, out=tmp_path,
+    report = run_chaos(chaos_config(duration=50, faults=(FaultChoice("disk"),), seed=1, out=tmp_path,
                                    durability="fsync"))
     check_every_variant_ran(report, ("disk",), None, tmp_path)
 
@@ -100,7 +105,7 @@ def test_power_cuts_in_fsync_mode_lose_no_acknowledged_write(tmp_path):
                            partition=0, seed=n) for n in range(POWER_CUTS))
     # A cut and the recovery after it take about 6 s on a quiet machine and 8 to 9 s on a loaded
     # one; the run ends after the last cut, so the duration is only a cap.
-    report = run_chaos(ChaosConfig(duration=3.0 + 12.0 * POWER_CUTS, durability="fsync", learner="kafka", seed=4,
+    report = run_chaos(chaos_config(duration=3.0 + 12.0 * POWER_CUTS, durability="fsync", learner="kafka", seed=4,
                                    out=tmp_path), steps=cuts)
     assert report.ok, failure_summary(report, tmp_path)
     assert len([r for r in report.faults if r.fault == "powerloss"]) == POWER_CUTS
@@ -109,7 +114,7 @@ def test_power_cuts_in_fsync_mode_lose_no_acknowledged_write(tmp_path):
 
 
 def test_power_cuts_in_the_default_mode_lose_only_writes_acknowledged_within_the_documented_bound(tmp_path):
-    report = run_chaos(ChaosConfig(duration=40, faults=(FaultChoice("powerloss"),), seed=2, out=tmp_path))
+    report = run_chaos(chaos_config(duration=40, faults=(FaultChoice("powerloss"),), seed=2, out=tmp_path))
     assert report.ok, failure_summary(report, tmp_path)
     losses = report.power_cut_losses
     assert losses.explained, "no power cut took an acknowledged write: the cuts did not cut"
@@ -123,7 +128,7 @@ def test_power_cuts_in_the_default_mode_lose_only_writes_acknowledged_within_the
 def test_replica_moves_among_kills_and_partitions_break_nothing(tmp_path):
     """Seed 27's 40 s: a split, a minority killed, a move, a move whose source is killed, a follower killed."""
     faults = (FaultChoice("membership"), FaultChoice("kill"), FaultChoice("partition"))
-    report = run_chaos(ChaosConfig(nodes=4, duration=40, faults=faults, seed=27, out=tmp_path))
+    report = run_chaos(chaos_config(nodes=4, duration=40, faults=faults, seed=27, out=tmp_path))
     assert report.ok, failure_summary(report, tmp_path)
     assert {r.fault for r in report.faults} == {"membership", "kill", "partition"}
     assert sum("moving" in note for r in report.faults for note in r.notes) >= 2, [r.notes for r in report.faults]
@@ -166,7 +171,7 @@ def test_the_feed_check_scans_a_replica_that_answers_and_names_a_partition_none_
 def test_the_checker_reports_stale_leader_reads_from_an_isolated_leader(tmp_path):
     # A long fallback keeps the cut-off leader believing it leads, and serving `leader` reads,
     # while the majority elects a new leader and takes new writes.
-    config = ChaosConfig(partitions=1, duration=14, read_consistency="leader", seed=2, out=tmp_path,
+    config = chaos_config(partitions=1, duration=14, read_consistency="leader", seed=2, out=tmp_path,
                          tuning=dataclasses.replace(CHAOS_TUNING, leader_fallback_timeout=30.0))
     isolate = FaultStep(at=3.0, hold=9.0, fault="partition", variant="isolate-leader", partition=0, seed=0)
     report = run_chaos(config, steps=(isolate,))

@@ -9,7 +9,7 @@ from typing import Iterable
 from raftkv.chaos import netcut, small_disk
 from raftkv.chaos.nemesis import FAULTS, POWER_LOSS_DISK_FAULTS, FaultChoice
 from raftkv.api.convert import CONSISTENCY_BY_NAME
-from raftkv.core.spec import Tuning
+from raftkv.core.spec import RAFT_ENGINES, Tuning
 from raftkv.powerloss import disk as power_loss_disk
 
 LEARNERS = ("kafka",)
@@ -31,6 +31,7 @@ class ChaosConfig:
     out: Path | None = None  # where the run's files go; None: a temporary folder, kept only on a violation
     read_consistency: str = "linearizable"  # of the register workload's reads
     durability: str = "default"  # the cluster's: "default" or "fsync"
+    raft_engine: str = "off"  # every node's: "off" or "steady" (docs/raft-engine.md)
     client_timeout: float = 3.0
     tuning: Tuning = field(default_factory=lambda: CHAOS_TUNING)
     disk_mb: int = 256  # the tmpfs of the diskfull node
@@ -54,6 +55,8 @@ class ChaosConfig:
             problems.append(f"--learner: {self.learner!r} is not one of {', '.join(LEARNERS)}")
         if self.read_consistency not in CONSISTENCY_BY_NAME:
             problems.append(f"read consistency {self.read_consistency!r} is not one of {', '.join(CONSISTENCY_BY_NAME)}")
+        if self.raft_engine not in RAFT_ENGINES:
+            problems.append(f"--raft-engine: {self.raft_engine!r} is not one of {', '.join(RAFT_ENGINES)}")
         if self.client_timeout <= 0:
             problems.append("client_timeout: must be positive")
         problems += self.tuning.problems()

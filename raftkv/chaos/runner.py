@@ -28,6 +28,7 @@ from learners.consumer import read_feed
 from learners.feed_check import chain_breaks, replay
 from raftkv.chaos.config import ChaosConfig
 from raftkv.chaos.convergence import replica_differences, scan_any
+from raftkv.chaos.engine_use import engine_counts
 from raftkv.chaos.faults import FaultInjector, placement_of
 from raftkv.chaos.history import SET_FUNCTIONS, Op, Violation, dump_history
 from raftkv.chaos.linearizability import check_register
@@ -208,7 +209,8 @@ class _Run:
         base = free_port_block(c.nodes * ports_per_node(c.partitions))
         spec = build_spec(nodes=c.nodes, partitions=c.partitions, replication=3, base_port=base,
                           data_dir=self.run_dir / "cluster", durability=c.durability)
-        spec = dataclasses.replace(spec, tuning=c.tuning)
+        spec = dataclasses.replace(spec, tuning=c.tuning, nodes=tuple(
+            dataclasses.replace(n, raft_engine=c.raft_engine) for n in spec.nodes))
         return load_spec(save_spec(spec, self.run_dir / "cluster" / "cluster.toml"))
 
     def _nemesis(self, injector: FaultInjector, spec) -> None:
@@ -281,6 +283,12 @@ class _Run:
                 self.violations.append(Violation("fault-handling", record.name, problem, ()))
         if feed is not None:
             self._checked("learner feed", self._feed_violations(spec, placement, feed), f"topic {feed.topic}")
+        if self.config.raft_engine != "off":
+            counts = engine_counts(spec)
+            idle = [Violation("raft-engine", node_id, f"{node_id}'s engine took no group and sent no frame", ())
+                    for node_id, (taken, frames) in counts.items() if not (taken and frames)]
+            self._checked("raft engine in use", idle, ", ".join(
+                f"{node_id}: {taken:.0f} groups taken, {frames:,.0f} frames" for node_id, (taken, frames) in counts.items()))
 
     def _power_cuts_that_may_lose_writes(self) -> list[Cut]:
         """The default mode's power cuts (fsync mode promises to lose nothing to them)."""

@@ -21,6 +21,7 @@ from raftkv.chaos.runner import ChaosReport, RunStatus, run_chaos
 from raftkv.cli.output import console, err_console
 from raftkv.api.convert import CONSISTENCY_BY_NAME
 from raftkv.core.errors import ConfigError
+from raftkv.core.spec import RAFT_ENGINES
 
 
 
@@ -52,7 +53,10 @@ _FAULT_HELP = "Comma-separated faults, each KIND or KIND:VARIANT. " + "; ".join(
                                       "should then report violations).")
 @click.option("--durability", type=click.Choice(["default", "fsync"]), default="default", show_default=True,
               help="The cluster's durability mode (docs/durability.md).")
-def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_consistency, durability) -> None:
+@click.option("--raft-engine", type=click.Choice(RAFT_ENGINES), default="off", show_default=True,
+              help="Every node's Raft engine (docs/raft-engine.md).")
+def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_consistency, durability,
+        raft_engine) -> None:
     """Run a workload against a fresh local cluster under faults; exit 1 on any violation.
 
     Needs root for partitions (cgroup v2 and nftables) and disk full (a tmpfs), and FUSE for powerloss
@@ -71,7 +75,7 @@ def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_c
     config = ChaosConfig(nodes=nodes, partitions=partitions, duration=duration, clients=clients,
                          faults=fault_choices, learner=learner,
                          seed=seed if seed is not None else random.randrange(1 << 31), out=out,
-                         read_consistency=read_consistency, durability=durability)
+                         read_consistency=read_consistency, durability=durability, raft_engine=raft_engine)
     console.print(f"chaos run: seed {config.seed}, faults {', '.join(map(str, config.faults))}")
     status = RunStatus()
     with Live(get_renderable=lambda: _progress(status, config), console=console, transient=True):
