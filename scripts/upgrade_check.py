@@ -40,6 +40,7 @@ from upgrade_steps import (LEARNER, Learner, Run, cli, delivered, fall_behind, u
 
 from learners.consumer import read_feed  # noqa: E402
 from learners.feed_check import chain_breaks, replay  # noqa: E402
+from raftkv.chaos.engine_use import engine_counts  # noqa: E402
 from raftkv.client.sync_client import Client  # noqa: E402
 from raftkv.core.errors import RaftKVError  # noqa: E402
 from raftkv.core.release import VERSION  # noqa: E402
@@ -155,6 +156,9 @@ def _final_checks(run: Run, args, spec, load: WriteLoad, broker: TansuBroker, kv
     run.check(f"cluster version {VERSION}", cluster_version_seconds is not None,
               f"{kv.topology().meta.cluster_version}" + (f", {cluster_version_seconds:.1f} s after the last node"
                                                          if cluster_version_seconds is not None else ""))
+    engine = engine_counts(spec)
+    run.check("the node engine in use", engine and all(taken and frames for taken, frames in engine.values()),
+              ", ".join(f"{n}: {taken:.0f} groups taken, {frames:,.0f} frames" for n, (taken, frames) in engine.items()))
     problems = _node_log_in_use(spec, args.durability == "fsync")
     run.check("node log in use", not problems, "; ".join(problems) or
               "raft-log/ on every node, no journal/, its writes counted"

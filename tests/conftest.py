@@ -22,7 +22,7 @@ from raftkv.client.sync_client import Client
 from raftkv.core.errors import CorruptData, Timeout, Unavailable, Undetermined
 from raftkv.core.release import VERSION
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
-from raftkv.core.spec import BackupConfig, ClusterSpec, Tuning, build_spec, ports_per_node
+from raftkv.core.spec import BackupConfig, ClusterSpec, NodeSpec, Tuning, build_spec, ports_per_node
 from raftkv.core.spec_toml import save_spec
 from raftkv.meta.records import ClusterMeta
 from raftkv.security.certs import with_certificates
@@ -152,9 +152,9 @@ def quiet_process_logs(request):
         pytest.fail(f"tracebacks in the processes' logs that the test does not expect:\n{found}", pytrace=False)
 
 
-# every node's raft_engine in the clusters `cluster_maker` starts: RAFTKV_TEST_RAFT_ENGINE=steady runs the
-# real-process suites with the node engine (docs/raft-engine.md), by hand until it is the default
-RAFT_ENGINE = os.environ.get("RAFTKV_TEST_RAFT_ENGINE", "off")
+# every node's raft_engine in the clusters `cluster_maker` starts, unless a test names one:
+# RAFTKV_TEST_RAFT_ENGINE=off|auto|steady runs the real-process suites with it (docs/raft-engine.md)
+RAFT_ENGINE = os.environ.get("RAFTKV_TEST_RAFT_ENGINE", NodeSpec.raft_engine)
 
 
 @contextlib.contextmanager
@@ -166,12 +166,12 @@ def cluster_maker(root: Path) -> Iterator[Callable[..., LocalCluster]]:
 
     def make(nodes: int = 3, partitions: int = 4, replication: int = 3, durability: str = "default",
              start: bool = True, backup: BackupConfig | None = None, tls: bool | str = False,
-             **tuning) -> LocalCluster:
+             raft_engine: str = RAFT_ENGINE, **tuning) -> LocalCluster:
         base = free_port_block(nodes * ports_per_node(partitions))
         spec: ClusterSpec = build_spec(nodes=nodes, partitions=partitions, replication=replication,
                                        base_port=base, data_dir=root / f"c{len(clusters)}", durability=durability)
         spec = dataclasses.replace(spec, tuning=Tuning(**tuning), backup=backup, nodes=tuple(
-            dataclasses.replace(n, raft_engine=RAFT_ENGINE) for n in spec.nodes))
+            dataclasses.replace(n, raft_engine=raft_engine) for n in spec.nodes))
         folder = root / f"c{len(clusters)}"
         if tls:
             spec = with_certificates(spec, folder)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from raftkv import Client
+from raftkv.chaos.engine_use import engine_counts
 from raftkv.core.release import VERSION
 from raftkv.core.spec import ports_per_node
 from raftkv.dev.local_cluster import free_port_block
@@ -84,10 +85,16 @@ def test_the_wheel_installs_apart_from_the_source_and_runs_the_demo(tmp_path):
 def test_the_cluster_version_rises_to_the_release_every_member_runs_and_an_older_node_is_refused(make_cluster):
     """No older release is at hand here (the upgrade from c191d37 is docs/operations.md's script): the
     cluster version is raised past this build the way the metadata leader raises it, with every
-    member's word for it, and the build's node is then refused at start, in one line."""
-    cluster = make_cluster(nodes=3, partitions=1)
+    member's word for it, and the build's node is then refused at start, in one line. On the way, the
+    nodes (`raft_engine = "auto"`) hand settled partitions to the node engine once the version has it."""
+    cluster = make_cluster(nodes=3, partitions=1, raft_engine="auto")
     with Client(cluster.endpoints, timeout=10.0) as kv:
         wait_until(lambda: kv.topology().meta.cluster_version == VERSION, 30, f"the cluster version to reach {VERSION}")
+
+        def engine_took() -> bool:
+            kv.put(b"engine", b"on")
+            return any(taken for taken, _ in engine_counts(cluster.spec).values())
+        wait_until(engine_took, 10, "a leader to offer its partition to the node engine")
         leader = wait_until(lambda: kv.topology().meta_leader, 10, "a metadata leader")
         stopped = next(n for n in ("n3", "n2", "n1") if n != leader)  # the metadata group keeps its leader
         cluster.stop(stopped)

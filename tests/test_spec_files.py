@@ -100,7 +100,7 @@ def test_a_nodes_raft_engine_is_saved_only_when_on_and_an_unknown_one_is_one_pro
     assert load_spec(path) == spec
     doc = valid_doc()
     doc["nodes"][1]["raft_engine"] = "fast"
-    assert problems_of(doc) == ["nodes[1].raft_engine: 'fast' is not one of off, steady"]
+    assert problems_of(doc) == ["nodes[1].raft_engine: 'fast' is not one of off, auto, steady"]
 
 
 @given(

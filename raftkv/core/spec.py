@@ -12,7 +12,9 @@ from pathlib import Path
 from raftkv.core.errors import ConfigError, one_line
 
 DURABILITY_MODES = ("default", "fsync")
-RAFT_ENGINES = ("off", "steady")  # steady: settled groups replicate through the node engine (docs/raft-engine.md)
+# How settled groups replicate (docs/raft-engine.md): "auto" through the node engine once the cluster
+# version says every member has it, "steady" through it at once, "off" never.
+RAFT_ENGINES = ("off", "auto", "steady")
 DEFAULT_MAX_KEY_BYTES = 4 * 1024
 DEFAULT_MAX_VALUE_BYTES = 1024 * 1024
 MAX_PARTITIONS = 4096

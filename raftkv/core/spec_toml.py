@@ -83,7 +83,7 @@ def spec_to_toml(spec: ClusterSpec, relative_to: Path | None = None) -> str:
                 "metrics_port": n.metrics_port,
                 "raft_port_base": n.raft_port_base,
                 "data_dir": data_dir(n),
-                **({"raft_engine": n.raft_engine} if n.raft_engine != "off" else {}),
+                **({"raft_engine": n.raft_engine} if n.raft_engine != NodeSpec.raft_engine else {}),
             }
             for n in spec.nodes
         ],
@@ -154,7 +154,7 @@ def parse_spec(doc: dict, base_dir: Path, source: str = "spec") -> ClusterSpec:
             problems.append(f"nodes[{i}]: expected a table")
             continue
         values = {k: typed(table, k, kind, f"nodes[{i}]") for k, kind in _NODE_FIELDS.items()}
-        values["raft_engine"] = typed(table, "raft_engine", str, f"nodes[{i}]", "off")
+        values["raft_engine"] = typed(table, "raft_engine", str, f"nodes[{i}]", NodeSpec.raft_engine)
         unknown = set(table) - set(_NODE_FIELDS) - {"raft_engine"}
         if unknown:
             problems.append(f"nodes[{i}]: unknown keys {', '.join(sorted(unknown))}")

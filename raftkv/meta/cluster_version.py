@@ -19,6 +19,9 @@ from raftkv.core.errors import ChangeRefused
 # What a node that reports no release runs (its Status had no version field yet), and the cluster
 # version of metadata that holds none: the last release before releases were reported.
 FIRST_RELEASE = "0.1.0"
+# The first build of the node engine's frames (docs/raft-engine.md): `raft_engine = "auto"` turns the
+# engine on once the cluster version reaches it.
+NODE_ENGINE_SINCE = "0.2.0.dev0"
 
 
 @dataclass(frozen=True)

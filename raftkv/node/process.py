@@ -23,6 +23,7 @@ from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailabl
 from raftkv.core.spec import ClusterSpec
 from raftkv.core.spec_toml import spec_to_toml
 from raftkv.meta.bootstrap import bootstrap_command, spec_meta
+from raftkv.meta.cluster_version import NODE_ENGINE_SINCE, at_least
 from raftkv.meta.records import (META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command,
                                  raft_directory)
 from raftkv.meta.wire import topology_of
@@ -141,8 +142,9 @@ class Node:
         tuning = self.spec.tuning
         self.hub = RaftHub(loop, self.me_id, self.directory, self.tls, retry_seconds=tuning.connection_retry_seconds,
                            dead_after=max(3.5, tuning.election_timeout_max), compression=tuning.wire_compression)
-        engine = self.me.raft_engine == "steady"  # settled partitions through the node engine (docs/raft-engine.md)
-        self.hub.engine = NodeEngine(loop, self.hub, tuning, self.hub.flush_soon) if engine else None
+        # settled partitions through the node engine (docs/raft-engine.md); "auto": once every member has it
+        self.hub.engine = None if self.me.raft_engine == "off" else NodeEngine(
+            loop, self.hub, tuning, self.hub.flush_soon, offering=self.me.raft_engine == "steady")
         try:
             self.hub.listen(self.me.host, self.me.raft_port_base)
         except OSError as exc:
@@ -251,6 +253,11 @@ class Node:
         if self._server is None:  # still starting: `start` opens the replicas once its ports are checked
             return
         self.lost_data.remember()
+        engine = self.hub.engine
+        if engine is not None and not engine.offering and at_least(self.topology.cluster_version, NODE_ENGINE_SINCE):
+            engine.offering = True
+            log.info("the node engine drives settled partitions: every member runs it (cluster version %s)",
+                     self.topology.cluster_version)
         try:
             self._reconcile()
         except RaftKVError as error:  # a port taken since: the next metadata change or second tries again

@@ -14,12 +14,15 @@ import subprocess
 import sys
 import warnings
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from raftkv.raft.engine import steady
+from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.state_repair import StateRepair
+from tests.engine_sim import cluster as sim_cluster
 from tests.engine_sim.faults import Faults
 from tests.engine_sim.run import SimConfig, run
 
@@ -90,6 +93,14 @@ def test_raft_stays_safe_with_the_node_engine_and_hand_overs_both_ways(fsync):
     assert totals["engine frames"] > 1000 and totals["forced handbacks"] > 10 and totals["acknowledged"] > 0
     if fsync:
         assert totals["committed entries forgotten"] == 0 and totals["acknowledged lost"] == 0
+
+
+def test_leaders_of_an_engine_that_does_not_offer_keep_their_groups(monkeypatch):
+    """`raft_engine = "auto"` before the cluster version has the engine: the node engine runs, its leaders
+    offer nothing, so no group is driven by it and every write goes pysyncobj's way."""
+    monkeypatch.setattr(sim_cluster, "NodeEngine", partial(NodeEngine, offering=False))
+    totals = _run_seeds(range(1, 2), steps=4_000, engine=True)
+    assert totals["acknowledged"] > 0 and totals["engine frames"] == 0, totals
 
 
 def test_an_engine_that_commits_without_a_quorum_is_caught(monkeypatch):

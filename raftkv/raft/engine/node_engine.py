@@ -39,9 +39,14 @@ class Wire(Protocol):
 
 
 class NodeEngine:
-    def __init__(self, loop, wire: Wire, tuning: Tuning, request_turn: Callable[[], None] | None = None):
+    def __init__(self, loop, wire: Wire, tuning: Tuning, request_turn: Callable[[], None] | None = None,
+                 offering: bool = True):
         """`request_turn()`: `turn()` soon, once (the hub's `flush_soon`: its flush runs the turn first, so the
-        turn's frames leave after that flush's write and sync of the node log); by default on the loop."""
+        turn's frames leave after that flush's write and sync of the node log); by default on the loop.
+        `offering`: whether this node's leaders offer their groups to the engine; the node turns it on once the
+        cluster version says every member runs the engine (`raft_engine = "auto"`). Its followers take groups
+        their leaders offer either way."""
+        self.offering = offering
         self._loop = loop
         self._wire = wire
         self._tuning = tuning

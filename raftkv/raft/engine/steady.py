@@ -30,6 +30,8 @@ _PASS_WHEN_FOLLOWING = {"apply_command_response"}
 class Engine(Protocol):
     """What a group calls on its node's engine (`node_engine.NodeEngine`)."""
 
+    offering: bool  # whether its leaders offer groups to the engine (followers take them in any case)
+
     def attach(self, group: SteadyGroup) -> None: ...
     def detach(self, group: SteadyGroup) -> None: ...
     def next_epoch(self) -> int: ...
@@ -78,7 +80,8 @@ class SteadyGroup:
                 self._leader_silent()
             return False
         if self.mode == PYSYNCOBJ:
-            if member._SyncObj__raftState != _LEADER or not member._SyncObj__commandsQueue._FastQueue__queue:
+            if (not self._engine.offering or member._SyncObj__raftState != _LEADER
+                    or not member._SyncObj__commandsQueue._FastQueue__queue):
                 return False  # an offer needs a proposal to carry: the check below costs more than this one
             view = self._leader_view()
             if not may_offer(view):
