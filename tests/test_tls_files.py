@@ -1,0 +1,60 @@
+"""`TlsFiles.refresh`: a renewed certificate taken up, a bad renewed file refused with one log line
+(docs/security.md §4). The same against a real cluster: tests/test_access.py."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from cryptography import x509
+
+from raftkv.core.durable import replace_file
+from raftkv.security.certs import init_certs, renew_certs
+from raftkv.security.tls import Tls
+
+
+def _node_tls(out: Path, node_id: str = "n1") -> Tls:
+    return Tls(out / "ca.pem", out / f"node-{node_id}.pem", out / f"node-{node_id}.key")
+
+
+def _serial(path: Path) -> int:
+    return x509.load_pem_x509_certificate(path.read_bytes()).serial_number
+
+
+def test_refresh_takes_up_a_renewed_certificate_and_refuses_a_bad_one_once(tmp_path, caplog):
+    out, other = tmp_path / "certs", tmp_path / "other"
+    init_certs(out, None, [], 30, [("n1", "127.0.0.1")])
+    init_certs(other, None, [], 30, [("n1", "127.0.0.1")])
+    tls = _node_tls(out)
+    tls.refresh()
+    first = tls.files.current
+    assert (first.serial, tls.generation) == (_serial(out / "node-n1.pem"), 1)
+
+    renew_certs(out, days=60, within_days=1000)
+    tls.refresh()
+    assert (tls.files.current.serial, tls.generation) == (_serial(out / "node-n1.pem"), 2) != (first.serial, 1)
+    renewed = tls.files.current
+
+    good = (out / "node-n1.pem").read_bytes()
+    bad = {"garbage": (out / "node-n1.pem", b"not a certificate"),
+           "another CA's": (out / "node-n1.pem", (other / "node-n1.pem").read_bytes()),
+           "another key": (out / "node-n1.key", (other / "node-n1.key").read_bytes())}
+    expected = {"garbage": "node-n1.pem or .* is not a PEM certificate",
+                "another CA's": "node-n1.pem was not issued by the CA",
+                "another key": "node-n1.key is not the key of .*node-n1.pem"}
+    for what, (path, data) in bad.items():
+        kept = path.read_bytes()
+        replace_file(path, data)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="raftkv.security.tls_files"):
+            for _ in range(3):
+                tls.refresh()
+        assert tls.files.current is renewed, what
+        assert len(caplog.records) == 1 and re.search(expected[what], caplog.text), (what, caplog.text)
+        assert "still serving with the certificate that expires on" in caplog.text
+        replace_file(path, kept)
+        tls.refresh()
+        assert tls.files.current.serial == renewed.serial and tls.files.current is not renewed, what
+        renewed = tls.files.current
+    assert (out / "node-n1.pem").read_bytes() == good
