@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from pathlib import Path
@@ -58,3 +59,39 @@ def test_refresh_takes_up_a_renewed_certificate_and_refuses_a_bad_one_once(tmp_p
         assert tls.files.current.serial == renewed.serial and tls.files.current is not renewed, what
         renewed = tls.files.current
     assert (out / "node-n1.pem").read_bytes() == good
+
+
+def test_while_the_ca_changes_either_cas_certificates_pass_and_are_taken_up(tmp_path):
+    """docs/operations.md's CA change: every host's ca.pem holds the old and the new CA, then the new
+    certificates come; each step is taken up by `refresh`, and old and new shake hands both ways."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    init_certs(old, None, ["ann"], 30, [("n1", "127.0.0.1")])
+    init_certs(new, None, [], 30, [("n1", "127.0.0.1")])
+    node, ann = _node_tls(old), Tls(old / "ca.pem", old / "user-ann.pem", old / "user-ann.key")
+    node.check()
+    replace_file(old / "ca.pem", (old / "ca.pem").read_bytes() + (new / "ca.pem").read_bytes())
+    for name in ("node-n1.key", "node-n1.pem"):
+        replace_file(old / name, (new / name).read_bytes())
+    node.refresh()
+    assert (node.files.current.serial, node.generation) == (_serial(new / "node-n1.pem"), 2)
+    assert asyncio.run(_handshake(node, ann)) == (_serial(new / "node-n1.pem"), _serial(old / "user-ann.pem"))
+
+
+async def _handshake(server: Tls, client: Tls) -> tuple[int, int]:
+    """(the serial the server presented, the one the client presented), over a real mutual-TLS connection."""
+    seen = asyncio.get_running_loop().create_future()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.set_result(x509.load_der_x509_certificate(writer.get_extra_info("ssl_object").getpeercert(True)))
+        writer.close()
+
+    listening = await asyncio.start_server(accept, "127.0.0.1", 0, ssl=server.server_context())
+    port = listening.sockets[0].getsockname()[1]
+    async with listening:
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client.client_context(),
+                                                  server_hostname="127.0.0.1")
+        presented = x509.load_der_x509_certificate(writer.get_extra_info("ssl_object").getpeercert(True))
+        writer.write(b"x")  # TLS 1.3: the server checks the client's certificate once it reads
+        received = await asyncio.wait_for(seen, 5)
+        writer.close()
+    return presented.serial_number, received.serial_number

@@ -83,7 +83,7 @@ class Tls:
 
     def client_context(self) -> ssl.SSLContext:
         """Checks the server's certificate against the CA and the host it was dialed at."""
-        return self.files.current.client
+        return self.files.context("client")
 
 
 def _configuration(m: Material) -> grpc.ServerCertificateConfiguration:

@@ -12,6 +12,7 @@ ones stay, with one log line naming the file, and `raftkv_tls_files_refused` is 
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 import ssl
@@ -35,7 +36,7 @@ Stamp = tuple[tuple[int, int, int] | None, ...]  # per file: (inode, mtime in ns
 
 @dataclass(frozen=True, eq=False)
 class Material:
-    """One reading of the files, checked, and the contexts made of it."""
+    """One reading of the files, checked, and the contexts made of it when first asked for."""
 
     stamp: Stamp
     ca: bytes
@@ -43,9 +44,32 @@ class Material:
     key: bytes
     serial: int
     expires: datetime.datetime
-    server: ssl.SSLContext  # mutual TLS, for raftkv's own listeners (the Raft hub)
-    client: ssl.SSLContext  # checks the server's certificate against the CA and the host it was dialed at
-    https: ssl.SSLContext  # the console's: asks no client certificate
+
+    @functools.cached_property
+    def server(self) -> ssl.SSLContext:
+        """Mutual TLS, for raftkv's own listeners (the Raft hub)."""
+        return self._context(ssl.PROTOCOL_TLS_SERVER)
+
+    @functools.cached_property
+    def client(self) -> ssl.SSLContext:
+        """Checks the server's certificate against the CA and the host it was dialed at."""
+        return self._context(ssl.PROTOCOL_TLS_CLIENT)
+
+    @functools.cached_property
+    def https(self) -> ssl.SSLContext:
+        """The console's: asks no client certificate."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        _load_chain(context, self.cert, self.key)
+        return context
+
+    def _context(self, protocol: int) -> ssl.SSLContext:
+        context = ssl.SSLContext(protocol)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=self.ca.decode())
+        _load_chain(context, self.cert, self.key)
+        return context
+
 
 
 class TlsFiles:
@@ -53,6 +77,7 @@ class TlsFiles:
         self._paths = (ca, cert, key)
         self._current: Material | None = None
         self._refused: Stamp | None = None  # the files as they were when last refused
+        self._used: set[str] = set()  # the contexts asked for: made as soon as renewed files are read
         self.generation = 0  # how many times the files were taken up
 
     def __getstate__(self) -> tuple[Path, Path, Path]:  # a Tls travels in the Spark connector's options
@@ -68,6 +93,11 @@ class TlsFiles:
             self.generation += 1
         return self._current
 
+    def context(self, kind: str) -> ssl.SSLContext:
+        """The current files' "server", "client" or "https" context."""
+        self._used.add(kind)
+        return getattr(self.current, kind)
+
     def refresh(self) -> None:
         """Take up the files if they changed and pass the checks; else keep the current ones, and say so
         once (per change). Also sets the certificate's metrics."""
@@ -75,11 +105,14 @@ class TlsFiles:
         if stamp != self.current.stamp and stamp != self._refused:
             try:
                 material = read(*self._paths)
-            except ConfigError as exc:
+                for kind in self._used:  # here, where a failure is a refusal, not in a handshake
+                    getattr(material, kind)
+            except (ConfigError, ssl.SSLError) as exc:
                 self._refused = stamp
+                problem = "; ".join(exc.problems) if isinstance(exc, ConfigError) else f"OpenSSL: {exc}"
                 log.error("TLS files refused, still serving with the certificate that expires on %s: %s; fix or "
                           "restore the file (it is read again when it changes)", f"{self._current.expires:%Y-%m-%d}",
-                          "; ".join(exc.problems))
+                          problem)
             else:
                 self._current, self._refused = material, None
                 self.generation += 1
@@ -92,7 +125,7 @@ class TlsFiles:
         """The `server` or `https` context for a listener that lives as long as the process: each of its
         handshakes moves to the current files' context, in the SNI callback (OpenSSL calls it for every
         client hello, with a server name or without)."""
-        front = getattr(self.current, kind)
+        front = self.context(kind)
 
         def current_files(ssl_object, _server_name: str | None, context: ssl.SSLContext) -> None:
             newest = getattr(self._current, kind)
@@ -104,36 +137,29 @@ class TlsFiles:
 
 
 def read(ca_path: Path, cert_path: Path, key_path: Path) -> Material:
-    """The files, checked, and the contexts made of them. The contexts load the files by path again (ssl
-    has no way from bytes), so the files are stat'ed before and after: a file replaced meanwhile is read again."""
+    """The files, checked. Stat'ed before and after: a file replaced while they were read (a certificate
+    and a key copied one after the other) is read again, not refused as a pair that does not match."""
     for _ in range(_READS):
         before = _stamp((ca_path, cert_path, key_path))
         ca, cert, key = (_read(p) for p in (ca_path, cert_path, key_path))
-        checked = check_certificate(cert, ca, cert_path, ca_path)
-        check_key(key, cert, key_path, cert_path)
-        try:
-            contexts = [_context(protocol, ca, cert_path, key_path)
-                        for protocol in (ssl.PROTOCOL_TLS_SERVER, ssl.PROTOCOL_TLS_CLIENT)]
-            https = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            https.load_cert_chain(cert_path, key_path)
-        except ssl.SSLError as exc:
-            if _stamp((ca_path, cert_path, key_path)) != before:
-                continue
-            raise ConfigError(f"{cert_path} with {key_path} and {ca_path}: OpenSSL refuses them ({exc.reason})",
-                              source="tls") from None
         if _stamp((ca_path, cert_path, key_path)) == before:
-            return Material(before, ca, cert, key, checked.serial_number, checked.not_valid_after_utc, *contexts, https)
+            checked = check_certificate(cert, ca, cert_path, ca_path)
+            check_key(key, cert, key_path, cert_path)
+            return Material(before, ca, cert, key, checked.serial_number, checked.not_valid_after_utc)
     raise ConfigError(f"{cert_path.parent} kept changing while it was read; try again once it is written",
                       source="tls")
 
 
-def _context(protocol: int, ca: bytes, cert_path: Path, key_path: Path) -> ssl.SSLContext:
-    context = ssl.SSLContext(protocol)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.verify_mode = ssl.CERT_REQUIRED
-    context.load_verify_locations(cadata=ca.decode())
-    context.load_cert_chain(cert_path, key_path)
-    return context
+def _load_chain(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """ssl loads a certificate and key from a file only: these bytes, the ones checked, through a file in
+    memory (no second read of files that may have changed since, no copy of the key on a disk)."""
+    fd = os.memfd_create("raftkv-tls", os.MFD_CLOEXEC)
+    try:
+        with open(fd, "wb", closefd=False) as f:
+            f.write(cert + b"\n" + key)
+        context.load_cert_chain(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
 
 
 def _stamp(paths: tuple[Path, ...]) -> Stamp:
@@ -147,21 +173,29 @@ def _stamp(paths: tuple[Path, ...]) -> Stamp:
 
 
 def check_certificate(cert_pem: bytes, ca_pem: bytes, cert_path: Path, ca_path: Path) -> x509.Certificate:
+    """`cert_pem`, if it is valid now and one of the CAs in `ca_pem` issued it (while the CA changes, the
+    CA file holds the old and the new one: docs/operations.md)."""
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
-        ca = x509.load_pem_x509_certificate(ca_pem)
+        cas = x509.load_pem_x509_certificates(ca_pem)
     except ValueError:
         raise ConfigError(f"{cert_path} or {ca_path} is not a PEM certificate; {_REMEDY}", source="tls") from None
     now = datetime.datetime.now(datetime.timezone.utc)
     if cert.not_valid_after_utc < now:
         raise ConfigError(f"{cert_path} expired on {cert.not_valid_after_utc:%Y-%m-%d}; issue a new one "
                           "(`raftkv certs init` makes what is missing)", source="tls")
+    if not any(_issued(cert, ca) for ca in cas):
+        raise ConfigError(f"{cert_path} was not issued by the CA in {ca_path}; use the certificates of one "
+                          "cluster together", source="tls")
+    return cert
+
+
+def _issued(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     try:
         cert.verify_directly_issued_by(ca)
     except (ValueError, TypeError, InvalidSignature):
-        raise ConfigError(f"{cert_path} was not issued by the CA in {ca_path}; use the certificates of one "
-                          "cluster together", source="tls") from None
-    return cert
+        return False
+    return True
 
 
 def check_key(key_pem: bytes, cert_pem: bytes, key_path: Path, cert_path: Path) -> None:
