@@ -236,6 +236,7 @@ def test_a_corrupt_renewed_file_is_refused_and_the_node_keeps_serving(secured):
             replace_file(cert, good)
         wait_until(lambda: _gauge(cluster, "n1", "raftkv_tls_files_refused") == 0, 10, "n1 to take the file up again")
     assert not traffic.errors and traffic.done > done
+    assert len(re.findall("TLS files refused", cluster.log_path("n1").read_text())) == refusals + 1  # not one a second
 
 
 def _serial_of(path: Path) -> int:
