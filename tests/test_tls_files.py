@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 from pathlib import Path
 
 from cryptography import x509
+from prometheus_client import REGISTRY
 
 from raftkv.core.durable import replace_file
 from raftkv.security.certs import init_certs, renew_certs
@@ -59,6 +61,15 @@ def test_refresh_takes_up_a_renewed_certificate_and_refuses_a_bad_one_once(tmp_p
         assert tls.files.current.serial == renewed.serial and tls.files.current is not renewed, what
         renewed = tls.files.current
     assert (out / "node-n1.pem").read_bytes() == good
+
+    aside = out / "node-n1.pem.bak"  # the file in use moved aside, a bad one written, the first moved back
+    os.replace(out / "node-n1.pem", aside)
+    (out / "node-n1.pem").write_bytes(b"not a certificate")
+    tls.refresh()
+    assert REGISTRY.get_sample_value("raftkv_tls_files_refused") == 1
+    os.replace(aside, out / "node-n1.pem")
+    tls.refresh()
+    assert REGISTRY.get_sample_value("raftkv_tls_files_refused") == 0 and tls.files.current is renewed
 
 
 def test_while_the_ca_changes_either_cas_certificates_pass_and_are_taken_up(tmp_path):

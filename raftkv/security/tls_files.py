@@ -102,7 +102,9 @@ class TlsFiles:
         """Take up the files if they changed and pass the checks; else keep the current ones, and say so
         once (per change). Also sets the certificate's metrics."""
         stamp = _stamp(self._paths)
-        if stamp != self.current.stamp and stamp != self._refused:
+        if stamp == self.current.stamp:
+            self._refused = None  # a bad file moved away again, the one in use back in its place
+        elif stamp != self._refused:
             try:
                 material = read(*self._paths)
                 for kind in self._used:  # here, where a failure is a refusal, not in a handshake
@@ -137,8 +139,8 @@ class TlsFiles:
 
 
 def read(ca_path: Path, cert_path: Path, key_path: Path) -> Material:
-    """The files, checked. Stat'ed before and after: a file replaced while they were read (a certificate
-    and a key copied one after the other) is read again, not refused as a pair that does not match."""
+    """The files, checked. Stat'ed before and after: if one was replaced while they were read, they are
+    read again (the bytes of one moment, and the stamp of those bytes)."""
     for _ in range(_READS):
         before = _stamp((ca_path, cert_path, key_path))
         ca, cert, key = (_read(p) for p in (ca_path, cert_path, key_path))
