@@ -39,7 +39,7 @@ from raftkv.core.spec import ClusterSpec
 from raftkv.meta.bootstrap import spec_meta
 from raftkv.meta.records import ClusterMeta, raft_directory
 from raftkv.raft.hub import RaftHub
-from raftkv.security.tls import learner_tls, listen
+from raftkv.security.tls import Tls, learner_tls, listen
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ def registration(spec: ClusterSpec, name: str) -> LearnerView:
     return learners[name]
 
 
-async def _serve_reads(spec: ClusterSpec, topology: ClusterMeta, name: str, replicas: dict[int, LearnerReplica],
-                       api_port: int, loop: asyncio.AbstractEventLoop, sink: Sink,
+async def _serve_reads(spec: ClusterSpec, tls: Tls | None, topology: ClusterMeta, name: str,
+                       replicas: dict[int, LearnerReplica], api_port: int, loop: asyncio.AbstractEventLoop, sink: Sink,
                        current: Callable[[], ClusterMeta]) -> grpc.aio.Server:
     """The node API over the learner's copies: follower reads and scans here, the rest forwarded to leaders
     (with the cluster's TLS a learner may only read, so writes must go to the nodes themselves).
@@ -82,12 +82,12 @@ async def _serve_reads(spec: ClusterSpec, topology: ClusterMeta, name: str, repl
                                          leader_id_of=by_address.get)
     gate = Gatekeeper(enforce=spec.tls is not None, meta=current)
     service = KVService(spec, f"learner/{name}", frontends, LocalReads(frontends), lambda: topology,
-                        Peers(lambda node_id: topology.node(node_id).api_address, learner_tls(spec)), gate)
+                        Peers(lambda node_id: topology.node(node_id).api_address, tls), gate)
     server = api_server()
     kv_pb2_grpc.add_KVServicer_to_server(service, server)
     if isinstance(sink, ChangeSource):
         kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink, loop, gate), server)
-    listen(server, f"127.0.0.1:{api_port}", learner_tls(spec))
+    listen(server, f"127.0.0.1:{api_port}", tls)
     await server.start()
     return server
 
@@ -117,7 +117,8 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     def corrupt(error: CorruptData) -> None:  # from a group's tick, or from RocksDB on any thread
         loop.call_soon_threadsafe(stop_on, error)
     sink = load_sink(sink_name)
-    client = AsyncClient([n.api_address for n in spec.nodes], timeout=5.0, tls=learner_tls(spec))
+    tls = learner_tls(spec)  # one for the process: its timer takes up renewed files (`_publish`)
+    client = AsyncClient([n.api_address for n in spec.nodes], timeout=5.0, tls=tls)
     replicas: dict[int, LearnerReplica] = {}
     server: grpc.aio.Server | None = None
     tasks: list[asyncio.Task] = []
@@ -125,7 +126,7 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
     try:
         topology = await _topology(client, spec)
         current = [topology, raft_directory(topology.nodes, spec.partitions)]  # the metadata, the hub's directory
-        hub = RaftHub(loop, None, lambda: current[1], learner_tls(spec),
+        hub = RaftHub(loop, None, lambda: current[1], tls,
                       retry_seconds=spec.tuning.connection_retry_seconds,
                       dead_after=max(3.5, spec.tuning.election_timeout_max), compression=spec.tuning.wire_compression)
         hub.start()
@@ -143,10 +144,10 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
         if metrics_port:
             metrics.serve("127.0.0.1", metrics_port)
         if api_port:
-            server = await _serve_reads(spec, topology, name, replicas, api_port, loop, sink, lambda: current[0])
+            server = await _serve_reads(spec, tls, topology, name, replicas, api_port, loop, sink, lambda: current[0])
         pump = FeedPump(spec.name, replicas, sink)
         learner_status.write(folder, {})
-        tasks += [loop.create_task(_publish(pump, folder, stop)), loop.create_task(_report_progress(client, name, pump, stop))]
+        tasks += [loop.create_task(_publish(pump, folder, tls, stop)), loop.create_task(_report_progress(client, name, pump, stop))]
         print(f"raftkv learner {name} ready: partitions {partitions}, sink {sink_name}", flush=True)
         await pump.run(stop)
     finally:
@@ -207,7 +208,8 @@ async def _open_sink(sink: Sink, options: dict[str, str], stop: asyncio.Event) -
                 backoff = min(backoff * 2, 10.0)
 
 
-async def _publish(pump: FeedPump, folder: Path, stop: asyncio.Event) -> None:
+async def _publish(pump: FeedPump, folder: Path, tls: Tls | None, stop: asyncio.Event) -> None:
+    """Once a second: the feed's state to the status file and the metrics, and renewed TLS files taken up."""
     failures = resyncs = 0
     stopped: dict[int, str] = {}
     while not stop.is_set():
@@ -221,6 +223,8 @@ async def _publish(pump: FeedPump, folder: Path, stop: asyncio.Event) -> None:
         DELIVERY_FAILURES.inc(pump.failures - failures)
         RESYNCS.inc(pump.resyncs - resyncs)
         failures, resyncs = pump.failures, pump.resyncs
+        if tls is not None:
+            tls.refresh()
         await asyncio.sleep(1.0)
 
 

@@ -1,18 +1,29 @@
-"""Users, roles and tokens on a cluster with TLS (docs/security.md §5), against real node processes."""
+"""Users, roles and tokens on a cluster with TLS (docs/security.md §5), against real node processes; and
+renewed certificates taken up without a restart (§4): after `raftkv certs renew`, new handshakes on a node's
+API port and its Raft hub's port present the new certificate while a client reads and writes throughout,
+and a corrupt renewed file leaves the node serving the one it had, saying so in one log line and a metric."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import re
 import secrets
+import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from raftkv import Client, PermissionDenied, Tls, Unauthenticated
+from raftkv.core.durable import replace_file
 from raftkv.meta.access import GrantPermission, Permission, PutUser, RemoveUser, UserRecord
 from raftkv.security.certs import init_certs
 from tests.conftest import wait_until
@@ -134,3 +145,99 @@ def test_the_cli_manages_users_and_roles_and_a_denied_write_is_one_line(secured)
     assert raftkv("role", "revoke", "auditor", "--prefix", "app/", *config).returncode == 0
     assert_one_line_error(raftkv("--token", token, "get", "app/x", *config), "may not read key b'app/x'")
     assert admin.get(b"app/x") == b"1"
+
+
+class _Traffic:
+    """A client writing and reading its own keys throughout, recording any error."""
+
+    def __init__(self, cluster):
+        self._cluster = cluster
+        self._stop = threading.Event()
+        self.done = 0
+        self.errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Traffic:
+        self._thread.start()
+        wait_until(lambda: self.done > 0 or self.errors, 10, "the client's first write")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        try:
+            with Client(self._cluster.endpoints, tls=self._cluster.tls, timeout=5) as kv:
+                while not self._stop.is_set():
+                    key, value = f"reload/{self.done % 50}".encode(), str(self.done).encode()
+                    kv.put(key, value)
+                    assert kv.get(key) == value
+                    self.done += 1
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            self.errors.append(exc)
+
+
+def _presented(port: int, user: Tls) -> int:
+    """The serial of the certificate a new mutual-TLS handshake on `port` is answered with."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(user.ca)
+    context.load_cert_chain(user.cert, user.key)
+    context.set_alpn_protocols(["h2"])  # gRPC's port asks for it; the hub's ignores it
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True)).serial_number
+
+
+def _gauge(cluster, node_id: str, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{cluster.spec.node(node_id).metrics_port}/metrics", timeout=5) as r:
+        return float(re.search(rf"^{name} (\S+)$", r.read().decode(), re.MULTILINE).group(1))
+
+
+def test_renewed_certificates_are_presented_without_a_restart(secured):
+    cluster, _ = secured
+    certs, n1 = cluster.spec.tls.ca.parent, cluster.spec.node("n1")
+    ports = {"api": n1.api_port, "raft hub": n1.raft_port_base}
+    before = {name: _presented(port, cluster.tls) for name, port in ports.items()}
+    assert set(before.values()) == {_serial_of(certs / "node-n1.pem")}
+    with _Traffic(cluster) as traffic:
+        subprocess.run([sys.executable, "-m", "raftkv", "certs", "renew", "--out", str(certs), "--within", "100000",
+                        "--days", "400"], check=True, capture_output=True, timeout=60)
+        renewed = _serial_of(certs / "node-n1.pem")
+        for name, port in ports.items():
+            wait_until(lambda: _presented(port, cluster.tls) == renewed, 10, f"n1's {name} port to present the renewal")
+        for node in cluster.spec.nodes:
+            wait_until(lambda: _presented(node.api_port, cluster.tls) == _serial_of(certs / f"node-{node.id}.pem"), 10,
+                       f"{node.id} to present its renewal")
+        expires = x509.load_pem_x509_certificate((certs / "node-n1.pem").read_bytes()).not_valid_after_utc
+        assert _gauge(cluster, "n1", "raftkv_tls_certificate_expiry_timestamp_seconds") == expires.timestamp()
+        assert expires - datetime.datetime.now(datetime.timezone.utc) < datetime.timedelta(days=401)
+        done = traffic.done
+        wait_until(lambda: traffic.done > done + 10 or traffic.errors, 10, "the client to go on")
+    assert not traffic.errors and traffic.done > done
+
+
+def test_a_corrupt_renewed_file_is_refused_and_the_node_keeps_serving(secured):
+    cluster, _ = secured
+    certs, n1 = cluster.spec.tls.ca.parent, cluster.spec.node("n1")
+    cert = certs / "node-n1.pem"
+    good, serial = cert.read_bytes(), _serial_of(cert)
+    refusals = len(re.findall("TLS files refused", cluster.log_path("n1").read_text()))
+    with _Traffic(cluster) as traffic:
+        replace_file(cert, b"-----BEGIN CERTIFICATE-----\ntruncated")
+        try:
+            wait_until(lambda: _gauge(cluster, "n1", "raftkv_tls_files_refused") == 1, 10, "n1 to refuse the file")
+            assert _presented(n1.api_port, cluster.tls) == serial == _presented(n1.raft_port_base, cluster.tls)
+            lines = [line for line in cluster.log_path("n1").read_text().splitlines() if "TLS files refused" in line]
+            assert len(lines) == refusals + 1 and str(cert) in lines[-1], lines
+            done = traffic.done
+            wait_until(lambda: traffic.done > done + 10 or traffic.errors, 10, "the client to go on")
+        finally:
+            replace_file(cert, good)
+        wait_until(lambda: _gauge(cluster, "n1", "raftkv_tls_files_refused") == 0, 10, "n1 to take the file up again")
+    assert not traffic.errors and traffic.done > done
+    assert len(re.findall("TLS files refused", cluster.log_path("n1").read_text())) == refusals + 1  # not one a second
+
+
+def _serial_of(path: Path) -> int:
+    return x509.load_pem_x509_certificate(path.read_bytes()).serial_number

@@ -64,8 +64,9 @@ def list_command(out: str) -> None:
 @click.option("--within", "within_days", type=click.FloatRange(min=0), default=90, show_default=True,
               help="Renew those that expire within this many days (0: the expired only; a large number: all).")
 def renew(out: str, days: int, within_days: float) -> None:
-    """Issue again, for the keys they have, the certificates that expire soon (the CA's key needed). Nodes,
-    learners and clients read their certificate at start: restart them one at a time (docs/operations.md)."""
+    """Issue again, for the keys they have, the certificates that expire soon (the CA's key needed). Nodes and
+    learners take up a renewed file within a second, no restart; long-running clients at their restart
+    (docs/operations.md)."""
     with writing(source="--out"):
         held = renew_certs(Path(out), days, within_days)
     _print(out, held, renewing=True)

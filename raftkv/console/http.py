@@ -10,7 +10,6 @@ import json
 import ssl
 import threading
 from importlib import resources
-from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -87,13 +86,11 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def serve(app: Callable, host: str, port: int, cert_and_key: tuple[Path, Path] | None = None) -> ThreadingWSGIServer:
+def serve(app: Callable, host: str, port: int, https: ssl.SSLContext | None = None) -> ThreadingWSGIServer:
     """Listen now (an OSError when the port is taken) and serve from a daemon thread; HTTPS with the
-    node's certificate when given ([tls] metrics = true)."""
+    node's certificate when given ([tls] metrics = true: `Tls.https_context`)."""
     server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Quiet)
-    if cert_and_key is not None:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(certfile=str(cert_and_key[0]), keyfile=str(cert_and_key[1]))
-        server.socket = context.wrap_socket(server.socket, server_side=True)
+    if https is not None:
+        server.socket = https.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, name="console http", daemon=True).start()
     return server

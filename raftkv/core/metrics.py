@@ -89,6 +89,13 @@ PEER_STOPPED = Gauge("raftkv_node_stopped_on_bad_storage",
                      "1: that node told this one it stopped on corrupt data or a failed disk, and has not come "
                      "back since", ["node"])
 
+# Set once a second by a node or learner with TLS (raftkv/security/tls_files.py), for the alert rules.
+TLS_CERT_EXPIRES = Gauge("raftkv_tls_certificate_expiry_timestamp_seconds",
+                         "When the certificate this process presents expires (Unix time)")
+TLS_FILES_REFUSED = Gauge("raftkv_tls_files_refused",
+                          "1: this process's certificate, key or CA file changed but failed the checks (its log "
+                          "says which and why); it serves with the files it had until they pass")
+
 
 def init_partition(partition: int) -> None:
     """Create a partition's series at start, so they exist before the first event."""

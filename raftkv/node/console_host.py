@@ -63,7 +63,7 @@ def start_console(node) -> Console:
     console = Console(NodeConsoleHost(node), "https" if https else "http", token_needed=node.gate.enforcing)
     app = ConsoleApp(asyncio.get_running_loop(), console.answer)
     try:
-        serve(app, node.me.host, node.me.metrics_port, (node.tls.cert, node.tls.key) if https else None)
+        serve(app, node.me.host, node.me.metrics_port, node.tls.https_context() if https else None)
     except OSError as exc:
         raise ConfigError(f"cannot serve metrics on port {node.me.metrics_port}: {exc.strerror}",
                           source=f"node {node.me.id} metrics_port") from None

@@ -24,6 +24,7 @@ _RESEND_SECONDS = 0.05
 @dataclass(frozen=True)
 class _Peer:
     address: str
+    generation: int  # of the TLS files its channel presents
     channel: grpc.aio.Channel
     kv: kv_pb2_grpc.KVStub
     admin: kv_pb2_grpc.AdminStub
@@ -41,12 +42,16 @@ class Peers:
         if self._closed:  # a call on a closed channel raises grpc's UsageError, which says nothing to callers
             raise Unavailable(f"not sent to {node_id}: this node is stopping")
         address = self._address_of(node_id)
+        generation = self._tls.generation if self._tls is not None else 0
         peer = self._peers.get(node_id)
-        if peer is None or peer.address != address:  # a node that came back elsewhere gets a new channel
+        # A node that came back elsewhere gets a new channel; so does every peer once renewed TLS files were
+        # taken up (a channel's reconnections present what it was opened with). Calls in flight finish.
+        if peer is None or (peer.address, peer.generation) != (address, generation):
             if peer is not None:
                 self._retired.append(peer.channel)
             to = open_channel(address, self._tls)
-            peer = self._peers[node_id] = _Peer(address, to, kv_pb2_grpc.KVStub(to), kv_pb2_grpc.AdminStub(to))
+            peer = self._peers[node_id] = _Peer(address, generation, to, kv_pb2_grpc.KVStub(to),
+                                                kv_pb2_grpc.AdminStub(to))
         return peer
 
     def stub(self, node_id: str) -> kv_pb2_grpc.KVStub:

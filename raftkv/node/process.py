@@ -347,8 +347,8 @@ class Node:
             await asyncio.sleep(1.0)
 
     async def _housekeeping(self) -> None:
-        """Once a second: log compaction when due, and the gauges (set when they change: an idle node
-        with a thousand partitions spent a tenth of its time looking up their labels)."""
+        """Once a second: log compaction when due, renewed TLS files taken up, and the gauges (set when they
+        change: an idle node with a thousand partitions spent a tenth of its time looking up their labels)."""
         shown: dict[int, tuple[int, int, int]] = {}
         while True:
             now = time.monotonic()
@@ -364,6 +364,8 @@ class Node:
                     for gauge, value in zip((metrics.TERM, metrics.COMMIT_INDEX, metrics.APPLIED_INDEX), values):
                         gauge.labels(p).set(value)
             self.peer_stops.forget_back(self.hub.is_up)
+            if self.tls is not None:
+                self.tls.refresh()
             await asyncio.sleep(1.0)
 
     async def stop(self) -> None:

@@ -4,78 +4,90 @@ Every gRPC channel and server of raftkv is made here, so "TLS or not" is decided
 in one place: `channel(address, tls)` is plaintext only when `tls` is None.
 The files are read and checked when first used: a missing file, a certificate
 the CA did not sign, or one that expired is one ConfigError line naming the file
-and what to do, not a handshake that fails later with an OpenSSL code.
+and what to do, not a handshake that fails later with an OpenSSL code. Renewed
+files are taken up without a restart (`tls_files`): listeners present them at
+their next handshake, channels opened from then on too.
 """
 
 from __future__ import annotations
 
-import datetime
-import functools
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import grpc
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
 
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec import ClusterSpec
 from raftkv.security.certs import Identity, identity_of
-
-_REMEDY = "make them with `raftkv certs init`, or name your own PEM files in the spec's [tls] table"
+from raftkv.security.tls_files import Material, TlsFiles
 
 
 @dataclass(frozen=True)
 class Tls:
-    """A CA to trust, and the certificate and key this process presents (its identity)."""
+    """A CA to trust, and the certificate and key this process presents (its identity). What they hold
+    is `files.current`; a node or a learner calls `refresh` once a second to take up renewed files."""
 
     ca: Path
     cert: Path
     key: Path
+    files: TlsFiles = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):  # paths may come as text
         for name in ("ca", "cert", "key"):
             object.__setattr__(self, name, Path(getattr(self, name)))
-
-    @functools.cached_property
-    def _pems(self) -> tuple[bytes, bytes, bytes]:
-        ca, cert, key = (_read(p) for p in (self.ca, self.cert, self.key))
-        check_certificate(cert, ca, self.cert, self.ca)
-        check_key(key, cert, self.key, self.cert)
-        return ca, cert, key
+        object.__setattr__(self, "files", TlsFiles(self.ca, self.cert, self.key))
 
     def server_credentials(self) -> grpc.ServerCredentials:
-        """Mutual TLS: a client without a certificate this CA signed fails the handshake."""
-        ca, cert, key = self._pems
-        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+        """Mutual TLS: a client without a certificate this CA signed fails the handshake. gRPC asks for
+        the files before each handshake: the current ones, given again once they changed."""
+        files = self.files
+        served = files.current
+
+        def renewed() -> grpc.ServerCertificateConfiguration | None:  # on a gRPC thread
+            nonlocal served
+            if files.current is served:
+                return None
+            served = files.current
+            return _configuration(served)
+
+        return grpc.dynamic_ssl_server_credentials(_configuration(served), renewed, require_client_authentication=True)
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        ca, cert, key = self._pems
-        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+        """Of the current files: a channel keeps them for its life (`generation` says when to open anew)."""
+        m = self.files.current
+        return grpc.ssl_channel_credentials(root_certificates=m.ca, private_key=m.key, certificate_chain=m.cert)
+
+    @property
+    def generation(self) -> int:
+        """Moves when renewed files were taken up: channels opened before present the old certificate."""
+        self.files.current
+        return self.files.generation
 
     def check(self) -> None:
         """Read and check the files now (at start-up), rather than at the first connection."""
-        self._pems
+        self.files.current
+
+    def refresh(self) -> None:
+        self.files.refresh()
 
     def server_context(self) -> ssl.SSLContext:
-        """For raftkv's own listeners (the Raft hub): mutual TLS, TLS 1.2 or later."""
-        return self._context(ssl.PROTOCOL_TLS_SERVER)
+        """For raftkv's own listeners (the Raft hub): mutual TLS, TLS 1.2 or later, the current files."""
+        return self.files.listener_context("server")
+
+    def https_context(self) -> ssl.SSLContext:
+        """For the console's HTTPS: the current files, no client certificate asked."""
+        return self.files.listener_context("https")
 
     def client_context(self) -> ssl.SSLContext:
         """Checks the server's certificate against the CA and the host it was dialed at."""
-        return self._context(ssl.PROTOCOL_TLS_CLIENT)
+        return self.files.context("client")
 
-    def _context(self, protocol: int) -> ssl.SSLContext:
-        ca, _, _ = self._pems
-        context = ssl.SSLContext(protocol)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.verify_mode = ssl.CERT_REQUIRED
-        context.load_verify_locations(cadata=ca.decode())
-        context.load_cert_chain(self.cert, self.key)
-        return context
+
+def _configuration(m: Material) -> grpc.ServerCertificateConfiguration:
+    return grpc.ssl_server_certificate_configuration([(m.key, m.cert)], root_certificates=m.ca)
 
 
 def peer_identity(ssl_object: ssl.SSLObject) -> Identity:
@@ -131,43 +143,6 @@ def refusal(details: str, tls: Tls | None) -> str | None:
         return (f"the node refused the certificate {tls.cert}: it was not issued by the cluster's CA, has "
                 "expired, or is not a client certificate")
     return None
-
-
-def check_certificate(cert_pem: bytes, ca_pem: bytes, cert_path: Path, ca_path: Path) -> None:
-    try:
-        cert = x509.load_pem_x509_certificate(cert_pem)
-        ca = x509.load_pem_x509_certificate(ca_pem)
-    except ValueError:
-        raise ConfigError(f"{cert_path} or {ca_path} is not a PEM certificate; {_REMEDY}", source="tls") from None
-    now = datetime.datetime.now(datetime.timezone.utc)
-    if cert.not_valid_after_utc < now:
-        raise ConfigError(f"{cert_path} expired on {cert.not_valid_after_utc:%Y-%m-%d}; issue a new one "
-                          "(`raftkv certs init` makes what is missing)", source="tls")
-    try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, InvalidSignature):
-        raise ConfigError(f"{cert_path} was not issued by the CA in {ca_path}; use the certificates of one "
-                          "cluster together", source="tls") from None
-
-
-def check_key(key_pem: bytes, cert_pem: bytes, key_path: Path, cert_path: Path) -> None:
-    """The key is the private half of the certificate's public key (gRPC's core would only log that the
-    handshake failed, and the client would say no node answered)."""
-    try:
-        key = serialization.load_pem_private_key(key_pem, password=None)
-    except (ValueError, TypeError):
-        raise ConfigError(f"{key_path} is not an unencrypted PEM private key; {_REMEDY}", source="tls") from None
-    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    if key.public_key().public_bytes(*spki) != x509.load_pem_x509_certificate(cert_pem).public_key().public_bytes(*spki):
-        raise ConfigError(f"{key_path} is not the key of {cert_path}: give the key file that was made with "
-                          "that certificate", source="tls")
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}; {_REMEDY}", source="tls") from None
 
 
 # A channel that cannot connect fails every call at once until its next attempt, and gRPC spaces the
