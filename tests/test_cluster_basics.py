@@ -12,6 +12,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core.partitioning import partition_for_key
 from raftkv.core.commands import Delete, Put
+from raftkv.meta.access import GrantPermission, Permission
 from tests.conftest import wait_until
 
 
@@ -133,6 +134,19 @@ def test_a_cluster_is_ready_only_once_every_running_node_answers(make_cluster):
         cluster.wait_ready(timeout=4)  # time enough for n1 and n2 to elect every leader
     cluster.signal("n3", signal.SIGCONT)
     cluster.wait_ready(timeout=60)
+
+
+def test_a_metadata_change_asked_as_the_metadata_leader_dies_is_made_once_another_is_elected(make_cluster):
+    """The live nodes forwarded the change to the dead leader and passed on gRPC's "failed to connect to
+    all addresses", which the client reads as a node it never reached: with every node so, it said "no
+    node answered" at once (the chaos membership fault's kill-source hit it)."""
+    cluster = make_cluster(nodes=3, partitions=1, rebalance_interval=0)
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        leader = wait_until(lambda: kv.topology().meta_leader, 10, "a metadata leader")
+        epoch = kv.topology().meta.epoch
+        cluster.kill(leader)
+        topology = kv.change_topology(GrantPermission("writer", Permission("write", "")))
+        assert topology.meta.epoch > epoch and topology.meta_leader not in (None, leader)
 
 
 def test_async_client_on_the_callers_own_loop(cluster):

@@ -10,7 +10,7 @@ from google.protobuf.message import DecodeError
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core import metrics
-from raftkv.api.rpc_errors import error_metadata
+from raftkv.api.rpc_errors import error_metadata, never_sent
 from raftkv.core.errors import ChangeRefused, RaftKVError, Unauthenticated
 from raftkv.meta.records import decode_command
 from raftkv.meta.wire import topology_reply
@@ -58,6 +58,9 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         except ChangeRefused as refused:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(refused))
         except grpc.aio.AioRpcError as exc:  # forwarded, and the metadata leader answered so
+            if never_sent(exc):  # in gRPC's words, the client would take this node for unreachable
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"the metadata leader {self._topology.meta_leader_id()} "
+                                    f"did not answer {self._node_id} (it may be down; a new one is elected); retry")
             await context.abort(exc.code(), exc.details())
         except Exception as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
