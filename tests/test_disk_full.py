@@ -61,3 +61,38 @@ def test_a_leader_whose_disk_fills_refuses_writes_hands_leadership_on_and_recove
         for node_id in list(cluster.procs):
             cluster.kill(node_id)
         disk.close()
+
+
+def test_a_follower_whose_disk_fills_under_the_node_engine_falls_back_and_catches_up(make_cluster):
+    """The chaos diskfull fault with the node engine: a follower's engine appended the leader's entries
+    into a full disk, and StorageFull escaped into the hub, which logged a traceback and dropped the
+    connection. The group goes back to pysyncobj, which stores the entries again once there is room."""
+    cluster = make_cluster(nodes=3, partitions=1, start=False, raft_engine="steady")
+    disk = SmallDisk(cluster.spec.node("n1").data_dir, size_mb=64)
+    try:
+        cluster.start_all()
+        cluster.wait_ready(timeout=60)
+        if leader_of(cluster.endpoints) == "n1":
+            transfer_leadership(cluster.spec, 0, "n2")
+            wait_until(lambda: leader_of(cluster.endpoints) not in (None, "n1"), 20, "n1 to follow")
+        with Client(cluster.endpoints, timeout=5) as kv:
+            for i in range(50):  # the leader hands the group to its engine
+                kv.put(b"before-%d" % i, b"%d" % i)
+            disk.fill()
+            for i in range(300):  # n2 and n3 acknowledge; n1's engine appends into the full disk
+                kv.put(b"during-%d" % i, b"x" * 512)
+            assert cluster.exited() == {}
+            disk.free()
+            kv.put(b"after", b"1")
+
+        def n1_caught_up() -> bool:
+            applied = {node: ps.applied_index for node, ps in statuses(cluster.endpoints)}
+            return applied.get("n1") == max(applied.values())
+
+        wait_until(n1_caught_up, 30, "n1 to catch up once its disk has room")
+        log = cluster.log_path("n1").read_text()  # on the small disk: gone once it is unmounted
+        assert "disk full" in log and "Traceback" not in log, log[-3000:]
+    finally:
+        for node_id in list(cluster.procs):
+            cluster.kill(node_id)
+        disk.close()

@@ -18,6 +18,7 @@ import time
 from typing import Callable, Protocol
 
 from raftkv.core import metrics
+from raftkv.core.errors import CorruptData, StorageFull
 from raftkv.core.spec import Tuning
 from raftkv.raft.engine import items as it
 from raftkv.raft.engine.steady import SteadyGroup
@@ -125,7 +126,7 @@ class NodeEngine:
             if group is None:
                 metrics.ENGINE_STALE.inc()  # malformed, or a group this node does not host
                 continue
-            group.on_item(peer, item)
+            _guarded(group, group.on_item, peer, item)
             if group.mode != "pysyncobj":
                 self._driven.add(group)
 
@@ -154,10 +155,10 @@ class NodeEngine:
         self._turn_scheduled = False
         ready, self._ready = self._ready, []
         for group in dict.fromkeys(ready):
-            group.send_steps()
+            _guarded(group, group.send_steps)
         wrote, self._wrote = self._wrote, []
         for group in dict.fromkeys(wrote):
-            group.sync_journal()
+            _guarded(group, group.sync_journal)
         outbox, self._outbox = self._outbox, {}
         for peer, items in outbox.items():
             if self._wire.send(peer, ENGINE, items):
@@ -169,6 +170,15 @@ class NodeEngine:
             return
         now, tuning = time.monotonic(), self._tuning
         for group in [g for g in self._driven if g.leading]:
-            group.periodic(now, tuning.heartbeat_period, tuning.election_timeout_max)
+            _guarded(group, group.periodic, now, tuning.heartbeat_period, tuning.election_timeout_max)
         if self._driven and self._timer is None:
             self._timer = self._loop.call_later(tuning.heartbeat_period, self._periodic)
+
+
+def _guarded(group: SteadyGroup, action: Callable[..., None], *args) -> None:
+    """`action(*args)` of one group: a log it could not write (a full disk) or found corrupt is that group's
+    failure, not the frame's or the turn's (the hub would drop the connection, the other groups' items)."""
+    try:
+        action(*args)
+    except (StorageFull, CorruptData) as exc:
+        group.failed(exc)

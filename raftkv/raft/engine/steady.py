@@ -14,6 +14,7 @@ import time
 from typing import Protocol
 
 from raftkv.core import metrics
+from raftkv.core.errors import CorruptData, StorageFull
 from raftkv.raft.engine import items as it
 from raftkv.raft.engine.rules import IDLE_HEARTBEATS, MAX_STEP_ENTRIES, LeaderView, Match, follower_takes, \
     match_steps, may_offer, quorum_commit
@@ -413,6 +414,13 @@ class SteadyGroup:
 
     # -- back to pysyncobj ---------------------------------------------------------
 
+    def failed(self, error: StorageFull | CorruptData) -> None:
+        """Its log could not be written, or is corrupt: pysyncobj drives the group again, and the error is
+        handled as when pysyncobj's own handlers meet it (a full disk logged and the entries stored again
+        once the leader resends them; corrupt files stop the node)."""
+        self.handback(f"{type(error).__name__}: {error}")
+        self._group.poller.run(_raise, error)
+
     def handback(self, why: str, tell: str | bool | None = True) -> None:
         """pysyncobj drives the group again. `tell`: the partners (all: True; all but one: its node id) hear it."""
         if self.mode == PYSYNCOBJ:
@@ -433,3 +441,6 @@ class SteadyGroup:
         self._engine.handed_back(self)
         self._group.poller.on_event()  # a tick soon (the Ticker)
 
+
+def _raise(error: Exception) -> None:
+    raise error
