@@ -92,11 +92,12 @@ def test_save_load_round_trip_keeps_non_default_tuning_only(tmp_path):
     assert loaded.tuning == spec.tuning
 
 
-def test_a_nodes_raft_engine_is_saved_only_when_on_and_an_unknown_one_is_one_problem(tmp_path):
+def test_a_nodes_raft_engine_is_saved_only_when_not_the_default_and_an_unknown_one_is_one_problem(tmp_path):
     spec = build_spec(nodes=2, partitions=2, replication=2, base_port=9000, data_dir=tmp_path)
-    spec = dataclasses.replace(spec, nodes=(dataclasses.replace(spec.nodes[0], raft_engine="steady"), spec.nodes[1]))
+    spec = dataclasses.replace(spec, nodes=(dataclasses.replace(spec.nodes[0], raft_engine="off"), spec.nodes[1]))
     path = save_spec(spec, tmp_path / "cluster.toml")
-    assert [n.get("raft_engine") for n in tomllib.loads(path.read_text())["nodes"]] == ["steady", None]
+    assert [n.get("raft_engine") for n in tomllib.loads(path.read_text())["nodes"]] == ["off", None]
+    assert spec.nodes[1].raft_engine == "auto"
     assert load_spec(path) == spec
     doc = valid_doc()
     doc["nodes"][1]["raft_engine"] = "fast"

@@ -82,7 +82,7 @@ class NodeSpec:
     metrics_port: int
     raft_port_base: int
     data_dir: Path
-    raft_engine: str = "off"
+    raft_engine: str = "auto"  # RAFT_ENGINES
 
     @property
     def api_address(self) -> str:
