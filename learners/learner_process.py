@@ -4,9 +4,9 @@ Like a node, everything runs on one asyncio loop: the replicas' Raft
 ticks (see raftkv.raft.syncobj_loop) and the pump; sink calls run in a worker
 thread.
 
-It starts at once (docs/learners.md, "Start-up"): the sink opens while the replicas' databases open,
-each in a worker thread of its own, and the pump feeds each replica as soon as it is open, not once
-all are. What only the `--api-port` needs is imported only then (learner_reads).
+It starts at once (docs/learners.md, "Start-up"): the sink opens while the replicas' databases open
+in a worker thread, and the pump feeds each replica as soon as it is open, not once all are. What only
+the `--api-port` needs is imported only then (learner_reads).
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ LAG_SECONDS = Gauge("raftkv_learner_lag_seconds", "Seconds since the feed last h
                     ["partition"])
 DELIVERY_FAILURES = Counter("raftkv_learner_delivery_failures_total", "Failed sink deliveries (each retried)")
 RESYNCS = Counter("raftkv_learner_resyncs_total", "Re-syncs through a snapshot (emitted as op=r events)")
-# Replicas' databases opened at the same time: opening one is mostly waiting for the disk's syncs, which
-# overlap; more at once would delay the first one, which the feed starts with.
-OPENING_AT_ONCE = 4
+# Replicas' databases opened at the same time, in worker threads. One: rocksdict holds the GIL for most of
+# an open (~25 ms here), so more at once only contend with the loop, and the first replica, which the feed
+# starts with, opened later (first delivery 0.48 against 0.56 s with 4 at once: docs/learners.md).
+OPENING_AT_ONCE = 1
 
 
 def learner_folder(spec: ClusterSpec, name: str) -> Path:
@@ -163,7 +164,7 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
 
 def _open_engines(loop: asyncio.AbstractEventLoop, partitions: list[int], folder: Path,
                   corrupt: Callable[[CorruptData], None]) -> list[asyncio.Future]:
-    """The replicas' databases, opened in worker threads, OPENING_AT_ONCE at a time: (partition, RocksEngine)."""
+    """The replicas' databases, opened off the loop, OPENING_AT_ONCE at a time: (partition, RocksEngine)."""
     opener = ThreadPoolExecutor(max_workers=min(OPENING_AT_ONCE, len(partitions) or 1), thread_name_prefix="open")
     try:
         return [loop.run_in_executor(opener, lambda p=p: (p, RocksEngine(folder / f"p{p:04d}", on_corrupt=corrupt)))
