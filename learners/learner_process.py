@@ -101,7 +101,7 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
     opening: list[asyncio.Future] = []
     sink_open: asyncio.Future | None = None
     pumping: asyncio.Task | None = None
-    server = None
+    server = None  # with --api-port: learner_reads' gRPC server
     tasks: list[asyncio.Task] = []
     hub: RaftHub | None = None
     try:

@@ -134,14 +134,16 @@ def report(result: dict) -> None:
     names = sorted({m for r in runs for m in r["marks"]}, key=lambda m: statistics.median(
         r["marks"][m] for r in runs if m in r["marks"]))
     print(f"\nlearner start-up, sink {result['sink']}, {result['partitions']} partitions, {result['keys']:,} keys; "
-          f"median (min–max) of {len(runs)} runs:\n  {'milestone':<40} {'s after the spawn':>24}   {'its CPU s by then':>22}")
+          f"median (min–max) of {len(runs)} runs:")
+    print(f"  {'milestone':<40} {'s after the spawn':>24}   {'its CPU s by then':>22}")
     for m in names:
         values = [r["marks"][m] for r in runs if m in r["marks"]]
         cpu = [r["cpu_marks"][m] for r in runs if m in r["cpu_marks"]]
         cpu_text = f"{statistics.median(cpu):7.3f}  ({min(cpu):.3f}–{max(cpu):.3f})" if cpu else ""
         print(f"  {m:<40} {statistics.median(values):7.3f}  ({min(values):.3f}–{max(values):.3f})   {cpu_text}")
     cpu = [r["cpu_s"] for r in runs]
-    print(f"  {'learner CPU seconds (until it exited)':<40} {statistics.median(cpu):7.3f}  ({min(cpu):.3f}–{max(cpu):.3f})")
+    print(f"  {'learner CPU seconds (until it exited)':<40} {statistics.median(cpu):7.3f}  "
+          f"({min(cpu):.3f}–{max(cpu):.3f})")
     loads = result["load_averages"]
     print(f"  load average (1 min) before and after the runs: {loads[0][0]:.2f} … {loads[-1][0]:.2f}")
 

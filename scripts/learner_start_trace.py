@@ -2,10 +2,11 @@
 
     python scripts/learner_start_trace.py learner start --name L --config cluster.toml
 
-runs exactly what `python -m raftkv learner start ...` runs, and writes `TRACE <milestone> <time.time()> <time.process_time()>`
-lines to stderr (the wall clock, and this process's CPU seconds so far) as the start-up passes each milestone. The milestones are hooked as their modules are
-imported (an import hook patches a module right after it ran), so the trace imports nothing that the
-command would not import itself, and in the same order.
+runs exactly what `python -m raftkv learner start ...` runs, and writes
+`TRACE <milestone> <time.time()> <time.process_time()>` lines to stderr (the wall clock, and this
+process's CPU seconds so far) as the start-up passes each milestone. The milestones are hooked as
+their modules are imported (an import hook patches a module right after it ran), so the trace imports
+nothing that the command would not import itself, and in the same order.
 """
 
 from __future__ import annotations
