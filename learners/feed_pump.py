@@ -95,6 +95,11 @@ class FeedPump:
             if not progressed:
                 await _sleep_or_stop(stop, idle_wait)
 
+    def add(self, replica: LearnerReplica) -> None:
+        """Feed one more partition (the learner adds each replica as its database opens)."""
+        self.replicas[replica.partition] = replica
+        self._caught_up_at[replica.partition] = self.clock()
+
     def lag(self) -> dict[int, int]:
         """Committed entries not yet delivered, per partition."""
         return {p: max(0, r.group.last_applied - r.engine.position.index) for p, r in self.replicas.items()}

@@ -3,6 +3,10 @@
 Like a node, everything runs on one asyncio loop: the replicas' Raft
 ticks (see raftkv.raft.syncobj_loop) and the pump; sink calls run in a worker
 thread.
+
+It starts at once (docs/learners.md, "Start-up"): the sink opens while the replicas' databases open
+in a worker thread, and the pump feeds each replica as soon as it is open, not once all are. What only
+the `--api-port` needs is imported only then (learner_reads).
 """
 
 from __future__ import annotations
@@ -10,36 +14,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Mapping
 
-import grpc
 from prometheus_client import Counter, Gauge
 
 from learners import learner_status
-from learners.changelog_service import ChangeLogService, ChangeSource
 from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import Sink, load_sink
 from learners.sinks.options import limits
 from raftkv.core import metrics
-from raftkv.api import kv_pb2_grpc
-from raftkv.node.gatekeeper import Gatekeeper
-from raftkv.node.group_commit import PartitionFrontend
-from raftkv.node.peers import Peers
-from raftkv.node.process import close_reporting
-from raftkv.node.service import api_server
-from raftkv.node.reads import LocalReads
-from raftkv.node.service import KVService
+from raftkv.node.closing import close_reporting
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
-from raftkv.client.async_client import AsyncClient
-from raftkv.client.sync_client import Client, LearnerView
+from raftkv.client.async_client import AsyncClient, LearnerView
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec
 from raftkv.meta.bootstrap import spec_meta
 from raftkv.meta.records import ClusterMeta, raft_directory
 from raftkv.raft.hub import RaftHub
-from raftkv.security.tls import Tls, learner_tls, listen
+from raftkv.security.tls import Tls, learner_tls
+from raftkv.storage.rocks_engine import RocksEngine
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +44,10 @@ LAG_SECONDS = Gauge("raftkv_learner_lag_seconds", "Seconds since the feed last h
                     ["partition"])
 DELIVERY_FAILURES = Counter("raftkv_learner_delivery_failures_total", "Failed sink deliveries (each retried)")
 RESYNCS = Counter("raftkv_learner_resyncs_total", "Re-syncs through a snapshot (emitted as op=r events)")
+# Replicas' databases opened at the same time, in worker threads. One: rocksdict holds the GIL for most of
+# an open (~25 ms here), so more at once only contend with the loop, and the first replica, which the feed
+# starts with, opened later (first delivery 0.48 against 0.56 s with 4 at once: docs/learners.md).
+OPENING_AT_ONCE = 1
 
 
 def learner_folder(spec: ClusterSpec, name: str) -> Path:
@@ -55,41 +55,16 @@ def learner_folder(spec: ClusterSpec, name: str) -> Path:
     return base / "learners" / name
 
 
-def registration(spec: ClusterSpec, name: str) -> LearnerView:
-    """The learner's sink, options and partitions, as registered through the partitions' logs."""
-    with Client([n.api_address for n in spec.nodes], timeout=10.0, tls=learner_tls(spec)) as client:
-        learners = client.learners()
+async def registration(spec: ClusterSpec, tls: Tls | None, name: str) -> LearnerView:
+    """The learner's sink, options and partitions, as registered through the partitions' logs (waiting up to
+    10 s for partitions that have no leader)."""
+    async with AsyncClient([n.api_address for n in spec.nodes], timeout=10.0, tls=tls) as client:
+        learners = await client.learners()
     if name not in learners:
         known = ", ".join(learners) or "none"
         raise ConfigError(f"learner {name!r} is not registered (registered: {known}); "
                           f"add it with `raftkv learner add --name {name} --sink ...`", source="learner start")
     return learners[name]
-
-
-async def _serve_reads(spec: ClusterSpec, tls: Tls | None, topology: ClusterMeta, name: str,
-                       replicas: dict[int, LearnerReplica], api_port: int, loop: asyncio.AbstractEventLoop, sink: Sink,
-                       current: Callable[[], ClusterMeta]) -> grpc.aio.Server:
-    """The node API over the learner's copies: follower reads and scans here, the rest forwarded to leaders
-    (with the cluster's TLS a learner may only read, so writes must go to the nodes themselves).
-
-    A sink that keeps the changes it received (the `changelog` sink) is served as the ChangeLog service.
-    Its callers are checked against the users and roles of `current()` metadata.
-    """
-    frontends = {}
-    for p, replica in replicas.items():
-        by_address = {n.raft_address(p): n.id for n in topology.nodes}
-        frontends[p] = PartitionFrontend(replica, loop, max_batch_ops=1, max_batch_bytes=1, request_timeout=1.0,
-                                         leader_id_of=by_address.get)
-    gate = Gatekeeper(enforce=spec.tls is not None, meta=current)
-    service = KVService(spec, f"learner/{name}", frontends, LocalReads(frontends), lambda: topology,
-                        Peers(lambda node_id: topology.node(node_id).api_address, tls), gate)
-    server = api_server()
-    kv_pb2_grpc.add_KVServicer_to_server(service, server)
-    if isinstance(sink, ChangeSource):
-        kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink, loop, gate), server)
-    listen(server, f"127.0.0.1:{api_port}", tls)
-    await server.start()
-    return server
 
 
 async def _topology(client: AsyncClient, spec: ClusterSpec) -> ClusterMeta:
@@ -98,10 +73,12 @@ async def _topology(client: AsyncClient, spec: ClusterSpec) -> ClusterMeta:
     return meta if meta.epoch else spec_meta(spec)
 
 
-async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapping[str, str],
-                partitions: list[int], folder: Path, metrics_port: int | None = None,
+async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
+                sink_overrides: Mapping[str, str] | None = None, metrics_port: int | None = None,
                 api_port: int | None = None) -> None:
-    """Run until SIGTERM or SIGINT, or until a copy's files cannot be trusted (then raise why)."""
+    """Run the learner registered as `name` until SIGTERM or SIGINT, or until a copy's files cannot be
+    trusted (then raise why). `sink_overrides` take the place of registered sink options; `folder`
+    defaults to `learner_folder`."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -116,41 +93,56 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
 
     def corrupt(error: CorruptData) -> None:  # from a group's tick, or from RocksDB on any thread
         loop.call_soon_threadsafe(stop_on, error)
-    sink = load_sink(sink_name)
+    folder = folder or learner_folder(spec, name)
     tls = learner_tls(spec)  # one for the process: its timer takes up renewed files (`_publish`)
     client = AsyncClient([n.api_address for n in spec.nodes], timeout=5.0, tls=tls)
+    sink: Sink | None = None
     replicas: dict[int, LearnerReplica] = {}
-    server: grpc.aio.Server | None = None
+    opening: list[asyncio.Future] = []
+    sink_open: asyncio.Future | None = None
+    pumping: asyncio.Task | None = None
+    server = None  # with --api-port: learner_reads' gRPC server
     tasks: list[asyncio.Task] = []
     hub: RaftHub | None = None
     try:
-        topology = await _topology(client, spec)
+        registered, topology = await asyncio.gather(registration(spec, tls, name), _topology(client, spec))
+        sink = load_sink(registered.sink)
+        partitions = sorted(registered.progress)
         current = [topology, raft_directory(topology.nodes, spec.partitions)]  # the metadata, the hub's directory
         hub = RaftHub(loop, None, lambda: current[1], tls,
                       retry_seconds=spec.tuning.connection_retry_seconds,
                       dead_after=max(3.5, spec.tuning.election_timeout_max), compression=spec.tuning.wire_compression)
         hub.start()
         tasks.append(loop.create_task(_follow_meta(client, spec, current, stop)))
-        await _open_sink(sink, {"learner": name, "cluster_id": topology.cluster_id, **sink_options,
-                                **limits(spec.name, spec.max_key_bytes, spec.max_value_bytes)}, stop)
-        for p in partitions:
-            voters = [topology.node(n).raft_address(p) for n in topology.group_voters(p)]
-            config = GroupConfig(partition=p, hub=hub, self_address=None, peers=tuple(voters),
-                                 folder=folder / f"p{p:04d}", fsync=False,  # a learner can fetch again from the voters
-                                 tuning=spec.tuning, on_corrupt=corrupt)
-            replicas[p] = LearnerReplica(p, config.folder,
-                                         open_group=lambda copy, config=config: SyncObjGroup(config, copy, loop),
-                                         on_corrupt=corrupt)
+        sink_open = asyncio.ensure_future(_open_sink(sink, {
+            "learner": name, "cluster_id": topology.cluster_id, **registered.options, **(sink_overrides or {}),
+            **limits(spec.name, spec.max_key_bytes, spec.max_value_bytes)}, stop))
+        pump = FeedPump(spec.name, {}, sink)
+        opening = _open_engines(loop, partitions, folder, corrupt)
+        replicas_open = loop.create_task(_add_replicas(opening, replicas, pump, stop, lambda p: GroupConfig(
+            partition=p, hub=hub, self_address=None, folder=folder / f"p{p:04d}",
+            peers=tuple(topology.node(n).raft_address(p) for n in topology.group_voters(p)),
+            fsync=False,  # a learner can fetch again from the voters
+            tuning=spec.tuning, on_corrupt=corrupt)))
+        tasks.append(replicas_open)
+        await sink_open
         if metrics_port:
             metrics.serve("127.0.0.1", metrics_port)
-        if api_port:
-            server = await _serve_reads(spec, tls, topology, name, replicas, api_port, loop, sink, lambda: current[0])
-        pump = FeedPump(spec.name, replicas, sink)
         learner_status.write(folder, {})
+        pumping = loop.create_task(pump.run(stop))
+        await replicas_open
+        if api_port:
+            from learners.learner_reads import serve_reads  # the node's service stack, only when asked for
+            server = await serve_reads(spec, tls, topology, name, replicas, api_port, loop, sink, lambda: current[0])
         tasks += [loop.create_task(_publish(pump, folder, tls, stop)), loop.create_task(_report_progress(client, name, pump, stop))]
-        print(f"raftkv learner {name} ready: partitions {partitions}, sink {sink_name}", flush=True)
-        await pump.run(stop)
+        print(f"raftkv learner {name} ready: partitions {partitions}, sink {registered.sink}", flush=True)
+        await pumping  # until stopped
     finally:
+        stop.set()
+        if pumping is not None:  # ends after its step: a delivery in flight must not meet a closed sink
+            await asyncio.gather(pumping, return_exceptions=True)
+        if sink_open is not None:  # stopped, it retries no more; an open in flight must end before the close
+            await asyncio.gather(sink_open, return_exceptions=True)
         for task in tasks:  # before the client closes: a report in flight would fail on the closed channel
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -158,12 +150,48 @@ async def serve(spec: ClusterSpec, name: str, sink_name: str, sink_options: Mapp
             await server.stop(grace=1.0)
         for p, replica in replicas.items():
             close_reporting(f"partition {p}", replica.close)
+        await asyncio.gather(*opening, return_exceptions=True)
+        for p, engine in _unused(opening, replicas):
+            close_reporting(f"partition {p}", engine.close)
         if hub is not None:
             await hub.close()
-        sink.close()
+        if sink is not None:
+            sink.close()
         await client.close()
     if failure:
         raise failure[0]
+
+
+def _open_engines(loop: asyncio.AbstractEventLoop, partitions: list[int], folder: Path,
+                  corrupt: Callable[[CorruptData], None]) -> list[asyncio.Future]:
+    """The replicas' databases, opened off the loop, OPENING_AT_ONCE at a time: (partition, RocksEngine)."""
+    opener = ThreadPoolExecutor(max_workers=min(OPENING_AT_ONCE, len(partitions) or 1), thread_name_prefix="open")
+    try:
+        return [loop.run_in_executor(opener, lambda p=p: (p, RocksEngine(folder / f"p{p:04d}", on_corrupt=corrupt)))
+                for p in partitions]
+    finally:
+        opener.shutdown(wait=False)  # its threads end after the last open
+
+
+async def _add_replicas(opening: list[asyncio.Future], replicas: dict[int, LearnerReplica], pump: FeedPump,
+                        stop: asyncio.Event, config: Callable[[int], GroupConfig]) -> None:
+    """Each database, as it opens, joins its Raft group and the pump: the first partition's entries
+    are fed while the others still open."""
+    loop = asyncio.get_running_loop()
+    for opened in asyncio.as_completed(opening):
+        p, engine = await opened
+        if stop.is_set():
+            return
+        replicas[p] = LearnerReplica(p, engine, open_group=lambda copy, c=config(p): SyncObjGroup(c, copy, loop))
+        pump.add(replicas[p])
+        await asyncio.sleep(0)  # what arrived for the replicas opened so far, before the next one joins
+
+
+def _unused(opening: list[asyncio.Future], replicas: dict[int, LearnerReplica]) -> list[tuple[int, RocksEngine]]:
+    """Databases that opened but were never handed to a replica (the start failed or stopped meanwhile)."""
+    return [future.result() for future in opening
+            if future.done() and not future.cancelled() and future.exception() is None
+            and future.result()[0] not in replicas]
 
 
 async def _follow_meta(client: AsyncClient, spec: ClusterSpec, current: list, stop: asyncio.Event,

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Callable
 
 from raftkv.core.commands import Command
-from raftkv.core.errors import CorruptData
 from raftkv.core.log_codec import decode_proposal
 from raftkv.node.replica import Replica
 from raftkv.raft.engine_state import install
@@ -61,9 +60,8 @@ class _FeedStateMachine:
 class LearnerReplica(Replica[RocksEngine]):
     state_machine: _FeedStateMachine
 
-    def __init__(self, partition: int, folder: Path, open_group: Callable[[StateMachine], RaftGroup],
-                 on_corrupt: Callable[[CorruptData], None] | None = None):
-        super().__init__(partition, RocksEngine(folder, on_corrupt=on_corrupt), open_group, _FeedStateMachine)
+    def __init__(self, partition: int, engine: RocksEngine, open_group: Callable[[StateMachine], RaftGroup]):
+        super().__init__(partition, engine, open_group, _FeedStateMachine)
 
     @property
     def applied_index(self) -> int:

@@ -43,7 +43,7 @@ class Feed:
         return lambda state_machine: MemoryGroup(name, self.disks[name], state_machine, self.net)
 
     def open_learner(self) -> None:
-        self.learner = LearnerReplica(self.partition, self.tmp_path / "l1", open_group=self._group("l1"))
+        self.learner = LearnerReplica(self.partition, RocksEngine(self.tmp_path / "l1"), open_group=self._group("l1"))
         self.pump = FeedPump("test", {self.partition: self.learner}, self.sink, clock=lambda: 1.0)
         self.pump.delivered_before_start = self.sink.recover()
 

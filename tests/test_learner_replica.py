@@ -12,6 +12,7 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.storage.engine import Position
+from raftkv.storage.rocks_engine import RocksEngine
 from tests.loopback_hubs import LoopbackHubs
 from tests.test_snapshot_writer import single_voter, until
 
@@ -27,7 +28,8 @@ def test_a_learner_that_delivered_everything_compacts_its_own_log(tmp_path):
         config = GroupConfig(partition=0, hub=hubs.hub(None), self_address=None,
                              peers=(voter.group.config.self_address,), folder=tmp_path / "learner", fsync=False,
                              tuning=Tuning())
-        learner = LearnerReplica(0, config.folder, open_group=lambda copy: SyncObjGroup(config, copy, loop))
+        learner = LearnerReplica(0, RocksEngine(config.folder),
+                                 open_group=lambda copy: SyncObjGroup(config, copy, loop))
         try:
             await until(lambda: voter.role == Role.LEADER)
             for i in range(30):

@@ -19,7 +19,6 @@ Sinks register under the entry-point group `raftkv.sinks`:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 from learners.change_event import ChangeEvent
@@ -77,13 +76,19 @@ class CheckedSink(Protocol):
         """Raise ConfigError naming what cannot work, Unavailable if the backend does not answer."""
 
 
+def _entry_points():
+    from importlib.metadata import entry_points  # a big import: only when a sink is looked up
+
+    return entry_points(group=ENTRY_POINT_GROUP)
+
+
 def available_sinks() -> list[str]:
-    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return sorted(ep.name for ep in _entry_points())
 
 
 def load_sink(name: str) -> Sink:
-    """A new, unopened sink instance registered under `name`."""
-    matches = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    """A new, unopened sink instance registered under `name` (only its module is imported)."""
+    matches = [ep for ep in _entry_points() if ep.name == name]
     if not matches:
         raise ConfigError(
             f"no sink named {name!r}; installed sinks: {', '.join(available_sinks()) or 'none'}",

@@ -16,9 +16,8 @@ import sys
 
 import click
 
-from raftkv.cli.output import err_console
+from raftkv.cli import output
 from raftkv.core.errors import RaftKVError, one_line
-from raftkv.core.release import VERSION
 
 # Made absolute here, where the current directory is the user's: a node that joins records them in its
 # data dir's spec, whose relative paths are read against that dir.
@@ -42,8 +41,18 @@ class _LazyGroup(click.Group):
         return getattr(importlib.import_module(f"raftkv.cli.{COMMANDS[name]}"), name)
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """--version, reading the release only then: importlib.metadata is no small import."""
+    if value and not ctx.resilient_parsing:
+        from raftkv.core.release import VERSION
+
+        click.echo(f"raftkv, version {VERSION}")
+        ctx.exit()
+
+
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(version=VERSION, prog_name="raftkv")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and exit.")
 @click.option("--cacert", envvar="RAFTKV_CACERT", type=_ABSOLUTE_FILE, default=None,
               help="The cluster CA (PEM); default: the spec's [tls] ca.")
 @click.option("--cert", envvar="RAFTKV_CERT", type=_ABSOLUTE_FILE, default=None,
@@ -66,12 +75,12 @@ def main() -> None:
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
-        err_console.print("aborted")
+        output.err_console.print("aborted")
         sys.exit(130)
     except click.ClickException as exc:
         exc.message = one_line(exc.message)
         exc.show()
         sys.exit(2)
     except RaftKVError as exc:
-        err_console.print(f"error: {one_line(str(exc))}", markup=False, soft_wrap=True)
+        output.err_console.print(f"error: {one_line(str(exc))}", markup=False, soft_wrap=True)
         sys.exit(2)

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import click
 import uvloop
-from rich.table import Table
 
 from learners import learner_process, learner_status
 from raftkv import failpoints
 from raftkv.cli.options import config_option, endpoints_option, json_option, open_client, parse_key_values
 from learners.sinks.base import CheckedSink, available_sinks, load_sink
 from learners.sinks.options import limits
-from raftkv.cli.output import console, err_console
+from raftkv.cli import output
 from raftkv.core.errors import ConfigError, Unavailable
 from raftkv.core.spec_toml import load_spec
 
@@ -57,7 +56,7 @@ def add(name, sink_name, sink_options, partitions, config, endpoints) -> None:
     with open_client(config, endpoints) as kv:
         chosen = parse_partitions(partitions, kv.partitions)
         kv.register_learner(name, sink_name, options, chosen)
-    console.print(f"registered learner {name} ({sink_name}) on partitions {chosen}; run it with:\n"
+    output.console.print(f"registered learner {name} ({sink_name}) on partitions {chosen}; run it with:\n"
                   f"  raftkv learner start --name {name} --config {config}")
 
 
@@ -73,7 +72,7 @@ def _check_sink(name: str, sink_name: str, options: dict[str, str], spec) -> Non
     try:
         sink.check({"learner": name, **options, **cluster})
     except Unavailable as exc:
-        err_console.print(f"note: {exc}; the learner checks again when it starts")
+        output.err_console.print(f"note: {exc}; the learner checks again when it starts")
 
 
 @learner.command(name="list")
@@ -91,20 +90,22 @@ def list_(config, endpoints, as_json) -> None:
     stopped = {name: learner_status.read(learner_process.learner_folder(spec, name)) if spec else {}
                for name in learners}
     if as_json:
-        console.print_json(json.dumps({
+        output.console.print_json(json.dumps({
             name: {"sink": v.sink, "options": v.options,
                    "partitions": {p: {"delivered": v.progress[p], "lag": v.lag(p),
                                       **({"stopped": stopped[name][p]} if p in stopped[name] else {})}
                                   for p in sorted(v.progress)}}
             for name, v in learners.items()}))
         return
+    from rich.table import Table  # not at the top: `learner start` prints no table
+
     table = Table(title="raftkv learners")
     for column in ("learner", "sink", "partition", "delivered", "lag (entries)", "stopped"):
         table.add_column(column)
     for name, v in learners.items():
         for p in sorted(v.progress):
             table.add_row(name, v.sink, str(p), str(v.progress[p]), str(v.lag(p)), stopped[name].get(p, ""))
-    console.print(table)
+    output.console.print(table)
 
 
 @learner.command()
@@ -116,7 +117,7 @@ def remove(name, partitions, config, endpoints) -> None:
     """Unregister a learner; voters stop retaining the log for it."""
     with open_client(config, endpoints) as kv:
         kv.remove_learner(name, parse_partitions(partitions, kv.partitions))
-    console.print(f"removed learner {name}")
+    output.console.print(f"removed learner {name}")
 
 
 @learner.command()
@@ -131,10 +132,8 @@ def remove(name, partitions, config, endpoints) -> None:
 def start(name, config, sink_options, data_dir, metrics_port, api_port) -> None:
     """Run a registered learner until SIGTERM or Ctrl-C (--sink-option overrides registered options)."""
     spec = load_spec(config)
-    registered = learner_process.registration(spec, name)
-    folder = Path(data_dir) if data_dir else learner_process.learner_folder(spec, name)
-    options = {**registered.options, **parse_key_values(sink_options, "--sink-option")}
+    overrides = parse_key_values(sink_options, "--sink-option")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failpoints.arm_from_environment()
-    uvloop.run(learner_process.serve(spec, name, registered.sink, options, sorted(registered.progress), folder,
-                                      metrics_port, api_port))
+    uvloop.run(learner_process.serve(spec, name, Path(data_dir) if data_dir else None, overrides, metrics_port,
+                                      api_port))

@@ -5,29 +5,46 @@ be a markup error. A styled part is a rich Text.
 
 Progress bars (`progress_bars`) go to stderr, and only when it is a terminal or when asked: scripts and
 tests read clean output.
+
+rich is imported when a console is first used (PEP 562): `raftkv learner start`, which prints one line,
+starts sooner without it.
 """
 
 from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TaskID, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
-# soft_wrap: a line is never broken at the console's width, which for a pipe is 80 columns: a command
-# printed for the user to copy must stay one command (tables still fit themselves to the width)
-console = Console(highlight=False, markup=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
+
+def __getattr__(name: str) -> Console:
+    """`console` (stdout) and `err_console` (stderr), made on first use."""
+    if name not in ("console", "err_console"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from rich.console import Console
+
+    # soft_wrap: a line is never broken at the console's width, which for a pipe is 80 columns: a command
+    # printed for the user to copy must stay one command (tables still fit themselves to the width)
+    globals().update(console=Console(highlight=False, markup=False, soft_wrap=True),
+                     err_console=Console(stderr=True, highlight=False, markup=False, soft_wrap=True))
+    return globals()[name]
+
+
+def _console(name: str) -> Console:
+    """A console by name, from inside this module (where `__getattr__` is not consulted)."""
+    return globals().get(name) or __getattr__(name)
 
 
 def print_bytes(data: bytes) -> None:
     """Stored bytes to stdout as they are, when it is a pipe or a file (rich would wrap long lines and
     expand tabs); to a terminal as text, undecodable bytes escaped, with a line break."""
-    if console.is_terminal:
-        console.print(data.decode("utf-8", errors="backslashreplace"))
+    out = _console("console")
+    if out.is_terminal:
+        out.print(data.decode("utf-8", errors="backslashreplace"))
     else:
         sys.stdout.flush()  # what went through the text layer first
         sys.stdout.buffer.write(data)
@@ -70,9 +87,13 @@ class Bars:
 def progress_bars(enabled: bool | None, counts: bool = False) -> Iterator[Bars]:
     """Bars on stderr when `enabled`, or, for None, when stderr is a terminal; else bars that show nothing.
     They count bytes and their rate, or with `counts`, things done of a total (replicas moved)."""
+    err_console = _console("err_console")
     if not (err_console.is_terminal if enabled is None else enabled):
         yield Bars(None)
         return
+    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
+
     columns = (TextColumn("{task.description}"), BarColumn(),
                *((MofNCompleteColumn(), TimeElapsedColumn()) if counts else
                  (DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())))

@@ -12,7 +12,6 @@ import logging
 import signal
 import sys
 import time
-from typing import Callable
 
 import grpc
 
@@ -42,6 +41,7 @@ from raftkv.node.reads import LocalReads
 from raftkv.node.rebalancer import Rebalancer
 from raftkv.node.replica_admin import ReplicaAdmin
 from raftkv.node.backup_seed import BackupCatalog
+from raftkv.node.closing import close_reporting
 from raftkv.node.service import KVService, api_server
 from raftkv.node.tasks import background
 from raftkv.raft.engine.node_engine import NodeEngine
@@ -391,15 +391,6 @@ class Node:
             await self.hub.close()
         if self._server is not None:  # last: a close on a failed disk can block the loop for a second
             await self._server.stop(grace=1.0)
-
-
-def close_reporting(what: str, close: Callable[[], None]) -> None:
-    """Close, and log in one line if that failed: after a disk failed, closing its files fails too,
-    and must neither hide the reason for stopping nor keep the other parts from closing."""
-    try:
-        close()
-    except Exception as exc:
-        log.warning("closing %s failed: %s", what, exc)
 
 
 async def serve(spec: ClusterSpec, node_id: str, initial: ClusterMeta | None = None) -> None:
