@@ -67,7 +67,8 @@ class _Link:
     STALLED_AFTER lets the queue overtake it, up to `max_in_flight` requests.
     """
 
-    def __init__(self, transport: NodeTransport, consistency: int, max_ops: int, max_in_flight: int):
+    def __init__(self, address: str, transport: NodeTransport, consistency: int, max_ops: int, max_in_flight: int):
+        self._address = address
         self._transport = transport
         self._consistency = consistency
         self._max_in_flight = max_in_flight
@@ -75,6 +76,8 @@ class _Link:
         self._policy: GroupCommit[tuple[pb.Op, asyncio.Future]] = GroupCommit(max_ops, 8 << 20, max_in_flight=1)
 
     def submit(self, op: pb.Op) -> asyncio.Future:
+        """The op's OK result, or the error it stands for (a lost request: Undetermined if it was a write the
+        node may have received, else Unavailable)."""
         future = asyncio.get_running_loop().create_future()
         for batch in self._policy.add((op, future), op.ByteSize()):
             self._start(batch)
@@ -89,6 +92,11 @@ class _Link:
             self._stalled.add(sent)
             self._widen()
 
+    def _lost(self, op: pb.Op, lost: TransportError) -> RaftKVError:
+        if not lost.never_sent and op.WhichOneof("op") != "get":
+            return Undetermined(f"lost the connection to {self._address} after sending the write: {lost}")
+        return Unavailable(f"{self._address}: {lost}")
+
     def _widen(self) -> None:
         """One request in flight, plus one for each stalled one, up to max_in_flight."""
         for batch in self._policy.set_max_in_flight(min(self._max_in_flight, 1 + len(self._stalled))):
@@ -98,13 +106,21 @@ class _Link:
         request = pb.ExecuteRequest(ops=[op for op, _ in batch], consistency=self._consistency)
         try:
             response = await self._transport.execute(request)
-            for (_, future), result in zip(batch, response.results):
-                if not future.done():
+            for (op, future), result in zip(batch, response.results):
+                if future.done():
+                    continue
+                if result.code == pb.OK:
                     future.set_result(result)
-        except (RaftKVError, TransportError) as error:
+                else:
+                    future.set_exception(error_from_result(result, op.partition))
+        except RaftKVError as error:
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)
+        except TransportError as lost:
+            for op, future in batch:
+                if not future.done():
+                    future.set_exception(self._lost(op, lost))
         finally:
             if (this := asyncio.current_task()) in self._stalled:
                 self._stalled.discard(this)
@@ -191,7 +207,8 @@ class ClientCore:
         if key not in self._links:
             if address not in self._transports:
                 self._transports[address] = NodeTransport(self.stub(address), self.timeout)
-            self._links[key] = _Link(self._transports[address], consistency, self.max_batch_ops, self.max_in_flight)
+            self._links[key] = _Link(address, self._transports[address], consistency, self.max_batch_ops,
+                                     self.max_in_flight)
         return self._links[key]
 
     async def close(self) -> None:
@@ -260,23 +277,12 @@ class ClientCore:
 
     # -- operations -------------------------------------------------------
 
-    async def execute(self, op: pb.Op, consistency: int, is_write: bool) -> pb.Result:
-        """Send one operation to its partition's leader, re-routing and retrying until the deadline."""
-
-        async def at(address: str) -> pb.Result:
-            try:
-                # No per-op timer: the request carrying the op has the gRPC deadline `timeout`.
-                result = await self.link(address, consistency).submit(op)
-            except TransportError as exc:
-                if is_write and not exc.never_sent:
-                    raise Undetermined(f"lost the connection to {address} after sending the write: {exc}") from None
-                raise Unavailable(f"{address}: {exc}") from None
-            error = error_from_result(result, op.partition)
-            if error is not None:
-                raise error
-            return result
-
-        return await self._retrying(op.partition, consistency, is_write, "write" if is_write else "read", at)
+    def execute(self, op: pb.Op, consistency: int, is_write: bool) -> Awaitable[pb.Result]:
+        """Send one operation to its partition's leader, re-routing and retrying until the deadline. `is_write`:
+        anything but a get. (No coroutine of its own, nor per attempt: an op's answer passes through as few
+        frames as it can, docs/benchmarks.md "Step 6".)"""
+        return self._retrying(op.partition, consistency, is_write, "write" if is_write else "read",
+                              lambda address: self.link(address, consistency).submit(op))
 
     async def split_keys(self, request: pb.SplitKeysRequest) -> pb.SplitKeysResponse:
         """Asked of the partition's replicas in turn; any one's keys will do (they are only boundaries)."""
