@@ -11,14 +11,14 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import grpc
 import pytest
 
-from raftkv import Client, Undetermined
+from raftkv import AsyncClient, Client, Undetermined
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.api.rpc_errors import never_sent
@@ -49,40 +49,50 @@ class CountingKV(KVService):
             yield response
 
 
-@contextmanager
-def served(tmp_path, unary_only: bool = False,
-           base: int | None = None) -> Iterator[tuple[str, dict[int, TwinVoter], CountingKV]]:
-    """Node n1 of a 3-partition cluster leading partition 0, on a loop thread of its own. `unary_only`:
+@asynccontextmanager
+async def twin_node(tmp_path, unary_only: bool = False, base: int | None = None):
+    """(address, voters, service, server): node n1 of a 3-partition cluster leading partition 0. `unary_only`:
     registered as a release without ExecuteStream registers the KV service (an older node's stand-in)."""
     base = base or free_port_block(3 * ports_per_node(PARTITIONS))
     spec = build_spec(nodes=3, partitions=PARTITIONS, replication=2, base_port=base, data_dir=tmp_path)
     topology = spec_meta(spec)
     voters = {0: TwinVoter(0)}
+    peers = Peers(lambda node_id: topology.node(node_id).api_address, tls=None)
+    service = CountingKV(spec, "n1", voters, TwinReads(voters), lambda: topology, peers,
+                         Gatekeeper(enforce=False, meta=lambda: topology))
+    server = grpc.aio.server()
+    if unary_only:
+        server.add_generic_rpc_handlers([_unary_only(service)])
+    else:
+        kv_pb2_grpc.add_KVServicer_to_server(service, server)
+    server.add_insecure_port(spec.nodes[0].api_address)
+    await server.start()
+    try:
+        yield spec.nodes[0].api_address, voters, service, server
+    finally:
+        await peers.close()
+        await server.stop(grace=None)
+
+
+@contextmanager
+def served(tmp_path, unary_only: bool = False,
+           base: int | None = None) -> Iterator[tuple[str, dict[int, TwinVoter], CountingKV]]:
+    """`twin_node` on a loop thread of its own, for the sync client's threads."""
     loop = asyncio.new_event_loop()
     started, stop = threading.Event(), asyncio.Event()
     holder = {}
 
     async def run() -> None:
-        peers = Peers(lambda node_id: topology.node(node_id).api_address, tls=None)
-        service = holder["service"] = CountingKV(spec, "n1", voters, TwinReads(voters), lambda: topology, peers,
-                                                 Gatekeeper(enforce=False, meta=lambda: topology))
-        server = grpc.aio.server()
-        if unary_only:
-            server.add_generic_rpc_handlers([_unary_only(service)])
-        else:
-            kv_pb2_grpc.add_KVServicer_to_server(service, server)
-        server.add_insecure_port(spec.nodes[0].api_address)
-        await server.start()
-        started.set()
-        await stop.wait()
-        await peers.close()
-        await server.stop(grace=None)
+        async with twin_node(tmp_path, unary_only, base) as node:
+            holder["node"] = node[:3]
+            started.set()
+            await stop.wait()
 
     thread = threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True)
     thread.start()
     started.wait(10)
     try:
-        yield spec.nodes[0].api_address, voters, holder["service"]
+        yield holder["node"]
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(10)
@@ -143,6 +153,20 @@ def test_a_request_past_its_deadline_fails_as_a_unary_call_would_and_the_stream_
         kv.put(key_in(0, b"after"), b"1")
         assert kv.get(key_in(0, b"after")) == b"1"
         assert service.calls == {"Execute": 0, "ExecuteStream": 1}
+
+
+def test_a_stopping_node_ends_its_streams_so_its_grace_does_not_wait_for_them(tmp_path):
+    async def scenario() -> None:
+        async with twin_node(tmp_path) as (address, voters, service, server):
+            async with AsyncClient(address, timeout=5) as kv:
+                await kv.put(key_in(0, b"k"), b"1")  # the client's stream is open, and stays so
+                stream = kv._core._transports[address]._stream
+                service.end_streams()  # as the node's stop does first
+                started = time.monotonic()
+                await server.stop(grace=5)
+                assert time.monotonic() - started < 1 and stream.broken
+
+    asyncio.run(scenario())
 
 
 def test_requests_in_flight_when_the_node_dies_fail_as_unary_calls_do_and_the_next_opens_a_stream(tmp_path):

@@ -133,7 +133,8 @@ class _Stream:
                 pending.timer.cancel()
                 if not pending.future.done():
                     _answer(pending.future, response)
-            self._fail(lambda sent: TransportError(not sent, "the node ended the stream"))
+            # A stream the node ended with OK answered every request it read (raftkv.node.execute_stream)
+            self._fail(lambda sent: TransportError(True, "the node is stopping: it ended the stream"))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self._fail(lambda sent: _NoStream())

@@ -3,8 +3,10 @@ its own and answered with its id as soon as it is done, in any order (docs/raft-
 
 Each request is what a unary `Execute` call is to the node: `answer` serves it (the servicer's one
 path for both), and its `timeout_ms` cancels it as gRPC cancels a unary handler at its deadline (no
-answer: the client's own timer has failed it). The stream ends once the client half-closes and every
-request is answered; cancelled (the client went away), it cancels the requests still being served.
+answer: the client's own timer has failed it). The stream ends once the client half-closes, or the
+node stops (`stopping`: no more requests are read), and every request read is answered: a stream that
+ends with OK has answered every request the node took, so the client knows the rest were never run.
+Cancelled (the client went away), it cancels the requests still being served.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ class _Malformed(Exception):
 
 
 async def answer_stream(requests: AsyncIterator[pb.ExecuteRequest], context: grpc.aio.ServicerContext,
-                        answer: Callable[[pb.ExecuteRequest], Awaitable[pb.ExecuteResponse]]
-                        ) -> AsyncIterator[pb.ExecuteResponse]:
+                        answer: Callable[[pb.ExecuteRequest], Awaitable[pb.ExecuteResponse]],
+                        stopping: asyncio.Event) -> AsyncIterator[pb.ExecuteResponse]:
     loop = asyncio.get_running_loop()
     answers: asyncio.Queue[pb.ExecuteResponse | Exception | None] = asyncio.Queue()
     serving: set[asyncio.Task] = set()
@@ -58,6 +60,9 @@ async def answer_stream(requests: AsyncIterator[pb.ExecuteRequest], context: grp
         try:
             async for request in requests:
                 serve(request)
+        except asyncio.CancelledError:
+            if not stopping.is_set():
+                raise
         except DecodeError as exc:
             answers.put_nowait(_Malformed(f"malformed request: {exc}"))
             return
@@ -69,6 +74,8 @@ async def answer_stream(requests: AsyncIterator[pb.ExecuteRequest], context: grp
             answers.put_nowait(None)
 
     reader = loop.create_task(read())
+    stop = loop.create_task(stopping.wait())
+    stop.add_done_callback(lambda _: reader.cancel())
     try:
         while (response := await answers.get()) is not None:
             if isinstance(response, _Malformed):
@@ -77,6 +84,7 @@ async def answer_stream(requests: AsyncIterator[pb.ExecuteRequest], context: grp
                 raise response
             yield response
     finally:
+        stop.cancel()
         reader.cancel()
         for task in list(serving):
             task.cancel()

@@ -80,6 +80,12 @@ class KVService(kv_pb2_grpc.KVServicer):
         tuning = spec.tuning
         self._load = ClientLoad(ClientLimits(tuning.max_calls_per_client, tuning.max_scans_per_client,
                                              tuning.max_writes_per_client), node_id)
+        self._stopping = asyncio.Event()
+
+    def end_streams(self) -> None:
+        """Read no more requests on the ExecuteStreams: each ends once it answered what it read (the server's
+        grace on stopping would otherwise wait for the clients' streams, which never end on their own)."""
+        self._stopping.set()
 
     def _replicas_of(self, partition: int) -> tuple[str, ...]:
         return self._topology().placement[partition]
@@ -94,7 +100,8 @@ class KVService(kv_pb2_grpc.KVServicer):
 
     async def ExecuteStream(self, requests: AsyncIterator[pb.ExecuteRequest], context):
         """Execute's requests on one stream, each answered with its id once done (raftkv.node.execute_stream)."""
-        async for response in answer_stream(requests, context, lambda request: self._answer(request, context)):
+        async for response in answer_stream(requests, context, lambda request: self._answer(request, context),
+                                            self._stopping):
             yield response
 
     async def _answer(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
