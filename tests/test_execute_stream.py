@@ -169,6 +169,20 @@ def test_a_stopping_node_ends_its_streams_so_its_grace_does_not_wait_for_them(tm
     asyncio.run(scenario())
 
 
+def test_a_message_that_does_not_parse_ends_the_stream_with_invalid_argument_and_one_line(tmp_path):
+    async def scenario() -> None:
+        async with twin_node(tmp_path) as (address, _voters, _service, _server):
+            async with grpc.aio.insecure_channel(address) as channel:
+                call = channel.stream_stream("/raftkv.v1.KV/ExecuteStream")()  # bytes as they are
+                await call.write(b"\x0a\xff")  # field 1, a length past the end
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await call.read()
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert refused.value.details().startswith("malformed request: ") and "\n" not in refused.value.details()
+
+    asyncio.run(scenario())
+
+
 def test_requests_in_flight_when_the_node_dies_fail_as_unary_calls_do_and_the_next_opens_a_stream(tmp_path):
     """A node process (this module's twin-backed KVService: the Raft behind it plays no part here) is
     SIGSTOPped with a put on its stream and a unary put beside it, then killed: both writes may have been
