@@ -25,6 +25,7 @@ from raftkv.api.rpc_errors import never_sent
 from raftkv.core.errors import PermissionDenied, RaftKVError, ResourceExhausted, Unauthenticated
 
 REPROBE_SECONDS = 60.0  # how long a node that lacked ExecuteStream gets unary calls before it is asked again
+_MAX_TIMEOUT_MS = 2**32 - 1  # the field's limit (49 days): a longer timeout is as good as none
 _DEADLINE = "DEADLINE_EXCEEDED: Deadline Exceeded"  # what grpc says of a unary call past its deadline
 
 
@@ -103,7 +104,7 @@ class _Stream:
 
     def send(self, request: pb.ExecuteRequest) -> asyncio.Future:
         request.id = request_id = next(self._ids)
-        request.timeout_ms = int(self._timeout * 1000)
+        request.timeout_ms = min(int(self._timeout * 1000), _MAX_TIMEOUT_MS)
         future = self._loop.create_future()
         self._pending[request_id] = _Pending(future, self._loop.call_later(self._timeout, self._expire, request_id))
         self._outbox.append(request)
