@@ -101,7 +101,7 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
     opening: list[asyncio.Future] = []
     sink_open: asyncio.Future | None = None
     pumping: asyncio.Task | None = None
-    server = None  # with --api-port: learner_reads' gRPC server
+    served = None  # with --api-port: learner_reads' gRPC server and its KV service
     tasks: list[asyncio.Task] = []
     hub: RaftHub | None = None
     try:
@@ -133,7 +133,7 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
         await replicas_open
         if api_port:
             from learners.learner_reads import serve_reads  # the node's service stack, only when asked for
-            server = await serve_reads(spec, tls, topology, name, replicas, api_port, loop, sink, lambda: current[0])
+            served = await serve_reads(spec, tls, topology, name, replicas, api_port, loop, sink, lambda: current[0])
         tasks += [loop.create_task(_publish(pump, folder, tls, stop)), loop.create_task(_report_progress(client, name, pump, stop))]
         print(f"raftkv learner {name} ready: partitions {partitions}, sink {registered.sink}", flush=True)
         await pumping  # until stopped
@@ -146,8 +146,9 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
         for task in tasks:  # before the client closes: a report in flight would fail on the closed channel
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if server is not None:
-            await server.stop(grace=1.0)
+        if served is not None:
+            served[1].end_streams()  # else the grace waits for the clients' streams
+            await served[0].stop(grace=1.0)
         for p, replica in replicas.items():
             close_reporting(f"partition {p}", replica.close)
         await asyncio.gather(*opening, return_exceptions=True)

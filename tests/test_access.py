@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,25 @@ def test_a_writer_of_one_prefix_cannot_touch_another(secured):
         with pytest.raises(PermissionDenied, match="may not run transfer_leadership"):
             walt.transfer_leadership(0, "n1")
     assert admin.get(b"other/x") == b"1"
+
+
+def test_on_the_stream_a_denied_write_fails_alone_and_the_reads_beside_it_are_answered(secured):
+    """The client's requests go on one ExecuteStream per node (docs/raft-engine.md, "Step 6"): a write the
+    caller may not make is refused op by op there as on unary Execute, and the stream goes on."""
+    cluster, admin = secured
+    token = _token_user(admin, "sid", "reader")
+    with Client(cluster.endpoints, tls=cluster.tls, token=token, timeout=5) as sid:
+        with ThreadPoolExecutor(4) as pool:
+            writes = [pool.submit(sid.put, b"app/x", b"%d" % i) for i in range(4)]
+            reads = [pool.submit(sid.get, b"app/x") for _ in range(8)]
+        assert [r.result() for r in reads] == [b"1"] * 8
+        for write in writes:
+            with pytest.raises(PermissionDenied, match=r"user sid may not write key b'app/x'"):
+                write.result()
+        streams = [t._stream for t in sid._async._core._transports.values()]
+        assert streams and all(s is not None and not s.broken for s in streams)
+        assert sid.get(b"app/x") == b"1"
+    assert admin.get(b"app/x") == b"1"
 
 
 def test_a_user_certificate_gets_the_roles_of_its_common_name(secured):

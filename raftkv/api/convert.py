@@ -11,7 +11,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.core.commands import Batch, CasResult, Command, Delete, DeleteRange, Limits, Put, RegisterLearner
 from raftkv.core.command_kinds import Kind, by_proto_field, check_command, kind_of, routing_keys
 from raftkv.core.errors import (InvalidRequest, NotLeader, PermissionDenied, RaftKVError, ResourceExhausted,
-                                StorageFull, Timeout, Unavailable, Undetermined)
+                                StorageFull, Timeout, Unauthenticated, Unavailable, Undetermined)
 from raftkv.core.partitioning import partition_for_key
 
 CONSISTENCY_BY_NAME = {
@@ -131,6 +131,7 @@ _CODE_BY_ERROR = (
     (StorageFull, pb.STORAGE_FULL),
     (PermissionDenied, pb.PERMISSION_DENIED),
     (ResourceExhausted, pb.RESOURCE_EXHAUSTED),
+    (Unauthenticated, pb.UNAUTHENTICATED),
 )
 
 

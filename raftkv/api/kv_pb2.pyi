@@ -24,6 +24,7 @@ class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STORAGE_FULL: _ClassVar[Code]
     PERMISSION_DENIED: _ClassVar[Code]
     RESOURCE_EXHAUSTED: _ClassVar[Code]
+    UNAUTHENTICATED: _ClassVar[Code]
 LINEARIZABLE: Consistency
 LEADER: Consistency
 FOLLOWER: Consistency
@@ -36,6 +37,7 @@ TIMEOUT: Code
 STORAGE_FULL: Code
 PERMISSION_DENIED: Code
 RESOURCE_EXHAUSTED: Code
+UNAUTHENTICATED: Code
 
 class Put(_message.Message):
     __slots__ = ("key", "value")
@@ -149,14 +151,18 @@ class Op(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., put: _Optional[_Union[Put, _Mapping]] = ..., delete: _Optional[_Union[Delete, _Mapping]] = ..., delete_range: _Optional[_Union[DeleteRange, _Mapping]] = ..., cas: _Optional[_Union[Cas, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ..., register_learner: _Optional[_Union[RegisterLearner, _Mapping]] = ..., remove_learner: _Optional[_Union[RemoveLearner, _Mapping]] = ..., learner_progress: _Optional[_Union[LearnerProgress, _Mapping]] = ..., put_many: _Optional[_Union[Columns, _Mapping]] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("ops", "consistency", "forwarded")
+    __slots__ = ("ops", "consistency", "forwarded", "id", "timeout_ms")
     OPS_FIELD_NUMBER: _ClassVar[int]
     CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
     FORWARDED_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedCompositeFieldContainer[Op]
     consistency: Consistency
     forwarded: bool
-    def __init__(self, ops: _Optional[_Iterable[_Union[Op, _Mapping]]] = ..., consistency: _Optional[_Union[Consistency, str]] = ..., forwarded: _Optional[bool] = ...) -> None: ...
+    id: int
+    timeout_ms: int
+    def __init__(self, ops: _Optional[_Iterable[_Union[Op, _Mapping]]] = ..., consistency: _Optional[_Union[Consistency, str]] = ..., forwarded: _Optional[bool] = ..., id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class Result(_message.Message):
     __slots__ = ("code", "message", "leader_hint", "found", "value", "cas_succeeded", "applied_index")
@@ -177,10 +183,14 @@ class Result(_message.Message):
     def __init__(self, code: _Optional[_Union[Code, str]] = ..., message: _Optional[str] = ..., leader_hint: _Optional[str] = ..., found: _Optional[bool] = ..., value: _Optional[bytes] = ..., cas_succeeded: _Optional[bool] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "id", "refused")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[Result]
-    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ...) -> None: ...
+    id: int
+    refused: Result
+    def __init__(self, results: _Optional[_Iterable[_Union[Result, _Mapping]]] = ..., id: _Optional[int] = ..., refused: _Optional[_Union[Result, _Mapping]] = ...) -> None: ...
 
 class ScanRequest(_message.Message):
     __slots__ = ("partition", "start", "end", "limit", "consistency", "columnar")

@@ -39,6 +39,11 @@ class KVStub:
                 request_serializer=raftkv_dot_api_dot_kv__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=raftkv_dot_api_dot_kv__pb2.ExecuteResponse.FromString,
                 _registered_method=True)
+        self.ExecuteStream = channel.stream_stream(
+                '/raftkv.v1.KV/ExecuteStream',
+                request_serializer=raftkv_dot_api_dot_kv__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=raftkv_dot_api_dot_kv__pb2.ExecuteResponse.FromString,
+                _registered_method=True)
         self.Scan = channel.unary_stream(
                 '/raftkv.v1.KV/Scan',
                 request_serializer=raftkv_dot_api_dot_kv__pb2.ScanRequest.SerializeToString,
@@ -61,6 +66,14 @@ class KVServicer:
 
     def Execute(self, request, context):
         """Many independent operations; one result per operation, in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExecuteStream(self, request_iterator, context):
+        """Execute's requests on one long-lived stream: each answered with its id as it completes, in any order
+        (docs/raft-engine.md, "Step 6"). A node without it (0.1.0) answers UNIMPLEMENTED: use Execute.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -94,6 +107,11 @@ def add_KVServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Execute': grpc.unary_unary_rpc_method_handler(
                     servicer.Execute,
+                    request_deserializer=raftkv_dot_api_dot_kv__pb2.ExecuteRequest.FromString,
+                    response_serializer=raftkv_dot_api_dot_kv__pb2.ExecuteResponse.SerializeToString,
+            ),
+            'ExecuteStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ExecuteStream,
                     request_deserializer=raftkv_dot_api_dot_kv__pb2.ExecuteRequest.FromString,
                     response_serializer=raftkv_dot_api_dot_kv__pb2.ExecuteResponse.SerializeToString,
             ),
@@ -138,6 +156,33 @@ class KV:
             request,
             target,
             '/raftkv.v1.KV/Execute',
+            raftkv_dot_api_dot_kv__pb2.ExecuteRequest.SerializeToString,
+            raftkv_dot_api_dot_kv__pb2.ExecuteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/raftkv.v1.KV/ExecuteStream',
             raftkv_dot_api_dot_kv__pb2.ExecuteRequest.SerializeToString,
             raftkv_dot_api_dot_kv__pb2.ExecuteResponse.FromString,
             options,

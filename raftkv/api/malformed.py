@@ -29,7 +29,7 @@ class RejectMalformed(grpc.aio.ServerInterceptor):
 
 def _parsing_itself(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     parse = handler.request_deserializer
-    if parse is None or handler.request_streaming:  # raftkv has no client-streaming methods
+    if parse is None or handler.request_streaming:  # a request stream is parsed as its handler reads it
         return handler
     if handler.unary_unary is not None:
         method = handler.unary_unary

@@ -26,7 +26,7 @@ from raftkv.api.checkpoint_stream import ListedFile
 from raftkv.client.core import ClientCore, NodeStatus
 from raftkv.api.convert import consistency_from_name, op_from_command
 from raftkv.core.commands import (
-    Batch, Cas, CasResult, Command, Delete, DeleteRange, LearnerProgress, Limits, Mutation, Put, PutMany,
+    Batch, Cas, CasResult, Command, DeleteRange, LearnerProgress, Limits, Mutation, PutMany,
     RegisterLearner, RemoveLearner,
 )
 from raftkv.core.command_kinds import check_command, routing_keys
@@ -143,10 +143,16 @@ class AsyncClient:
     # -- writes -----------------------------------------------------------
 
     async def put(self, key: Bytes, value: Bytes) -> None:
-        await self._write(Put(_b(key), _b(value)))
+        key = _b(key)  # the Op made here, not through a Put command: the client's commonest call, kept short
+        op = pb.Op(partition=partition_for_key(key, self._core.partitions or await self.partitions()),
+                   put=pb.Put(key=key, value=_b(value)))
+        await self._core.execute(op, self._consistency, is_write=True)
 
     async def delete(self, key: Bytes) -> None:
-        await self._write(Delete(_b(key)))
+        key = _b(key)
+        op = pb.Op(partition=partition_for_key(key, self._core.partitions or await self.partitions()),
+                   delete=pb.Delete(key=key))
+        await self._core.execute(op, self._consistency, is_write=True)
 
     async def cas(self, key: Bytes, expected: Bytes | None, new: Bytes | None) -> CasResult:
         """Set key to `new` (delete if None) when its value is `expected` (absent if None)."""
@@ -182,7 +188,8 @@ class AsyncClient:
 
     async def read(self, key: Bytes, consistency: str | None = None) -> Read:
         key = _b(key)
-        op = pb.Op(partition=partition_for_key(key, await self.partitions()), get=pb.Get(key=key))
+        op = pb.Op(partition=partition_for_key(key, self._core.partitions or await self.partitions()),
+                   get=pb.Get(key=key))
         result = await self._core.execute(op, self._level(consistency), is_write=False)
         return Read(result.value if result.found else None, result.applied_index)
 

@@ -28,8 +28,9 @@ from raftkv.api.convert import error_from_result
 from raftkv.api.rpc_errors import error_of, never_sent
 from raftkv.client.retry import decide
 from raftkv.client.routing import RoutingTable
-from raftkv.core.errors import (ChangeRefused, CorruptData, InvalidRequest, NotLeader, PermissionDenied,
-                                RaftKVError, ResourceExhausted, Unauthenticated, Unavailable, Undetermined)
+from raftkv.client.transport import NodeTransport, TransportError, refusal_error
+from raftkv.core.errors import (ChangeRefused, CorruptData, InvalidRequest, NotLeader, RaftKVError, Unauthenticated,
+                                Unavailable, Undetermined)
 from raftkv.security.tls import Tls, open_channel, refusal
 from raftkv.storage.engine import Position
 
@@ -50,23 +51,6 @@ class NodeStatus:
     version: str = ""  # the node's raftkv release
 
 
-class _TransportError(Exception):
-    def __init__(self, never_sent: bool, detail: str):
-        self.never_sent = never_sent
-        super().__init__(detail)
-
-
-def _refused(exc: grpc.aio.AioRpcError) -> RaftKVError | None:
-    """The final error of a call the node refused for who made it (not retried anywhere else)."""
-    if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
-        return PermissionDenied(exc.details())
-    if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-        return Unauthenticated(exc.details())
-    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:  # a limit of the node's, or gRPC's message size
-        return ResourceExhausted(exc.details())
-    return None
-
-
 STALLED_AFTER = 0.1  # s: a request out this long may wait on a partition without a leader
 
 
@@ -74,7 +58,8 @@ class _Link:
     """Coalesces operations bound for one node and consistency into Execute requests.
 
     One request is in flight at a time, and what arrives meanwhile goes in
-    the next one: every request costs the node a gRPC call, and on a busy node
+    the next one: every request costs the node a message on the node's stream
+    (`transport.NodeTransport`; a gRPC call on an older node), and on a busy node
     more, smaller requests only queue longer (at 5,000 puts/s on 2 cores, 4 in
     flight doubled the put latency, docs/benchmarks.md). But one request can
     wait up to the timeout on a partition that lost its leader, and the
@@ -82,15 +67,17 @@ class _Link:
     STALLED_AFTER lets the queue overtake it, up to `max_in_flight` requests.
     """
 
-    def __init__(self, stub: kv_pb2_grpc.KVStub, consistency: int, timeout: float, max_ops: int, max_in_flight: int):
-        self._stub = stub
+    def __init__(self, address: str, transport: NodeTransport, consistency: int, max_ops: int, max_in_flight: int):
+        self._address = address
+        self._transport = transport
         self._consistency = consistency
-        self._timeout = timeout
         self._max_in_flight = max_in_flight
         self._stalled: set[asyncio.Task] = set()  # requests out for longer than STALLED_AFTER
         self._policy: GroupCommit[tuple[pb.Op, asyncio.Future]] = GroupCommit(max_ops, 8 << 20, max_in_flight=1)
 
     def submit(self, op: pb.Op) -> asyncio.Future:
+        """The op's OK result, or the error it stands for (a lost request: Undetermined if it was a write the
+        node may have received, else Unavailable)."""
         future = asyncio.get_running_loop().create_future()
         for batch in self._policy.add((op, future), op.ByteSize()):
             self._start(batch)
@@ -105,6 +92,11 @@ class _Link:
             self._stalled.add(sent)
             self._widen()
 
+    def _lost(self, op: pb.Op, lost: TransportError) -> RaftKVError:
+        if not lost.never_sent and op.WhichOneof("op") != "get":
+            return Undetermined(f"lost the connection to {self._address} after sending the write: {lost}")
+        return Unavailable(f"{self._address}: {lost}")
+
     def _widen(self) -> None:
         """One request in flight, plus one for each stalled one, up to max_in_flight."""
         for batch in self._policy.set_max_in_flight(min(self._max_in_flight, 1 + len(self._stalled))):
@@ -113,15 +105,22 @@ class _Link:
     async def _send(self, batch: list[tuple[pb.Op, asyncio.Future]]) -> None:
         request = pb.ExecuteRequest(ops=[op for op, _ in batch], consistency=self._consistency)
         try:
-            response = await self._stub.Execute(request, timeout=self._timeout)
-            for (_, future), result in zip(batch, response.results):
-                if not future.done():
+            response = await self._transport.execute(request)
+            for (op, future), result in zip(batch, response.results):
+                if future.done():
+                    continue
+                if result.code == pb.OK:
                     future.set_result(result)
-        except grpc.aio.AioRpcError as exc:
-            error = _refused(exc) or _TransportError(never_sent(exc), f"{exc.code().name}: {exc.details()}")
+                else:
+                    future.set_exception(error_from_result(result, op.partition))
+        except RaftKVError as error:
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)
+        except TransportError as lost:
+            for op, future in batch:
+                if not future.done():
+                    future.set_exception(self._lost(op, lost))
         finally:
             if (this := asyncio.current_task()) in self._stalled:
                 self._stalled.discard(this)
@@ -146,6 +145,7 @@ class ClientCore:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, kv_pb2_grpc.KVStub] = {}
         self._admins: dict[str, kv_pb2_grpc.AdminStub] = {}
+        self._transports: dict[str, NodeTransport] = {}
         self._links: dict[tuple[str, int], _Link] = {}
         self._refreshing: asyncio.Task | None = None
 
@@ -182,7 +182,7 @@ class ClientCore:
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
                         raise ChangeRefused(exc.details()) from None
-                    if (final := _refused(exc)) is not None:
+                    if (final := refusal_error(exc)) is not None:
                         raise final from None
                     last = f"{address}: {exc.code().name} {exc.details()}"
                     if why := refusal(exc.details() or "", self.tls):
@@ -205,10 +205,15 @@ class ClientCore:
     def link(self, address: str, consistency: int) -> _Link:
         key = (address, consistency)
         if key not in self._links:
-            self._links[key] = _Link(self.stub(address), consistency, self.timeout, self.max_batch_ops, self.max_in_flight)
+            if address not in self._transports:
+                self._transports[address] = NodeTransport(self.stub(address), self.timeout)
+            self._links[key] = _Link(address, self._transports[address], consistency, self.max_batch_ops,
+                                     self.max_in_flight)
         return self._links[key]
 
     async def close(self) -> None:
+        for transport in self._transports.values():
+            transport.close()
         for channel in self._channels.values():
             await channel.close()
 
@@ -272,23 +277,12 @@ class ClientCore:
 
     # -- operations -------------------------------------------------------
 
-    async def execute(self, op: pb.Op, consistency: int, is_write: bool) -> pb.Result:
-        """Send one operation to its partition's leader, re-routing and retrying until the deadline."""
-
-        async def at(address: str) -> pb.Result:
-            try:
-                # No per-op timer: the request carrying the op has the gRPC deadline `timeout`.
-                result = await self.link(address, consistency).submit(op)
-            except _TransportError as exc:
-                if is_write and not exc.never_sent:
-                    raise Undetermined(f"lost the connection to {address} after sending the write: {exc}") from None
-                raise Unavailable(f"{address}: {exc}") from None
-            error = error_from_result(result, op.partition)
-            if error is not None:
-                raise error
-            return result
-
-        return await self._retrying(op.partition, consistency, is_write, "write" if is_write else "read", at)
+    def execute(self, op: pb.Op, consistency: int, is_write: bool) -> Awaitable[pb.Result]:
+        """Send one operation to its partition's leader, re-routing and retrying until the deadline. `is_write`:
+        anything but a get. (No coroutine of its own, nor per attempt: an op's answer passes through as few
+        frames as it can, docs/benchmarks.md "Step 6".)"""
+        return self._retrying(op.partition, consistency, is_write, "write" if is_write else "read",
+                              lambda address: self.link(address, consistency).submit(op))
 
     async def split_keys(self, request: pb.SplitKeysRequest) -> pb.SplitKeysResponse:
         """Asked of the partition's replicas in turn; any one's keys will do (they are only boundaries)."""
@@ -297,7 +291,7 @@ class ClientCore:
             try:
                 return await self.stub(address).SplitKeys(request, timeout=self.timeout)
             except grpc.aio.AioRpcError as exc:
-                raise _refused(exc) or Unavailable(f"{address}: {exc.details() or exc.code().name}") from None
+                raise refusal_error(exc) or Unavailable(f"{address}: {exc.details() or exc.code().name}") from None
 
         return await self._retrying(request.partition, pb.LINEARIZABLE, False,
                                     f"split keys of partition {request.partition}", at)
@@ -314,7 +308,7 @@ class ClientCore:
             try:
                 return (await receive_checkpoint(call, dest, lambda n: None))[0]
             except grpc.aio.AioRpcError as exc:  # FAILED_PRECONDITION: no voter of the partition there
-                error = (error_of(exc, partition) or _refused(exc)
+                error = (error_of(exc, partition) or refusal_error(exc)
                          or Unavailable(f"{address}: {exc.details() or exc.code().name}"))
             except asyncio.TimeoutError:
                 call.cancel()
@@ -350,7 +344,7 @@ class ClientCore:
                 _check_received(dest, listed, wanted)
                 return Position(first.index, first.term), listed
             except grpc.aio.AioRpcError as exc:  # FAILED_PRECONDITION: no voter of the partition there
-                error = (error_of(exc, partition) or _refused(exc) or _too_old(exc, address)
+                error = (error_of(exc, partition) or refusal_error(exc) or _too_old(exc, address)
                          or Unavailable(f"{address}: {exc.details() or exc.code().name}"))
             except asyncio.TimeoutError:
                 error = Unavailable(f"{address}: sent nothing for {SILENCE_SECONDS:.0f}s")
@@ -376,7 +370,7 @@ class ClientCore:
             try:
                 return address, call, await call.read()
             except grpc.aio.AioRpcError as exc:
-                raise error_of(exc, partition) or _refused(exc) or Unavailable(f"{address}: {exc.details()}") from None
+                raise error_of(exc, partition) or refusal_error(exc) or Unavailable(f"{address}: {exc.details()}") from None
 
         address, call, chunk = await self._retrying(partition, request.consistency, False,
                                                     f"scan of partition {partition}", at)

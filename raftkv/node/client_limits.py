@@ -10,7 +10,9 @@ Pure bookkeeping, on the node's event loop only: no locks.
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 from raftkv.core.errors import ResourceExhausted
 from raftkv.security.permissions import Identity
@@ -49,6 +51,15 @@ class ClientLoad:
             self._over(client, self._scans, self._limits.scans, "scans open", "max_scans_per_client")
         self._calls[client] += 1
         self._scans[client] += scan
+
+    @contextmanager
+    def call(self, client: str | None, scan: bool = False) -> Iterator[None]:
+        """One more call of `client` open for the block (`open` raises at a limit), closed after it."""
+        self.open(client, scan)
+        try:
+            yield
+        finally:
+            self.close(client, scan)
 
     def close(self, client: str | None, scan: bool = False) -> None:
         if client is not None:

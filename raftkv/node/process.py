@@ -85,6 +85,7 @@ class Node:
         self._next_rebalance = 0.0
         self._leaderless = 0  # seconds this node's metadata group has known no leader
         self._server: grpc.aio.Server | None = None
+        self._kv: KVService | None = None
         self.console: Console | None = None  # the web console on the metrics port, made in `start`
         self.peer_stops = PeerStops(lambda *event: self.console.record(*event) if self.console else None)
         self.failure: asyncio.Future | None = None  # set to the error that must stop the node (corrupt data)
@@ -164,9 +165,9 @@ class Node:
         self.replicas.start(loop, self.hub, self.logs)
         self._reconcile(at_start=True)
         voters = self.replicas.frontends
-        kv_pb2_grpc.add_KVServicer_to_server(
-            KVService(self.spec, self.me.id, voters, LocalReads(voters), lambda: self.topology, self.peers, self.gate),
-            self._server)
+        self._kv = KVService(self.spec, self.me.id, voters, LocalReads(voters), lambda: self.topology, self.peers,
+                             self.gate)
+        kv_pb2_grpc.add_KVServicer_to_server(self._kv, self._server)
         replica_admin = ReplicaAdmin(self.me_id, self.replicas, lambda: self.meta, lambda: self.topology)
         kv_pb2_grpc.add_AdminServicer_to_server(
             AdminService(self.me_id, self.spec_toml, self.gate, self, voters, replica_admin,
@@ -372,6 +373,8 @@ class Node:
         """Fail what the calls in flight wait on first (the replicas, the calls forwarded to peers), so
         that they answer within the server's grace: grpc logs a traceback for each one it cancels after
         it. Each part closes even if another could not (a failed disk fails them all)."""
+        if self._kv is not None:
+            self._kv.end_streams()
         for task in self._tasks:
             task.cancel()
         self.lost_data.stop()

@@ -26,6 +26,7 @@ from raftkv.core.errors import (InvalidRequest, NotLeader, PermissionDenied, Raf
                                 Unauthenticated, Unavailable, Undetermined)
 from raftkv.meta.records import ClusterMeta, NodeState
 from raftkv.node.client_limits import ClientLimits, ClientLoad, client_of
+from raftkv.node.execute_stream import answer_stream
 from raftkv.node.gatekeeper import Gatekeeper, op_requests
 from raftkv.node.peers import Peers, answer_once_connected
 from raftkv.node.ports import Proposals, ReadPort
@@ -39,6 +40,7 @@ SCAN_CHUNK_ITEMS = 1024
 SCAN_CHUNK_BYTES = 1 << 20
 COLUMNS_CHUNK_BYTES = 4 << 20  # one Arrow batch in Spark: bigger is cheaper per row there
 _SCAN_CODES = {NotLeader: grpc.StatusCode.FAILED_PRECONDITION, InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT}
+_REFUSAL_CODES = {Unauthenticated: grpc.StatusCode.UNAUTHENTICATED, ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 GRPC_OPTIONS = [
@@ -78,6 +80,12 @@ class KVService(kv_pb2_grpc.KVServicer):
         tuning = spec.tuning
         self._load = ClientLoad(ClientLimits(tuning.max_calls_per_client, tuning.max_scans_per_client,
                                              tuning.max_writes_per_client), node_id)
+        self._stopping = asyncio.Event()
+
+    def end_streams(self) -> None:
+        """Read no more requests on the ExecuteStreams: each ends once it answered what it read (the server's
+        grace on stopping would otherwise wait for the clients' streams, which never end on their own)."""
+        self._stopping.set()
 
     def _replicas_of(self, partition: int) -> tuple[str, ...]:
         return self._topology().placement[partition]
@@ -85,27 +93,46 @@ class KVService(kv_pb2_grpc.KVServicer):
     # -- Execute ----------------------------------------------------------
 
     async def Execute(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
+        try:
+            return await self._serve(request, context)
+        except (Unauthenticated, ResourceExhausted) as error:
+            await context.abort(_REFUSAL_CODES[type(error)], str(error), trailing_metadata=error_metadata(error))
+
+    async def ExecuteStream(self, requests: AsyncIterator[pb.ExecuteRequest], context):
+        """Execute's requests on one stream, each answered with its id once done (raftkv.node.execute_stream)."""
+        async for response in answer_stream(requests, context, lambda request: self._answer(request, context),
+                                            self._stopping):
+            yield response
+
+    async def _answer(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
+        """A request of the stream: a refusal answers this request alone, where Execute would end its call."""
+        try:
+            response = await self._serve(request, context)
+        except (Unauthenticated, ResourceExhausted) as error:
+            response = pb.ExecuteResponse(refused=result_from_error(error))
+        response.id = request.id
+        return response
+
+    async def _serve(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
+        """One Execute request, whichever method brought it: counted, timed, its caller identified and limited.
+        A caller refused whole raises Unauthenticated or ResourceExhausted."""
         metrics.API_REQUESTS.inc()
         metrics.API_OPS.inc(len(request.ops))
-        if request.forwarded:  # timed and counted where the client sent it
-            return await self._admitted(request, context)
         started = time.perf_counter()
         try:
-            return await self._admitted(request, context)
+            caller = self._gate.caller(context)
+            client = client_of(caller, context.peer(), request.forwarded)
+            with self._load.call(client):
+                if client is None:  # not limited: no need to count its writes
+                    return await self._execute(request, caller, client, len(request.ops))
+                writes = self._load.take_writes(client, sum(op.WhichOneof("op") != "get" for op in request.ops))
+                try:
+                    return await self._execute(request, caller, client, writes)
+                finally:
+                    self._load.return_writes(client, writes)
         finally:
-            metrics.REQUEST_SECONDS.observe(time.perf_counter() - started)
-
-    async def _admitted(self, request: pb.ExecuteRequest, context) -> pb.ExecuteResponse:
-        caller = await self._caller(context)
-        client = client_of(caller, context.peer(), request.forwarded)
-        async with self._counted(client, context):
-            if client is None:  # not limited: no need to count its writes
-                return await self._execute(request, caller, client, len(request.ops))
-            writes = self._load.take_writes(client, sum(op.WhichOneof("op") != "get" for op in request.ops))
-            try:
-                return await self._execute(request, caller, client, writes)
-            finally:
-                self._load.return_writes(client, writes)
+            if not request.forwarded:  # timed and counted where the client sent it
+                metrics.REQUEST_SECONDS.observe(time.perf_counter() - started)
 
     async def _execute(self, request: pb.ExecuteRequest, caller: Identity, client: str | None,
                        writes: int) -> pb.ExecuteResponse:
@@ -146,12 +173,6 @@ class KVService(kv_pb2_grpc.KVServicer):
             else:
                 results[where] = value
         return pb.ExecuteResponse(results=results)
-
-    async def _caller(self, context) -> Identity:
-        try:
-            return self._gate.caller(context)
-        except Unauthenticated as error:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
 
     @asynccontextmanager
     async def _counted(self, client: str | None, context, scan: bool = False) -> AsyncIterator[None]:
