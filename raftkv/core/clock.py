@@ -1,10 +1,10 @@
 """Time as an input (etcd's `Tick()`): a decision takes `now`; only what drives it reads a clock.
 
 A part that runs a loop of its own reads the clock once a turn and hands `now` down. A part driven
-by callbacks (the Raft hub, a group's ticker, the pysyncobj adapter, the node engine) is given a
-`Clock` when it is made, and each callback reads it once. In production every clock is
-`time.monotonic`, which pysyncobj reads too: the adapter writes deadlines pysyncobj compares with its
-own reads, so they must be on one clock. Tests pass a fake one.
+by callbacks (the Raft hub, a group's ticker, the adapter over the Raft library, the node engine) is
+given a `Clock` when it is made, and each callback reads it once. In production every clock is
+`time.monotonic`, which the Raft library reads too: the adapter writes deadlines the library compares
+with its own reads, so they must be on one clock (docs/architecture.md). Tests pass a fake one.
 """
 
 from __future__ import annotations
