@@ -192,7 +192,7 @@ def test_on_a_fake_clock_a_closer_timer_rearms_the_ticker_and_a_late_periodic_ti
     loop = asyncio.new_event_loop()
     try:
         ticker = Ticker(obj, LoopPoller(loop), loop, period=0.02, next_timer=lambda: obj.timer,
-                        on_stall=lambda: stalls.append(now[0]), clock=lambda: now[0])
+                        on_stall=stalls.append, clock=lambda: now[0])
         ticker.start()
         assert ticker.due == pytest.approx(100.3)
         obj.timer = 100.2  # a tick brings the timer closer (the follower became leader): due then

@@ -67,7 +67,7 @@ class LoopPoller(Poller):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock = time.monotonic):
         self._loop = loop
-        self._clock = clock  # when a full disk is logged
+        self.clock = clock  # when a full disk is logged
         self._subscriptions: dict[int, tuple[object, int]] = {}  # fd -> (callback, POLL_EVENT_TYPE mask)
         self.on_event = lambda: None  # the Ticker sets these two
         self.on_corrupt: Callable[[CorruptData], None] = lambda exc: None
@@ -110,7 +110,7 @@ class LoopPoller(Poller):
         try:
             callback(*args)
         except StorageFull as exc:  # a message whose entries could not be stored; the leader resends it
-            warn_disk_full(exc, self._clock())
+            warn_disk_full(exc, self.clock())
         except CorruptData as exc:  # e.g. the journal's fsync failed before an acknowledgement
             self.on_corrupt(exc)
             return
@@ -155,13 +155,13 @@ class Ticker:
 
     def __init__(self, syncobj, poller: LoopPoller, loop: asyncio.AbstractEventLoop, period: float,
                  on_corrupt: Callable[[CorruptData], None] | None = None,
-                 on_stall: Callable[[], None] = lambda: None, next_timer: Callable[[], float] | None = None,
+                 on_stall: Callable[[float], None] = lambda now: None, next_timer: Callable[[], float] | None = None,
                  clock: Clock = time.monotonic):
         """`next_timer()`: when (on `clock`, pysyncobj's) the replica's next Raft timer runs out; periodic
         ticks come then, but no more often than every `period` seconds (every `period` without it).
-        `on_stall()` runs before the first periodic tick after the loop was blocked for a while."""
+        `on_stall(now)` runs before the first periodic tick after the loop was blocked for a while."""
         self._syncobj = syncobj
-        self._clock = clock
+        self.clock = clock
         self._next_timer = next_timer
         self._on_stall = on_stall
         self.due = 0.0  # when (on the clock) the next periodic tick is
@@ -178,7 +178,7 @@ class Ticker:
     def start(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        now = self._clock()
+        now = self.clock()
         delay = timer_delay(self._next_timer() if self._next_timer is not None else None, now, self._period)
         self.due = now + delay
         self._timer = self._loop.call_later(delay, self._periodic)
@@ -225,7 +225,7 @@ class Ticker:
         try:
             self._syncobj._onTick(0.0)
         except StorageFull as exc:  # retried on every tick until there is room again
-            warn_disk_full(exc, self._clock())
+            warn_disk_full(exc, self.clock())
         except CorruptData as exc:
             self._corrupt(exc)
         except Exception:
@@ -250,8 +250,9 @@ class Ticker:
         # A loop blocked for a while (a RocksDB reopen on a freed disk, a long fsync) runs this timer
         # before the messages that arrived meanwhile: a follower would campaign against the leader it
         # has not heard only because it was not listening.
-        if self._clock() - self.due > STALL_SECONDS:
-            self._on_stall()
+        now = self.clock()
+        if now - self.due > STALL_SECONDS:
+            self._on_stall(now)
         self._timer = None
         self._tick()
         if not self._stopped and not self._resting:
