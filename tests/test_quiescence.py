@@ -10,11 +10,15 @@ from __future__ import annotations
 import asyncio
 from contextlib import asynccontextmanager
 
+import pysyncobj.syncobj
+
 from raftkv.core.spec import Tuning
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.raft.group import Outcome, Role
+from raftkv.raft.hub import Directory, RaftHub
 from raftkv.raft.quiescence import SETTLE_HEARTBEATS, LeaderState, Settling, follower_may_rest
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from tests.engine_sim.clock import Scheduler, SimLoop, virtual_time
 from tests.loopback_hubs import LoopbackHubs
 from tests.raft_scenarios import DictStateMachine
 from tests.test_snapshot_writer import until
@@ -205,3 +209,33 @@ def test_a_follower_rests_only_on_its_leaders_word_for_the_log_it_holds_committe
     assert not follower_may_rest(message, term=4, from_leader=True, last_index=10, commit_index=10)
     assert not follower_may_rest(message, term=3, from_leader=True, last_index=11, commit_index=10)
     assert not follower_may_rest(message, term=3, from_leader=True, last_index=10, commit_index=9)
+
+
+def test_on_virtual_time_a_leader_rests_after_settling_for_its_heartbeats_and_then_costs_no_event(tmp_path):
+    """The rest decision on the group's clock: a single voter on the simulation's scheduler (pysyncobj's
+    clock and ours both), no wall-clock time spent waiting."""
+    scheduler = Scheduler()
+    loop = SimLoop(scheduler, "g0")
+    with virtual_time(scheduler, seed=1, create_journal=pysyncobj.syncobj.createJournal):
+        hub = RaftHub(loop, "solo", Directory, None, retry_seconds=0.5, dead_after=3.5, clock=scheduler.time)
+        config = GroupConfig(partition=0, hub=hub, self_address="solo:0", peers=(), folder=tmp_path, fsync=False,
+                             tuning=TUNING, clock=scheduler.time)
+        group = SyncObjGroup(config, DictStateMachine(), loop)
+        try:
+            settled_at = None
+            while not group.quiet.resting and scheduler.now < 10.0:
+                scheduler.step()
+                if settled_at is None and group.role == Role.LEADER and group.last_applied == group.last_log_index:
+                    settled_at = scheduler.now
+            assert group.quiet.resting and settled_at is not None
+            rest = SETTLE_HEARTBEATS * TUNING.heartbeat_period
+            assert rest <= scheduler.now - settled_at <= rest + 2 * TUNING.heartbeat_period
+            assert scheduler.step() is None, "a resting group has a timer still"
+            done = []
+            group.propose(b"k=v", lambda result, outcome: done.append(outcome))  # wakes it
+            woke_at = scheduler.now
+            while not done and scheduler.now < woke_at + 1.0:
+                scheduler.step()
+            assert done == [Outcome.APPLIED] and not group.quiet.resting
+        finally:
+            group.close()

@@ -7,6 +7,7 @@ are raw sockets writing what an attacker would.
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import resource
 import ssl
@@ -366,3 +367,51 @@ def test_a_frame_sent_after_the_peer_closed_the_connection_is_dropped_not_raised
             await hub.close()
 
     uvloop.run(scenario())
+
+
+# -- time, on a fake clock ------------------------------------------------------------------------------
+
+
+def test_on_a_fake_clock_a_connection_that_hears_nothing_for_dead_after_is_closed_and_one_that_hears_stays():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        now = [1000.0]
+        accepted: list[asyncio.StreamWriter] = []
+        server = await asyncio.start_server(lambda reader, writer: accepted.append(writer), "127.0.0.1", 0)
+        hub = RaftHub(loop, "n1", Directory, None, retry_seconds=0.5, dead_after=3.0, clock=lambda: now[0])
+        try:
+            where = server.sockets[0].getsockname()[:2]
+            silent, heard = [Connection(hub, *await asyncio.open_connection(*where), peer=peer, dialed=True)
+                             for peer in ("n2", "n3")]
+            hub._links.update(n2=silent, n3=heard)
+            reading = loop.create_task(heard.read_frames())
+            await until(lambda: len(accepted) == 2)
+            now[0] += 2.9
+            hub._ping()
+            assert not silent.closed and not heard.closed
+            accepted[1].write(hub_frames.encode((CONTROL, "pong", None)))  # the one `heard` dialed answers
+            await until(lambda: heard.last_received == now[0])
+            now[0] += 0.2  # 3.1 s of silence from n2, 0.2 s from n3
+            hub._ping()
+            assert silent.closed and not heard.closed and hub._links["n2"] is None
+            reading.cancel()
+        finally:
+            server.close()
+            await hub.close()
+
+    asyncio.run(scenario())
+
+
+def test_on_a_fake_clock_refusals_are_logged_at_most_every_ten_seconds(caplog):
+    async def scenario():
+        now = [0.0]
+        hub = RaftHub(asyncio.get_running_loop(), "n1", Directory, None, retry_seconds=0.5, dead_after=3.5,
+                      clock=lambda: now[0])
+        for now[0] in (0.0, 1.0, 9.9, 10.0, 19.9, 20.0):
+            hub._log_refusal(f"refused at {now[0]}")
+        await hub.close()
+
+    with caplog.at_level(logging.WARNING, logger="raftkv.raft.hub"):
+        asyncio.run(scenario())
+    assert [r.getMessage() for r in caplog.records if r.name == "raftkv.raft.hub"] == [
+        "refused at 0.0", "refused at 10.0", "refused at 20.0"]

@@ -41,6 +41,7 @@ from typing import Callable, Mapping, Protocol
 from raftkv.raft import hub_frames
 from raftkv.raft.hub_frames import CONTROL, ENGINE, BadFrame
 from raftkv.core import metrics
+from raftkv.core.clock import Clock, Throttle
 from raftkv.core.errors import ConfigError
 from raftkv.security.certs import Identity
 from raftkv.security.tls import Tls, peer_identity
@@ -96,7 +97,7 @@ class Connection:
         self.dialed = dialed
         self.greeted = dialed  # an accepted connection is of use once its hello was checked
         self.joined: set[int] = set()  # groups this (accepted) connection subscribed to read-only
-        self.last_received = time.monotonic()
+        self.last_received = hub.clock()
         self.closed = False
         self._pending: list[bytes] = []
 
@@ -133,7 +134,7 @@ class Connection:
             while True:
                 header = await self._reader.readexactly(hub_frames.HEADER_BYTES)
                 frame = await self._reader.readexactly(hub_frames.frame_length(header))
-                self.last_received = time.monotonic()
+                self.last_received = self._hub.clock()
                 self._hub._received(self, hub_frames.decode(frame, from_node=self.peer is not None))
         except BadFrame as exc:
             self._hub._refused(self._writer, f"{exc}")
@@ -155,14 +156,18 @@ class Connection:
 
 class RaftHub:
     def __init__(self, loop: asyncio.AbstractEventLoop, node_id: str | None, directory: Callable[[], Directory],
-                 tls: Tls | None, retry_seconds: float, dead_after: float, compression: int = 0):
-        """`node_id`: this node, or None for a learner process (it only dials)."""
+                 tls: Tls | None, retry_seconds: float, dead_after: float, compression: int = 0,
+                 clock: Clock = time.monotonic):
+        """`node_id`: this node, or None for a learner process (it only dials). `clock`: when a frame
+        arrived, so when a connection is dead (`_ping`), and when a refusal is logged."""
         self.loop = loop
+        self.clock = clock
         self.node_id = node_id
         self.directory = directory
         self._tls = tls
         self._retry_seconds = retry_seconds
         self._dead_after = dead_after
+        self._ping_every = dead_after / 3
         self._compression = compression
         self._groups: dict[int, GroupEndpoint] = {}
         self._links: dict[str, Connection | None] = {}  # node id -> the connection dialed to it, if up
@@ -173,7 +178,7 @@ class RaftHub:
         self._serving: asyncio.Task | None = None  # becomes the server
         self._pinger: asyncio.TimerHandle | None = None
         self._directory_seen: Directory | None = None
-        self._last_refusal_log = 0.0
+        self._refusals = Throttle(REFUSAL_LOG_SECONDS)
         self._closing = False
         self._to_flush: list[Connection] = []  # connections with frames queued this turn
         self._flush_scheduled = False
@@ -193,10 +198,6 @@ class RaftHub:
     def start(self) -> None:
         self._directory_seen = self.directory()
         self._pinger = self.loop.call_later(self._ping_every, self._ping)
-
-    @property
-    def _ping_every(self) -> float:
-        return self._dead_after / 3
 
     async def close(self) -> None:
         self._closing = True
@@ -348,7 +349,7 @@ class RaftHub:
             connection.close()
             return
         connection.greeted = True
-        connection.last_received = time.monotonic()
+        connection.last_received = self.clock()
         await connection.read_frames()
 
     def _greeted(self, writer: asyncio.StreamWriter, body: tuple) -> str | None:
@@ -430,7 +431,7 @@ class RaftHub:
             self._directory_seen = directory
             for endpoint in list(self._groups.values()):
                 endpoint.directory_changed()
-        now = time.monotonic()
+        now = self.clock()
         for connection in [c for c in self._links.values() if c] + list(self._accepted):
             if now - connection.last_received > self._dead_after:
                 connection.close()
@@ -444,6 +445,5 @@ class RaftHub:
 
     def _log_refusal(self, line: str) -> None:
         """At most every few seconds: a stranger knocking, or a misconfigured node retrying, would flood the log."""
-        if time.monotonic() - self._last_refusal_log >= REFUSAL_LOG_SECONDS:
-            self._last_refusal_log = time.monotonic()
+        if self._refusals.due(self.clock()):
             log.warning("%s", line)

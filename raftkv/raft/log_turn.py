@@ -28,6 +28,7 @@ class LogTurn:
         self._log = log
         self._fsync = fsync
         self._on_corrupt = on_corrupt
+        self._clock = hub.clock
         self._failed = False
         hub.before_send = self.before_send
         log.defer_writes(hub.flush_soon)
@@ -42,7 +43,7 @@ class LogTurn:
                 self._log.sync()
                 metrics.NODE_LOG_FSYNCS.inc()
         except StorageFull as exc:  # the batch waits for the next turn's write; Raft sends again
-            warn_disk_full(exc)
+            warn_disk_full(exc, self._clock())
             return False
         except OSError as exc:  # a write the disk refused (EIO): as above
             log.warning("the node's Raft log could not be written (%s); the turn's messages are dropped", exc)

@@ -66,6 +66,7 @@ class GroupConfig:
     guard: VoteGuard | None = None  # a voter that lost its data: when it may vote and campaign (vote_guard)
     node_log: ReplicaLogs | None = None  # the node's log of every group; None: a RaftJournal in folder/journal
     engine: NodeEngine | None = None  # the node's engine, which may drive the group's steady state (raft_engine)
+    clock: Callable[[], float] = time.monotonic  # pysyncobj's (core/clock.py): it compares our deadlines with it
 
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
@@ -96,7 +97,7 @@ class _Member(PatchedSyncObj):
         return need_send and not self._SyncObj__commandsQueue._FastQueue__queue
 
     def next_timer(self) -> float:
-        """When (`time.monotonic()`) a tick next has something to do by itself: a leader's heartbeat, a
+        """When (on the group's clock) a tick next has something to do by itself: a leader's heartbeat, a
         follower's election; at once while commands wait (a tick takes them for at most a heartbeat period)."""
         if self._SyncObj__commandsQueue._FastQueue__queue:
             return 0.0
@@ -108,25 +109,24 @@ class _Member(PatchedSyncObj):
             return NEVER
         return self._SyncObj__raftElectionDeadline
 
-    def postpone_election(self) -> None:
+    def postpone_election(self, now: float) -> None:
         """A fresh election timeout from now: the loop was blocked, so silence from the leader meant nothing."""
         if self._SyncObj__raftState != _LEADER:
-            self._SyncObj__raftElectionDeadline = time.monotonic() + self._SyncObj__generateRaftTimeout()
+            self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
 
     def _onTick(self, timeToWait=0.0):
         """A guarded voter (vote_guard) does not campaign: its election timer never runs out. A resting
         group's clocks stand still (`syncobj_quiet`), and a settled leader may make its group rest."""
         if self._SyncObj__needLoadDumpFile:
             self._group.load_state()
-        guard = self._group.config.guard
-        if guard is not None and not guard.may_campaign(self._group.last_log_index):
-            self._SyncObj__raftElectionDeadline = time.monotonic() + self._group.config.tuning.election_timeout_max
-        if self._group.steady.before_tick():  # the node engine drives the group (engine/steady.py)
+        now = self._group.config.clock()  # read again after pysyncobj's tick: it takes time, and stamps answers
+        if (guard := self._group.config.guard) is not None and not guard.may_campaign(self._group.last_log_index):
+            self._SyncObj__raftElectionDeadline = now + self._group.config.tuning.election_timeout_max
+        if self._group.steady.before_tick(now):  # the node engine drives the group (engine/steady.py)
             return
-        quiet = self._group.quiet
-        quiet.before_tick()
+        self._group.quiet.before_tick(now)
         PatchedSyncObj._onTick(self, timeToWait)
-        quiet.after_tick()
+        self._group.quiet.after_tick(self._group.config.clock())
 
     def _SyncObj__doApplyCommand(self, command: bytes):
         self._group.repair.check_committed()
@@ -193,7 +193,7 @@ class SyncObjGroup:
         self._keep_from = 0  # the first entry the next compaction keeps (`compact`)
         self._snapshot_base = 0  # the entry the last compaction dropped the log to, had it kept none
         tuning = config.tuning
-        poller = self.poller = LoopPoller(loop)  # the transport hands it the hub's messages
+        poller = self.poller = LoopPoller(loop, config.clock)  # the transport hands it the hub's messages
         on_role_changed = config.on_role_changed
         conf = SyncObjConf(
             autoTick=False,  # ticked on the node's event loop, see syncobj_loop
@@ -225,7 +225,7 @@ class SyncObjGroup:
         self.repair = StateRepair(config.partition, folder, config.fsync, state_machine, self.snapshots, self._member)
         self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2),
                              on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election,
-                             next_timer=self._member.next_timer)
+                             next_timer=self._member.next_timer, clock=config.clock)
         self.quiet = Quiet(self._member, self._ticker, tuning, config.partition, busy=lambda: self._change_pending)
         self.snapshots.on_written = self._ticker.soon_from_thread
         self.steady = steady_part(self, config.engine)

@@ -15,7 +15,9 @@ runs on the node's event loop:
   once-a-second work, except while the group rests (`quiescence`). Ticks are
   coalesced: at most one pending. pysyncobj's own tick loop polls every few
   milliseconds instead; ticking every 50 ms, as here before, cost an awake
-  group 20 ticks a second whether or not a timer was due.
+  group 20 ticks a second whether or not a timer was due. When the next
+  periodic tick is due (`timer_delay`) and whether the loop stalled are
+  decided on the `Clock` it is given, pysyncobj's (`core/clock.py`).
 
 All pysyncobj code then runs on the loop thread, and so do the proposal
 callbacks: no locks, no thread hops.
@@ -33,6 +35,7 @@ import pysyncobj.syncobj
 from pysyncobj.poller import POLL_EVENT_TYPE, Poller
 
 from raftkv.core import metrics
+from raftkv.core.clock import Clock, Throttle
 from raftkv.core.errors import CorruptData, StorageFull
 
 log = logging.getLogger(__name__)
@@ -62,8 +65,9 @@ class LoopPoller(Poller):
     (pysyncobj's handlers expect exactly that), never a stale handler.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, clock: Clock = time.monotonic):
         self._loop = loop
+        self.clock = clock  # when a full disk is logged
         self._subscriptions: dict[int, tuple[object, int]] = {}  # fd -> (callback, POLL_EVENT_TYPE mask)
         self.on_event = lambda: None  # the Ticker sets these two
         self.on_corrupt: Callable[[CorruptData], None] = lambda exc: None
@@ -106,7 +110,7 @@ class LoopPoller(Poller):
         try:
             callback(*args)
         except StorageFull as exc:  # a message whose entries could not be stored; the leader resends it
-            warn_disk_full(exc)
+            warn_disk_full(exc, self.clock())
         except CorruptData as exc:  # e.g. the journal's fsync failed before an acknowledgement
             self.on_corrupt(exc)
             return
@@ -116,13 +120,20 @@ class LoopPoller(Poller):
 DISK_FULL_LOG_SECONDS = 10.0
 STALL_SECONDS = 0.2  # a periodic tick this late means the loop was blocked
 MAX_TIMER_SECONDS = 1.0  # pysyncobj's once-a-second work (the journal's sync in default mode) runs about on time
-_disk_full_logged = [0.0]  # when a full disk was last logged: it fails every tick and every message
+_disk_full = Throttle(DISK_FULL_LOG_SECONDS)  # a full disk fails every tick and every message of every group
 
 
-def warn_disk_full(exc: StorageFull) -> None:
-    if time.monotonic() - _disk_full_logged[0] >= DISK_FULL_LOG_SECONDS:
-        _disk_full_logged[0] = time.monotonic()
+def warn_disk_full(exc: StorageFull, now: float) -> None:
+    if _disk_full.due(now):
         log.warning("%s (logged at most every %.0fs)", exc, DISK_FULL_LOG_SECONDS)
+
+
+def timer_delay(next_timer: float | None, now: float, period: float) -> float:
+    """Seconds from `now` to the next periodic tick: when the next Raft timer runs out (`next_timer`, None:
+    unknown), but no sooner than `period` and no later than pysyncobj's once-a-second work."""
+    if next_timer is None:
+        return period
+    return min(max(next_timer - now, period), MAX_TIMER_SECONDS)
 
 
 def _snapshot_chunk_disk_full(record: logging.LogRecord) -> bool:
@@ -131,7 +142,7 @@ def _snapshot_chunk_disk_full(record: logging.LogRecord) -> bool:
     exc = record.exc_info[1] if record.exc_info else None
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         warn_disk_full(StorageFull("disk full receiving a snapshot from the leader; it is sent again once space "
-                                    "is freed"))
+                                    "is freed"), time.monotonic())  # a log record is this one's edge
         return False
     return True
 
@@ -144,14 +155,16 @@ class Ticker:
 
     def __init__(self, syncobj, poller: LoopPoller, loop: asyncio.AbstractEventLoop, period: float,
                  on_corrupt: Callable[[CorruptData], None] | None = None,
-                 on_stall: Callable[[], None] = lambda: None, next_timer: Callable[[], float] | None = None):
-        """`next_timer()`: when (`time.monotonic()`) the replica's next Raft timer runs out; periodic ticks
-        come then, but no more often than every `period` seconds (every `period` without it).
-        `on_stall()` runs before the first periodic tick after the loop was blocked for a while."""
+                 on_stall: Callable[[float], None] = lambda now: None, next_timer: Callable[[], float] | None = None,
+                 clock: Clock = time.monotonic):
+        """`next_timer()`: when (on `clock`, pysyncobj's) the replica's next Raft timer runs out; periodic
+        ticks come then, but no more often than every `period` seconds (every `period` without it).
+        `on_stall(now)` runs before the first periodic tick after the loop was blocked for a while."""
         self._syncobj = syncobj
+        self.clock = clock
         self._next_timer = next_timer
         self._on_stall = on_stall
-        self._due = 0.0
+        self.due = 0.0  # when (on the clock) the next periodic tick is
         self._on_corrupt = on_corrupt
         self._loop = loop
         self._period = period
@@ -165,10 +178,9 @@ class Ticker:
     def start(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        delay = self._period
-        if self._next_timer is not None:
-            delay = min(max(self._next_timer() - time.monotonic(), self._period), MAX_TIMER_SECONDS)
-        self._due = self._loop.time() + delay
+        now = self.clock()
+        delay = timer_delay(self._next_timer() if self._next_timer is not None else None, now, self._period)
+        self.due = now + delay
         self._timer = self._loop.call_later(delay, self._periodic)
 
     @property
@@ -213,7 +225,7 @@ class Ticker:
         try:
             self._syncobj._onTick(0.0)
         except StorageFull as exc:  # retried on every tick until there is room again
-            warn_disk_full(exc)
+            warn_disk_full(exc, self.clock())
         except CorruptData as exc:
             self._corrupt(exc)
         except Exception:
@@ -222,7 +234,7 @@ class Ticker:
             log.exception("replica tick failed")
         # A tick may bring the next timer closer (a follower became leader and heartbeats from now on).
         if (self._timer is not None and self._next_timer is not None and not self._stopped
-                and self._next_timer() - time.monotonic() < self._due - self._loop.time() - self._period):
+                and self._next_timer() < self.due - self._period):
             self.start()
 
     def _corrupt(self, exc: CorruptData) -> None:
@@ -238,8 +250,9 @@ class Ticker:
         # A loop blocked for a while (a RocksDB reopen on a freed disk, a long fsync) runs this timer
         # before the messages that arrived meanwhile: a follower would campaign against the leader it
         # has not heard only because it was not listening.
-        if self._loop.time() - self._due > STALL_SECONDS:
-            self._on_stall()
+        now = self.clock()
+        if now - self.due > STALL_SECONDS:
+            self._on_stall(now)
         self._timer = None
         self._tick()
         if not self._stopped and not self._resting:

@@ -11,12 +11,12 @@ never taken for silence:
   next heartbeat is due (it would send one).
 
 On waking, the follower's deadline starts a fresh randomized election timeout and the
-leader heartbeats at once. docs/pysyncobj.md says why overriding these is safe.
+leader heartbeats at once. docs/pysyncobj.md says why overriding these is safe. Around a
+tick the member hands in `now`; what wakes a group between ticks reads its ticker's clock.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 from raftkv.core import metrics
@@ -46,14 +46,14 @@ class Quiet:
 
     # -- around every tick --------------------------------------------------
 
-    def before_tick(self) -> None:
+    def before_tick(self, now: float) -> None:
         if self._ticker.resting:
-            self._set_clocks(waking=False)
+            self._set_clocks(now, waking=False)
 
-    def _set_clocks(self, waking: bool) -> None:
+    def _set_clocks(self, now: float, waking: bool) -> None:
         """A leader heard every member now, and heartbeats next at once (`waking`) or a period from now; a
         follower's election is a fresh randomized timeout away (`waking`) or at least the longest one."""
-        member, now = self._member, time.monotonic()
+        member = self._member
         if member._SyncObj__raftState == _LEADER:
             answered = member._SyncObj__lastResponseTime
             for node in answered:
@@ -63,7 +63,7 @@ class Quiet:
             timeout = member._SyncObj__generateRaftTimeout() if waking else self._tuning.election_timeout_max
             member._SyncObj__raftElectionDeadline = now + timeout
 
-    def after_tick(self) -> None:
+    def after_tick(self, now: float) -> None:
         member = self._member
         if self._ticker.resting or member._SyncObj__raftState != _LEADER:
             self._settling.reset()
@@ -74,8 +74,8 @@ class Quiet:
             return
         members = member._SyncObj__otherNodes | member._SyncObj__readonlyNodes
         answered = member._SyncObj__lastResponseTime
-        oldest_answer = min((answered.get(node, 0.0) for node in members), default=time.monotonic())
-        if self._settling.may_rest(self._leader_state(members, last), oldest_answer, time.monotonic()):
+        oldest_answer = min((answered.get(node, 0.0) for node in members), default=now)
+        if self._settling.may_rest(self._leader_state(members, last), oldest_answer, now):
             message = quiescence.quiesce_message(member.raftCurrentTerm, last)
             for node in members:
                 self._transport.notify(node, message)
@@ -128,7 +128,7 @@ class Quiet:
         follower counting down to an election must hear its heartbeats."""
         if not self._ticker.resting:
             return
-        self._set_clocks(waking=True)
+        self._set_clocks(self._ticker.clock(), waking=True)
         self._settling.reset()
         self._ticker.wake()
         self._resting_gauge.set(0)

@@ -2,8 +2,9 @@
 loop is a view of it.
 
 A step is one event: a member's tick, a message delivered, a fault, a client's proposal. Events at
-the same virtual time run in the order they were scheduled. `virtual_time` points the clocks and the
-randomness pysyncobj and our Raft code read at the scheduler's, and puts them back afterwards.
+the same virtual time run in the order they were scheduled. `virtual_time` points pysyncobj's clock
+and randomness at the scheduler's, and puts them back afterwards; our Raft code is given the
+scheduler's clock (`Scheduler.time`) as its `Clock` (raftkv/core/clock.py).
 """
 
 from __future__ import annotations
@@ -11,13 +12,9 @@ from __future__ import annotations
 import contextlib
 import heapq
 import random
-from types import SimpleNamespace
 from typing import Callable, Iterator
 
 import pysyncobj.syncobj
-
-from raftkv.raft import syncobj_group, syncobj_loop, syncobj_quiet
-from raftkv.raft.engine import node_engine, steady
 
 
 class Handle:
@@ -91,18 +88,12 @@ class SimLoop:
 
 @contextlib.contextmanager
 def virtual_time(scheduler: Scheduler, seed: int, create_journal: Callable) -> Iterator[None]:
-    """pysyncobj's and our Raft code's clock, pysyncobj's randomness (election timeouts) and its journal
-    factory, pointed at the simulation's; restored on exit."""
-    clock = SimpleNamespace(monotonic=scheduler.time)
+    """pysyncobj's clock, its randomness (election timeouts) and its journal factory, pointed at the
+    simulation's; restored on exit."""
     patches = [
         (pysyncobj.syncobj, "monotonicTime", scheduler.time),
         (pysyncobj.syncobj, "random", random.Random(seed)),
         (pysyncobj.syncobj, "createJournal", create_journal),
-        (syncobj_group, "time", clock),
-        (syncobj_loop, "time", clock),
-        (syncobj_quiet, "time", clock),
-        (steady, "time", clock),
-        (node_engine, "time", clock),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
     try:

@@ -88,7 +88,7 @@ class SimCluster:
         hub = self.network.node_up(node)
         if self.network.engines:
             loop = self._engine_loops[node] = SimLoop(self.scheduler, (node, ENGINE))
-            hub.engine = self.engines[node] = NodeEngine(loop, hub, TUNING)
+            hub.engine = self.engines[node] = NodeEngine(loop, hub, TUNING, clock=self.scheduler.time)
 
     # -- members ----------------------------------------------------------------
 
@@ -109,7 +109,7 @@ class SimCluster:
             partition=group, hub=self.network.hubs[node], self_address=address(node, group),
             peers=tuple(address(n, group) for n in voters if n != node), folder=folder, fsync=self.fsync,
             tuning=TUNING, membership_changes=True, on_corrupt=partial(self._stopped, node, group),
-            engine=self.engines.get(node))
+            engine=self.engines.get(node), clock=self.scheduler.time)
         loop = SimLoop(self.scheduler, key)
         self._opening = key
         try:

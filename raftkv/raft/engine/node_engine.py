@@ -10,6 +10,9 @@ It carries items between the groups (`steady.SteadyGroup`) and the wire, which i
   writes and syncs every group's records before any frame leaves), then each peer's items leave as
   one frame;
 - every heartbeat period, each engine-driven leader times out, resends and heartbeats (`periodic`).
+
+The engine reads its `Clock` (pysyncobj's, `core/clock.py`) once when a frame arrives, once a turn and
+once a heartbeat period, and hands that `now` to the groups.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from typing import Callable, Protocol
 
 from raftkv.core import metrics
+from raftkv.core.clock import Clock
 from raftkv.core.errors import CorruptData, StorageFull
 from raftkv.core.spec import Tuning
 from raftkv.raft.engine import items as it
@@ -41,7 +45,7 @@ class Wire(Protocol):
 
 class NodeEngine:
     def __init__(self, loop, wire: Wire, tuning: Tuning, request_turn: Callable[[], None] | None = None,
-                 offering: bool = True):
+                 offering: bool = True, clock: Clock = time.monotonic):
         """`request_turn()`: `turn()` soon, once (the hub's `flush_soon`: its flush runs the turn first, so the
         turn's frames leave after that flush's write and sync of the node log); by default on the loop.
         `offering`: whether this node's leaders offer their groups to the engine; the node turns it on once the
@@ -49,6 +53,7 @@ class NodeEngine:
         their leaders offer either way."""
         self.offering = offering
         self._loop = loop
+        self._clock = clock
         self._wire = wire
         self._tuning = tuning
         self._request_turn = request_turn or (lambda: loop.call_soon(self.turn))
@@ -117,7 +122,7 @@ class NodeEngine:
         """A frame of items from node `peer`."""
         metrics.ENGINE_FRAMES.labels("received").inc()
         metrics.RAFT_MESSAGES_RECEIVED.inc()
-        self._heard[peer] = time.monotonic()
+        now = self._heard[peer] = self._clock()
         if not isinstance(items, list):
             metrics.ENGINE_STALE.inc()
             return
@@ -126,7 +131,7 @@ class NodeEngine:
             if group is None:
                 metrics.ENGINE_STALE.inc()  # malformed, or a group this node does not host
                 continue
-            _guarded(group, group.on_item, peer, item)
+            _guarded(group, group.on_item, peer, item, now)
             if group.mode != "pysyncobj":
                 self._driven.add(group)
 
@@ -154,8 +159,9 @@ class NodeEngine:
             return
         self._turn_scheduled = False
         ready, self._ready = self._ready, []
+        now = self._clock() if ready else 0.0
         for group in dict.fromkeys(ready):
-            _guarded(group, group.send_steps)
+            _guarded(group, group.send_steps, now)
         wrote, self._wrote = self._wrote, []
         for group in dict.fromkeys(wrote):
             _guarded(group, group.sync_journal)
@@ -168,7 +174,7 @@ class NodeEngine:
         self._timer = None
         if self._closed:
             return
-        now, tuning = time.monotonic(), self._tuning
+        now, tuning = self._clock(), self._tuning
         for group in [g for g in self._driven if g.leading]:
             _guarded(group, group.periodic, now, tuning.heartbeat_period, tuning.election_timeout_max)
         if self._driven and self._timer is None:

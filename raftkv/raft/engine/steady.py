@@ -4,13 +4,13 @@ The engine keeps no copy of the group's Raft state: it reads and writes pysyncob
 commit index, match and next indices, last response times, election deadline, the commands waiting
 for their commit) and applies through pysyncobj's apply step. So handing the group back writes nothing
 that could be forgotten; it only puts pysyncobj's clock-driven parts back in charge (docs/raft-engine.md,
-"Step 4, as built"). `rules` decides; this carries it out.
+"Step 4, as built"). `rules` decides; this carries it out. It reads no clock: each entry is given `now`
+(a tick by the member, an item, a turn and the heartbeat timer by the node engine), on pysyncobj's clock.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Protocol
 
 from raftkv.core import metrics
@@ -71,14 +71,14 @@ class SteadyGroup:
 
     # -- hooks in pysyncobj's member --------------------------------------------
 
-    def before_tick(self) -> bool:
+    def before_tick(self, now: float) -> bool:
         """At the start of a tick; True if the engine did the tick's work for a leader (pysyncobj's is skipped)."""
         member = self._member
         if self.mode == FOLLOWING:
             if member._SyncObj__raftState != _FOLLOWER or member.raftCurrentTerm != self.term:
                 self.handback("the term or the role changed")
-            elif member._SyncObj__raftElectionDeadline < time.monotonic():
-                self._leader_silent()
+            elif member._SyncObj__raftElectionDeadline < now:
+                self._leader_silent(now)
             return False
         if self.mode == PYSYNCOBJ:
             if (not self._engine.offering or member._SyncObj__raftState != _LEADER
@@ -87,8 +87,8 @@ class SteadyGroup:
             view = self._leader_view()
             if not may_offer(view):
                 return False
-            self._offer(view)
-        self._leader_tick()
+            self._offer(view, now)
+        self._leader_tick(now)
         return True
 
     def heard(self, node, message: object) -> bool:
@@ -138,21 +138,21 @@ class SteadyGroup:
                   or any(member._SyncObj__commandsWaitingCommit.values())),
             queued=bool(member._SyncObj__commandsQueue._FastQueue__queue))
 
-    def _offer(self, view: LeaderView) -> None:
+    def _offer(self, view: LeaderView, now: float) -> None:
         self.mode, self.term, self.epoch = LEADING, view.term, self._engine.next_epoch()
         self._took = set()
-        self._offered_at = self._active_at = time.monotonic()
+        self._offered_at = self._active_at = now
         self._sent_at, self._match_seen = {}, {}
         metrics.ENGINE_HANDOVERS.labels("take").inc()
         for peer in self._peers:
             self._engine.emit(peer, it.take(self.partition, self.term, self.epoch, view.last_index, view.last_term,
                                             view.commit_index))
 
-    def _leader_tick(self) -> None:
+    def _leader_tick(self, now: float) -> None:
         """pysyncobj's tick, as much of it as an engine-driven leader needs: the once-a-second work, the
         transport's look at its links, and its queued proposals, which become entries of its term."""
         member = self._member
-        if time.monotonic() - member._SyncObj__startTime > member._SyncObj__numOneSecondDumps:
+        if now - member._SyncObj__startTime > member._SyncObj__numOneSecondDumps:
             member._SyncObj__numOneSecondDumps += 1
             member._SyncObj__raftLog.onOneSecondTimer()
         for callback in list(member._SyncObj__onTickCallbacks):
@@ -164,9 +164,9 @@ class SteadyGroup:
         if member._SyncObj__readonlyNodes:
             self.handback("a learner joined")  # the engine does not feed learners
             return
-        self._drain()
+        self._drain(now)
 
-    def _drain(self) -> None:
+    def _drain(self, now: float) -> None:
         member = self._member
         queue = member._SyncObj__commandsQueue._FastQueue__queue
         if not queue:
@@ -187,11 +187,11 @@ class SteadyGroup:
                                                        "log_idx": index, "log_term": term})
             elif callback is not None:
                 waiting[index].append((term, callback))
-        self._active_at = time.monotonic()
+        self._active_at = now
         self._engine.wrote(self)
         self._engine.ready(self)
 
-    def send_steps(self) -> None:
+    def send_steps(self, now: float) -> None:
         """The turn: each follower that took the group gets the entries it was not sent yet."""
         if self.mode != LEADING:
             return
@@ -199,7 +199,6 @@ class SteadyGroup:
         journal = member._SyncObj__raftLog
         first, last = journal[0][1], journal[-1][1]
         next_index, commit = member._SyncObj__raftNextIndex, member.raftCommitIndex
-        now = time.monotonic()
         for peer in self._took:
             node = self._peers[peer]
             start = next_index[node]
@@ -260,23 +259,23 @@ class SteadyGroup:
                 self._engine.emit(peer, it.beat(self.partition, self.term, self.epoch, member.raftCommitIndex))
                 self._sent_at[peer] = now
 
-    def _on_taken(self, peer: str) -> None:
+    def _on_taken(self, peer: str, now: float) -> None:
         node = self._peers.get(peer)
         if node is None:
             return
         self._took.add(peer)
         member = self._member
         member._SyncObj__raftNextIndex[node] = member._SyncObj__raftMatchIndex[node] + 1
-        member._SyncObj__lastResponseTime[node] = time.monotonic()
+        member._SyncObj__lastResponseTime[node] = now
         self._engine.ready(self)
 
-    def _on_ack(self, peer: str, index: int, ok: bool) -> None:
+    def _on_ack(self, peer: str, index: int, ok: bool, now: float) -> None:
         node = self._peers.get(peer)
         if node is None or peer not in self._took:
             return
         member = self._member
         match, next_index = member._SyncObj__raftMatchIndex, member._SyncObj__raftNextIndex
-        member._SyncObj__lastResponseTime[node] = time.monotonic()
+        member._SyncObj__lastResponseTime[node] = now
         last = member._SyncObj__raftLog[-1][1]
         if index > last:
             self.handback(f"a follower's log ends past the leader's ({index} > {last})")
@@ -305,7 +304,7 @@ class SteadyGroup:
 
     # -- following ------------------------------------------------------------------
 
-    def _on_take(self, peer: str, item: tuple) -> None:
+    def _on_take(self, peer: str, item: tuple, now: float) -> None:
         _, group, term, epoch, last_index, last_term, commit = item
         member = self._member
         journal = member._SyncObj__raftLog
@@ -322,14 +321,14 @@ class SteadyGroup:
         self.mode, self.term, self.epoch, self._leader_node = FOLLOWING, term, epoch, peer
         metrics.ENGINE_HANDOVERS.labels("taken").inc()
         self._group.quiet.wake()
-        self._heard_leader(commit)
+        self._heard_leader(commit, now)
         self._advance_commit(min(commit, last_index))
         self._engine.emit(peer, it.taken(group, term, epoch))
 
-    def _leader_silent(self) -> None:
+    def _leader_silent(self, now: float) -> None:
         """The election deadline passed. While the leader's node sends frames (for any group) and this group
         heard from it lately, a stalled loop or a slow disk held its items up: no election for that."""
-        member, now = self._member, time.monotonic()
+        member = self._member
         conf = member._SyncObj__conf
         if (now - self._engine.heard_from(self._leader_node) < conf.raftMinTimeout
                 and now - self._heard_at < SILENT_TIMEOUTS * conf.raftMaxTimeout):
@@ -337,17 +336,17 @@ class SteadyGroup:
         else:
             self.handback("the leader went silent")
 
-    def _heard_leader(self, commit: int) -> None:
-        self._heard_at = time.monotonic()
+    def _heard_leader(self, commit: int, now: float) -> None:
+        self._heard_at = now
         member = self._member
         if not member._SyncObj__transferInProgress:
-            member._SyncObj__raftElectionDeadline = time.monotonic() + member._SyncObj__generateRaftTimeout()
+            member._SyncObj__raftElectionDeadline = now + member._SyncObj__generateRaftTimeout()
         member._SyncObj__leaderCommitIndex = commit
 
-    def _on_steps(self, peer: str, item: tuple) -> None:
+    def _on_steps(self, peer: str, item: tuple, now: float) -> None:
         _, group, term, epoch, prev_index, prev_term, commit, entries = item
         member = self._member
-        self._heard_leader(commit)
+        self._heard_leader(commit, now)
         journal = member._SyncObj__raftLog
         first, last = journal[0][1], journal[-1][1]
         verdict, new = match_steps(lambda i: journal[i - first][2] if first <= i <= last else None, last,
@@ -370,9 +369,9 @@ class SteadyGroup:
         self._engine.emit(peer, it.ack(group, term, epoch, verified, True))
         self._advance_commit(min(commit, verified))
 
-    def _on_beat(self, peer: str, item: tuple) -> None:
+    def _on_beat(self, peer: str, item: tuple, now: float) -> None:
         _, group, term, epoch, commit = item
-        self._heard_leader(commit)
+        self._heard_leader(commit, now)
         last = self._member._SyncObj__raftLog[-1][1]
         # the log is a prefix of the leader's while the engine drives: everything after the take came
         # from this leader's `steps`, appended after their previous entry matched
@@ -387,10 +386,11 @@ class SteadyGroup:
 
     # -- items from the node engine -------------------------------------------------
 
-    def on_item(self, peer: str, item: tuple) -> None:
+    def on_item(self, peer: str, item: tuple, now: float) -> None:
+        """An item from node `peer`, in a frame that arrived `now`."""
         kind, _, term, epoch = item[:4]
         if kind == it.TAKE:
-            self._on_take(peer, item)
+            self._on_take(peer, item, now)
             return
         if self.mode == PYSYNCOBJ or (term, epoch) != (self.term, self.epoch) or not self._from_partner(peer):
             metrics.ENGINE_STALE.inc()
@@ -398,9 +398,9 @@ class SteadyGroup:
         if kind == it.HANDBACK:
             self.handback(f"{peer} handed it back", tell=peer if self.mode == LEADING else None)
         elif self.mode == LEADING and kind in (it.TAKEN, it.ACK):
-            self._on_taken(peer) if kind == it.TAKEN else self._on_ack(peer, item[4], item[5])
+            self._on_taken(peer, now) if kind == it.TAKEN else self._on_ack(peer, item[4], item[5], now)
         elif self.mode == FOLLOWING and kind in (it.STEPS, it.BEAT):
-            self._on_steps(peer, item) if kind == it.STEPS else self._on_beat(peer, item)
+            self._on_steps(peer, item, now) if kind == it.STEPS else self._on_beat(peer, item, now)
         else:
             metrics.ENGINE_STALE.inc()
 

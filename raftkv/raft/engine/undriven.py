@@ -16,7 +16,7 @@ class _Undriven:
     leading = False
     mode = PYSYNCOBJ
 
-    def before_tick(self) -> bool:
+    def before_tick(self, now: float) -> bool:
         return False
 
     def heard(self, node, message: object) -> bool:
