@@ -307,8 +307,9 @@ class SteadyGroup:
             member._SyncObj__raftCommitIndex = member._SyncObj__leaderCommitIndex = commit
             journal.setRaftCommitIndex(commit)
             member._SyncObj__applyLogEntries()
-            if member._SyncObj__readonlyNodes:
-                self._engine.ready(self)  # the learners hear the new commit index in the turn
+            if member._SyncObj__readonlyNodes and not member._SyncObj__commandsQueue._FastQueue__queue:
+                self._engine.ready(self)  # the learners hear the new commit index in the turn (a queued
+                # proposal's turn carries it with its entries, as `_Member._SyncObj__applyLogEntries` does)
 
     # -- following ------------------------------------------------------------------
 
