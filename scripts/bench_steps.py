@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_steps.py                              # default and fsync, 8 and 256 partitions
     .venv/bin/python scripts/bench_steps.py --durability fsync --partitions 1024 --json-out steps.json
+    .venv/bin/python scripts/bench_steps.py --raft-engine steady --learner   # with a Kafka learner (a change feed)
 
 For each durability mode and partition count, a fresh 3-node cluster (RF 3) on loopback takes a put
 load (`bench_load.py`, as scripts/bench.py drives it) while every node's Prometheus counters are read
@@ -16,6 +17,7 @@ report; they never assert timings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -28,7 +30,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
-from bench_clusters import MEMBERS, raftkv_cluster
+from raftkv.core.spec_toml import load_spec
+from raftkv.dev.local_feed import LocalFeed
+
+from bench_clusters import MEMBERS, raftkv_cluster, raftkv_spec_path
 from bench_load import Load, fill, run_load
 
 # sample name -> what the table calls it (each summed over labels and nodes)
@@ -73,8 +78,12 @@ def scrape(addresses: tuple[str, ...]) -> Counter:
 
 
 def measure(durability: str, partitions: int, args: argparse.Namespace, work: Path) -> Steps:
-    with raftkv_cluster(work / f"{durability}-{partitions}", partitions, durability=durability,
-                        ready_timeout=60 + partitions * 0.3, raft_engine=args.raft_engine) as cluster:
+    data_dir = work / f"{durability}-{partitions}"
+    with raftkv_cluster(data_dir, partitions, durability=durability,
+                        ready_timeout=60 + partitions * 0.3, raft_engine=args.raft_engine) as cluster, \
+            contextlib.ExitStack() as feed:
+        if args.learner:  # a Kafka learner on every partition, as a change feed runs
+            feed.callback(LocalFeed(load_spec(raftkv_spec_path(data_dir)), "bench-feed", "bench-feed").start().stop)
         keys = max(args.keys, partitions * 4)
         fill("raftkv", cluster.endpoints, keys)
         load = Load("raftkv", cluster.endpoints, "put", processes=args.processes, in_flight=args.in_flight,
@@ -100,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--raft-engine", default="off", choices=("off", "steady"), help="every node's setting")
+    parser.add_argument("--learner", action="store_true", help="a Kafka learner (tansu) on every partition")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     console = Console()

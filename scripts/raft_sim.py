@@ -39,7 +39,8 @@ def _config(args, seed: int, steps: int) -> SimConfig:
     net = NetFaults(**{f.name: getattr(args, f.name) for f in dataclasses.fields(NetFaults)})
     faults = Faults(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Faults)})
     return SimConfig(seed=seed, steps=steps, nodes=args.nodes, groups=args.groups, replicas=args.replicas,
-                     fsync=args.mode == "fsync", net=net, faults=faults, engine=args.engine)
+                     fsync=args.mode == "fsync", net=net, faults=faults, engine=args.engine,
+                     learners=args.learners)
 
 
 def _minimize(args, seed: int, steps: int) -> int:
@@ -66,6 +67,8 @@ def main() -> int:
     parser.add_argument("--mode", choices=("default", "fsync"), default="default")
     parser.add_argument("--engine", action="store_true",
                         help="groups' steady state through the node engine, with hand-overs forced both ways")
+    parser.add_argument("--learners", action="store_true",
+                        help="a learner process, a read-only member of every even group (a change feed)")
     parser.add_argument("--trace", action="store_true", help="print the whole trace of a failing run")
     parser.add_argument("--digest", action="store_true", help="first print each run's trace digest (replays match)")
     parser.add_argument("--minimize", action="store_true", help="bisect a failing seed to its fewest steps")

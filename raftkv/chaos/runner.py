@@ -284,7 +284,7 @@ class _Run:
                 self.violations.append(Violation("fault-handling", record.name, problem, ()))
         if feed is not None:
             self._checked("learner feed", self._feed_violations(spec, placement, feed), f"topic {feed.topic}")
-        if self.config.raft_engine != "off" and feed is None:  # a learner's groups stay the Raft library's
+        if self.config.raft_engine != "off":  # with a learner too: the engine feeds it (docs/raft-engine.md)
             counts = engine_counts(spec)
             # the cluster's: a node restarted near the end may not have been handed a group since
             idle = [] if any(taken and frames for taken, frames in counts.values()) else [

@@ -6,7 +6,9 @@
 - leader completeness: a leader's log holds every entry committed before it leads;
 - state-machine safety: every member that applied an entry at an index applied the same history up
   to it (a digest of the applied entries, so a skipped or extra entry counts too), and no proposal
-  is applied at two indices.
+  is applied at two indices;
+- a learner (a read-only member) counts committed only entries a voter's commit index covered, and
+  applies the voters' history (the digest above).
 
 A committed entry is one at or below some member's commit index. Only a power cut can take one from
 a majority, and only in the default mode (no fsync before an acknowledgement): then `forget_from`
@@ -121,6 +123,22 @@ class Checker:
             seen = committed.setdefault(index, (term, entry[0]))
             if seen != (term, entry[0]):
                 self.fail(f"commit: g{group} {node} counts {index}:{term} committed; {index}:{seen[0]} was")
+                return
+
+    def learned(self, node: str, group: int, log, start: int, end: int) -> None:
+        """A learner's commit index moved from `start` to `end`: a leader told it, so a voter's commit index
+        covered each of those entries first, unless a power cut took it from a majority since (default mode:
+        the leader still counts it, and the learner may apply it, then roll back as a voter would)."""
+        record = self.group(group)
+        first = log[0][1]
+        for index in range(start + 1, end + 1):
+            _, _, term = entry = log[index - first]
+            seen = record.committed.get(index)
+            if seen is None and index in record.replaceable:
+                continue
+            if seen != (term, entry[0]):
+                self.fail(f"learner: g{group} {node} counts {index}:{term} committed; "
+                          f"{'no voter did' if seen is None else f'{index}:{seen[0]} was'}")
                 return
 
     # -- power cuts (default mode) ---------------------------------------------

@@ -26,6 +26,11 @@ from tests.engine_sim.trace import Trace
 
 TUNING = Tuning()
 _LEADER = Role.LEADER.value
+LEARNER = "l1"  # a learner process (a change feed): a read-only member of every even group, never crashed
+
+
+def learns(group: int) -> bool:
+    return group % 2 == 0
 
 
 def address(node: str, group: int) -> str:
@@ -52,7 +57,8 @@ class Member:
 
 class SimCluster:
     def __init__(self, nodes: int, groups: int, replicas: int, fsync: bool, seed: int, folder: Path,
-                 scheduler: Scheduler, network_factory, trace: Trace, checker: Checker, engine: bool = False):
+                 scheduler: Scheduler, network_factory, trace: Trace, checker: Checker, engine: bool = False,
+                 learners: bool = False):
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
         self.groups = list(range(groups))
         self.fsync = fsync
@@ -69,6 +75,8 @@ class SimCluster:
         # the cluster metadata's view: each group's voters, placed round the nodes
         self.voters = {g: [self.nodes[(g + i) % nodes] for i in range(min(replicas, nodes))] for g in self.groups}
         self.members: dict[tuple[str, int], Member] = {}
+        self.learners: dict[tuple[str, int], Member] = {}  # the learner process's read-only members
+        self._with_learners = learners
         self.journals: dict[tuple[str, int], JournalDisk] = {}
         self.states: dict[tuple[str, int], StateDisk] = {}
         self.down: set[str] = set()
@@ -83,6 +91,10 @@ class SimCluster:
         for group in self.groups:
             for node in self.voters[group]:
                 self._open(node, group)
+        if self._with_learners:
+            self.network.node_up(LEARNER)
+            for group in filter(learns, self.groups):
+                self._open(LEARNER, group)
 
     def _node_up(self, node: str) -> None:
         hub = self.network.node_up(node)
@@ -104,9 +116,9 @@ class SimCluster:
         folder.mkdir(parents=True, exist_ok=True)  # make_dirs would fsync its parents
         state = SimStateMachine(self.states.setdefault(key, StateDisk()), partial(self.checker.on_apply, node, group),
                                 partial(self.checker.on_roll_back, node, group))
-        voters = self.voters[group]
+        voters, learner = self.voters[group], node == LEARNER
         config = GroupConfig(
-            partition=group, hub=self.network.hubs[node], self_address=address(node, group),
+            partition=group, hub=self.network.hubs[node], self_address=None if learner else address(node, group),
             peers=tuple(address(n, group) for n in voters if n != node), folder=folder, fsync=self.fsync,
             tuning=TUNING, membership_changes=True, on_corrupt=partial(self._stopped, node, group),
             engine=self.engines.get(node), clock=self.scheduler.time)
@@ -120,7 +132,7 @@ class SimCluster:
             raft._journal.sync_elsewhere()  # the node's syncer thread, `sync_node`, as journal_syncer does
         raft.name_members(frozenset(address(n, group) for n in voters))
         # fsync mode: what the log says is committed is checked again; the default mode may have lost it
-        self.members[key] = Member(node, group, raft, loop, 1 if self.fsync else raft.commit_index)
+        (self.learners if learner else self.members)[key] = Member(node, group, raft, loop, 1 if self.fsync else raft.commit_index)
         self.trace.add("open", f"g{group} {node} term {raft.term} log ..{raft.last_log_index} "
                                f"commit {raft.commit_index} state at {state.position.index}")
 
@@ -142,8 +154,12 @@ class SimCluster:
 
     def name_members(self, group: int) -> None:
         addresses = frozenset(address(n, group) for n in self.voters[group])
-        for member in self.running(group):
+        for member in self.running(group) + self.learning(group):
             member.raft.name_members(addresses)
+
+    def learning(self, group: int) -> list[Member]:
+        member = self.learners.get((LEARNER, group))
+        return [member] if member is not None else []
 
     # -- checks -------------------------------------------------------------------
 
@@ -153,7 +169,7 @@ class SimCluster:
         if key is not None and key[1] == ENGINE:  # the node's engine: any of its members
             for member in [m for k, m in self.members.items() if k[0] == key[0]]:
                 self._check(member)
-        elif key is not None and (member := self.members.get(key)) is not None:
+        elif key is not None and (member := self.members.get(key) or self.learners.get(key)) is not None:
             self._check(member)
 
     def _check(self, member: Member) -> None:
@@ -166,7 +182,11 @@ class SimCluster:
                 self.trace.add("leader", f"g{member.group} {member.node} term {term}")
                 checker.new_leader(member.node, member.group, term, journal)
         commit = min(raft.commit_index, journal[-1][1])
-        if commit > member.checked_commit:
+        if commit > member.checked_commit and member.node == LEARNER:
+            checker.learned(member.node, member.group, journal, member.checked_commit, commit)
+            if (leader := self.leader(member.group)) is not None and leader.raft.steady.leading:
+                self.trace.counts["learned"] += commit - member.checked_commit
+        elif commit > member.checked_commit:
             checker.committed(member.node, member.group, journal, member.checked_commit, commit)
         member.checked_commit = commit
 
@@ -181,7 +201,7 @@ class SimCluster:
                 waiting[group] = f"g{group}: no leader among {self.voters[group]}"
                 continue
             last = leader.raft.last_log_index
-            behind = [f"{m.node} applied {m.raft.last_applied}" for m in self.running(group)
+            behind = [f"{m.node} applied {m.raft.last_applied}" for m in self.running(group) + self.learning(group)
                       if m.raft.last_applied != last]
             missing = [n for n in self.voters[group] if (n, group) not in self.members]
             if behind or missing or leader.raft.commit_index != last:
@@ -193,7 +213,7 @@ class SimCluster:
         """Settled groups: one applied history each, holding every acknowledged proposal."""
         for group in groups:
             members = self.running(group)
-            states = {m.node: m.raft._sm for m in members}
+            states = {m.node: m.raft._sm for m in members + self.learning(group)}
             if len({state.history for state in states.values()}) > 1:
                 self.checker.fail(f"g{group}: replicas settled on different histories: "
                                   + "; ".join(f"{n} at {s.position.index}" for n, s in states.items()))
@@ -222,6 +242,8 @@ class SimCluster:
             "acknowledged lost": counts["ack-lost"],
             "handler exceptions": len(self.network.errors),
             "engine frames": counts["engine-recv"], "forced handbacks": counts["handback"],
+            "learner entries applied": sum(m.raft.last_applied for m in self.learners.values()),
+            "learner entries committed while the engine led": counts["learned"],
         }
 
     # -- faults -------------------------------------------------------------------

@@ -38,10 +38,19 @@ class NetFaults:
 
 
 class _Connection:
-    joined: frozenset = frozenset()  # the simulation opens no learners
+    joined: frozenset = frozenset()  # a node's connection: it joined no group read-only
 
 
 CONNECTION = _Connection()
+
+
+class _Subscription:
+    """A learner process's connection as a node's hub accepted it: the groups it joined read-only there.
+    A new one after every reconnect, as a new TCP connection is (pysyncobj sees a new read-only node)."""
+
+    def __init__(self, learner: str):
+        self.learner = learner
+        self.joined: set[int] = set()
 
 
 class SimNetwork:
@@ -51,7 +60,7 @@ class SimNetwork:
         self.faults = faults
         self.directory = directory
         self._trace = trace
-        self.hubs: dict[str, SimHub] = {}  # running nodes
+        self.hubs: dict[str, SimHub] = {}  # running nodes, and learner processes
         self.engines = False  # every node runs the node engine (raft_engine = "steady")
         self._side: dict[str, int] = {}  # partition: nodes on different sides cannot talk
         self._up: dict[tuple[str, str], bool] = {}  # A's connection to B, as A's hub sees it
@@ -110,6 +119,15 @@ class SimNetwork:
         hub = self.hubs.get(a)
         if hub is not None:
             hub.links_changed()
+        learner = self.hubs.get(b)
+        if hub is not None and learner is not None and learner.joins:  # b's dialer joins again at a reconnect
+            hub.subscriptions_changed(b, learner.joins if up else {})
+
+    def joined(self, learner: str, joins: dict[int, frozenset[str]]) -> None:
+        """A learner process's joins changed: each node's hub it reaches takes them (its `join` control frame)."""
+        for node, hub in self.hubs.items():
+            if node != learner and self.is_up(node, learner):
+                hub.subscriptions_changed(learner, joins)
 
     # -- messages -----------------------------------------------------------
 
@@ -169,6 +187,8 @@ class SimHub:
         self._network = network
         self.node_id = node
         self._groups: dict[int, object] = {}
+        self.joins: dict[int, frozenset[str]] = {}  # a learner process: the nodes it joined each group at
+        self._subscriptions: dict[str, _Subscription] = {}  # a node: learner process -> its connection's joins
 
     def directory(self) -> Directory:
         return self._network.directory
@@ -181,7 +201,7 @@ class SimHub:
         self._groups.pop(group, None)
 
     def subscribers(self, group: int) -> frozenset:
-        return frozenset()
+        return frozenset(s for s in self._subscriptions.values() if group in s.joined)
 
     def is_up(self, node_id: str) -> bool:
         return self._network.is_up(self.node_id, node_id)
@@ -189,11 +209,32 @@ class SimHub:
     def send(self, node_id: str, group: int, message: object) -> bool:
         return self._network.send(self.node_id, node_id, group, message)
 
-    def reply(self, connection, group: int, message: object) -> bool:
-        raise AssertionError("the simulation opens no learners")
+    def reply(self, connection: _Subscription, group: int, message: object) -> bool:
+        return self._subscriptions.get(connection.learner) is connection and self.send(connection.learner, group,
+                                                                                     message)
 
     def join(self, group: int, node_ids: frozenset[str]) -> None:
-        raise AssertionError("the simulation opens no learners")
+        """A learner process: be a read-only member of `group` at these nodes."""
+        if self.joins.get(group) != node_ids:
+            self.joins[group] = node_ids
+            self._network.joined(self.node_id, self.joins)
+
+    def subscriptions_changed(self, learner: str, joins: dict[int, frozenset[str]]) -> None:
+        """A node's hub: the learner process's connection now joins these groups here ({}: it closed)."""
+        groups = {g for g, nodes in joins.items() if self.node_id in nodes}
+        subscription = self._subscriptions.get(learner)
+        before = subscription.joined if subscription is not None else set()
+        if groups == before:
+            return
+        if not groups:
+            del self._subscriptions[learner]
+        else:
+            if subscription is None:
+                subscription = self._subscriptions[learner] = _Subscription(learner)
+            subscription.joined = groups
+        for group in before | groups:
+            if (endpoint := self._groups.get(group)) is not None:
+                endpoint.links_changed()
 
     def links_changed(self) -> None:
         for endpoint in list(self._groups.values()):
@@ -212,5 +253,9 @@ class SimHub:
                 self.engine.receive(sender, message)
             return
         endpoint = self._groups.get(group)
-        if endpoint is not None:
+        subscription = self._subscriptions.get(sender)
+        if subscription is not None:  # from a learner process, over the connection it joined on
+            if group in subscription.joined and endpoint is not None:
+                endpoint.deliver(None, subscription, message)
+        elif endpoint is not None:
             endpoint.deliver(sender, CONNECTION, message)

@@ -39,6 +39,7 @@ class SimConfig:
     faults: Faults = Faults()
     settle_seconds: float = 60.0
     engine: bool = False  # groups' steady state through the node engine, hand-overs both ways
+    learners: bool = False  # a learner process, a read-only member of every even group (cluster.LEARNER)
 
     def command(self) -> str:
         """The command line that replays this run."""
@@ -46,6 +47,8 @@ class SimConfig:
                  f"--mode {'fsync' if self.fsync else 'default'}"]
         if self.engine:
             words.append("--engine")
+        if self.learners:
+            words.append("--learners")
         if self.replicas != 3:
             words.append(f"--replicas {self.replicas}")
         for name, value, default in _changed(self.net, NetFaults()) + _changed(self.faults, Faults()):
@@ -104,7 +107,7 @@ def run(config: SimConfig) -> Result:
         cluster = SimCluster(
             config.nodes, config.groups, config.replicas, config.fsync, config.seed, folder, scheduler,
             lambda directory: SimNetwork(scheduler, config.seed, config.net, directory, trace), trace, checker,
-            engine=config.engine)
+            engine=config.engine, learners=config.learners)
         stack.enter_context(virtual_time(scheduler, config.seed, cluster.create_journal))
         cluster.start()
         nemesis = Nemesis(cluster, config.faults, config.seed)

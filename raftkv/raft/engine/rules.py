@@ -23,15 +23,16 @@ class LeaderView:
     last_applied: int
     voters: int  # other voters
     voters_matched: bool  # every other voter connected, its matchIndex at the last entry, its node an engine peer
-    learners: bool
+    learner_needs_snapshot: bool  # a read-only member's next entry is compacted away (pysyncobj sends snapshots)
     busy: bool  # a transfer, a membership change asked or uncommitted, a compaction asked
     queued: bool  # a proposal waits
 
 
 def may_offer(view: LeaderView) -> bool:
     """A settled leader (quiescence's preconditions, less "nothing queued") with something to propose."""
-    return (view.queued and view.voters > 0 and view.voters_matched and not view.learners and not view.busy
-            and view.last_term == view.term and view.commit_index == view.last_applied == view.last_index)
+    return (view.queued and view.voters > 0 and view.voters_matched and not view.learner_needs_snapshot
+            and not view.busy and view.last_term == view.term
+            and view.commit_index == view.last_applied == view.last_index)
 
 
 def follower_takes(*, term: int, current_term: int, following_sender: bool, last_index: int, last_term: int,

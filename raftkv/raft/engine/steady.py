@@ -16,6 +16,7 @@ from typing import Protocol
 from raftkv.core import metrics
 from raftkv.core.errors import CorruptData, StorageFull
 from raftkv.raft.engine import items as it
+from raftkv.raft.engine.learners import LearnerFeed, needs_snapshot
 from raftkv.raft.engine.rules import IDLE_HEARTBEATS, MAX_STEP_ENTRIES, LeaderView, Match, follower_takes, \
     match_steps, may_offer, quorum_commit
 
@@ -63,6 +64,7 @@ class SteadyGroup:
         self._active_at = 0.0  # leading: when it last proposed
         self._leader_node: str | None = None  # following
         self._heard_at = 0.0  # following: when the group last heard from its leader
+        self._learners = LearnerFeed(self._member)  # leading: pysyncobj's appends to the read-only members
         engine.attach(self)
 
     @property
@@ -93,8 +95,8 @@ class SteadyGroup:
 
     def heard(self, node, message: object) -> bool:
         """A pysyncobj message for the group, before pysyncobj sees it; True: dropped here."""
-        if self.mode == PYSYNCOBJ:
-            return False
+        if self.mode == PYSYNCOBJ or node in self._member._SyncObj__readonlyNodes:
+            return False  # a learner's answer moves only its own indices, pysyncobj's (engine/learners.py)
         kind = message.get("type") if isinstance(message, dict) else None
         if self.mode == LEADING:
             if kind == "next_node_idx" and message.get("success") is True:
@@ -133,7 +135,7 @@ class SteadyGroup:
             commit_index=member.raftCommitIndex, last_applied=member.raftLastApplied, voters=len(others),
             voters_matched=all(peer is not None and node in connected and match.get(node, 0) >= last
                                and self._engine.supports(peer) for peer, node in self._peers.items()),
-            learners=bool(member._SyncObj__readonlyNodes),
+            learner_needs_snapshot=needs_snapshot(member),
             busy=(member._SyncObj__transferInProgress or group.membership_busy() or member._SyncObj__forceLogCompaction
                   or any(member._SyncObj__commandsWaitingCommit.values())),
             queued=bool(member._SyncObj__commandsQueue._FastQueue__queue))
@@ -160,9 +162,6 @@ class SteadyGroup:
         connected = member._SyncObj__connectedNodes
         if any(node not in connected for node in self._peers.values()):
             self.handback("a follower's node is out of reach")
-            return
-        if member._SyncObj__readonlyNodes:
-            self.handback("a learner joined")  # the engine does not feed learners
             return
         self._drain(now)
 
@@ -214,6 +213,11 @@ class SteadyGroup:
             self._sent_at[peer] = now
             if next_index[node] <= last:
                 self._engine.ready(self)  # the rest in the next turn
+        if self._learners.due():
+            if needs_snapshot(member):
+                self.handback("a learner needs a snapshot")
+                return
+            self._learners.feed(now)
 
     def _entries(self, journal, start: int, end: int) -> list:
         """The log's entries at positions `start` to `end` (excluded), as many as fit in a pysyncobj batch."""
@@ -258,6 +262,8 @@ class SteadyGroup:
             if now - self._sent_at.get(peer, 0.0) >= heartbeat / 2:
                 self._engine.emit(peer, it.beat(self.partition, self.term, self.epoch, member.raftCommitIndex))
                 self._sent_at[peer] = now
+        if self._learners.heartbeat(now, heartbeat):
+            self._engine.ready(self)
 
     def _on_taken(self, peer: str, now: float) -> None:
         node = self._peers.get(peer)
@@ -301,6 +307,9 @@ class SteadyGroup:
             member._SyncObj__raftCommitIndex = member._SyncObj__leaderCommitIndex = commit
             journal.setRaftCommitIndex(commit)
             member._SyncObj__applyLogEntries()
+            if member._SyncObj__readonlyNodes and not member._SyncObj__commandsQueue._FastQueue__queue:
+                self._engine.ready(self)  # the learners hear the new commit index in the turn (a queued
+                # proposal's turn carries it with its entries, as `_Member._SyncObj__applyLogEntries` does)
 
     # -- following ------------------------------------------------------------------
 
