@@ -71,46 +71,6 @@ def test_ticker_coalesces_requests_and_ticks_periodically():
     asyncio.run(scenario())
 
 
-def test_a_ticker_ticks_by_itself_when_the_replicas_next_timer_runs_out_not_every_period():
-    """An awake group ticked every 50 ms whether or not a timer was due: 20 ticks a second per replica,
-    which at 256 partitions under load was most of a core. Now: at the next timer, at least every second."""
-
-    class TimedSyncObj:
-        def __init__(self):
-            self.ticks: list[float] = []
-            self.timer = time.monotonic() + 0.3  # a follower's election deadline, say
-            self.stays_due = False
-
-        def _onTick(self, timeToWait):
-            self.ticks.append(time.monotonic())
-            if self.timer <= time.monotonic() and not self.stays_due:
-                self.timer = time.monotonic() + 60  # it campaigned, say: the next deadline is far
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        obj = TimedSyncObj()
-        ticker = Ticker(obj, LoopPoller(loop), loop, period=0.02, next_timer=lambda: obj.timer)
-        started = time.monotonic()
-        ticker.start()
-        await asyncio.sleep(0.25)
-        assert obj.ticks == [], "a tick before any timer was due"
-        await asyncio.sleep(0.15)
-        assert len(obj.ticks) == 1 and obj.ticks[0] - started >= 0.29
-        await asyncio.sleep(1.0)  # nothing due for a minute: pysyncobj's one-second work still runs
-        assert len(obj.ticks) == 2
-        obj.timer = time.monotonic() + 0.05  # an event tick brings the timer closer (it became leader)
-        ticker.soon()
-        await asyncio.sleep(0.12)
-        assert len(obj.ticks) == 4 and obj.ticks[3] - obj.ticks[2] < 0.1
-        obj.timer, obj.stays_due = 0.0, True  # overdue, and still due after each tick: no more often than the period
-        ticker.soon()
-        await asyncio.sleep(0.2)
-        assert 4 + 5 <= len(obj.ticks) <= 4 + 0.2 / 0.02 + 1
-        ticker.stop()
-
-    asyncio.run(scenario())
-
-
 def test_a_full_disk_while_handling_a_message_or_a_tick_is_a_warning_not_a_crash(caplog, monkeypatch):
     """A follower whose journal cannot take a message's entries drops the message (the leader sends it
     again); before, the StorageFull escaped into the event loop as 'Exception in callback'."""

@@ -109,11 +109,18 @@ class LoopPoller(Poller):
         """`callback(*args)` (pysyncobj handling a message), then a tick soon."""
         try:
             callback(*args)
-        except StorageFull as exc:  # a message whose entries could not be stored; the leader resends it
-            warn_disk_full(exc, self.clock())
-        except CorruptData as exc:  # e.g. the journal's fsync failed before an acknowledgement
+        except (StorageFull, CorruptData) as exc:
+            self.failed(exc)
+            return
+        self.on_event()
+
+    def failed(self, exc: StorageFull | CorruptData) -> None:
+        """Its entries could not be stored (the leader resends them; a tick soon), or its files cannot be
+        trusted (e.g. the journal's fsync failed before an acknowledgement: the group stops)."""
+        if isinstance(exc, CorruptData):
             self.on_corrupt(exc)
             return
+        warn_disk_full(exc, self.clock())
         self.on_event()
 
 

@@ -425,10 +425,9 @@ class SteadyGroup:
 
     def failed(self, error: StorageFull | CorruptData) -> None:
         """Its log could not be written, or is corrupt: pysyncobj drives the group again, and the error is
-        handled as when pysyncobj's own handlers meet it (a full disk logged and the entries stored again
-        once the leader resends them; corrupt files stop the node)."""
+        handled as when pysyncobj's own handlers meet it (`LoopPoller.failed`)."""
         self.handback(f"{type(error).__name__}: {error}")
-        self._group.poller.run(_raise, error)
+        self._group.poller.failed(error)
 
     def handback(self, why: str, tell: str | bool | None = True) -> None:
         """pysyncobj drives the group again. `tell`: the partners (all: True; all but one: its node id) hear it."""
@@ -449,7 +448,3 @@ class SteadyGroup:
         self.mode, self._took, self._leader_node = PYSYNCOBJ, set(), None
         self._engine.handed_back(self)
         self._group.poller.on_event()  # a tick soon (the Ticker)
-
-
-def _raise(error: Exception) -> None:
-    raise error
