@@ -432,7 +432,9 @@ def test_a_learner_killed_mid_backup_leaves_nothing_listed_and_the_next_prune_co
     backups = list_backups(url, storage(options))
     assert crashed not in {b.id for b in backups}
     kept = {name for info in backups for name in info.objects}
-    assert set(stored_objects(url, options)) == kept
+    # Only the crashed export's files: the kill above may cut the restarted learner's next export short
+    # too (an export every 0.3 s), and what that one uploaded is the next prune's.
+    assert not (set(stored_objects(url, options)) - kept) & uploaded
     assert uploaded - kept, "the crashed export uploaded nothing the next one did not need: the test proves nothing"
 
 
