@@ -21,17 +21,16 @@ import contextlib
 import json
 import sys
 import tempfile
-import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
 from raftkv.core.spec_toml import load_spec
 from raftkv.dev.local_feed import LocalFeed
+from raftkv.dev.metrics_scrape import samples
 
 from bench_clusters import MEMBERS, raftkv_cluster, raftkv_spec_path
 from bench_load import Load, fill, run_load
@@ -68,12 +67,9 @@ def scrape(addresses: tuple[str, ...]) -> Counter:
     """Every sample of every node, summed by name (labels and nodes together); received messages left out."""
     totals: Counter = Counter()
     for address in addresses:
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
-            text = reply.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.labels.get("direction") != "received":
-                    totals[sample.name] += sample.value
+        for sample in samples(address):
+            if sample.labels.get("direction") != "received":
+                totals[sample.name] += sample.value
     return totals
 
 

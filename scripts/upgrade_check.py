@@ -24,14 +24,12 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from upgrade_release import OldRelease, UsageError, commit_of, imported_from  # noqa: E402
@@ -47,6 +45,7 @@ from raftkv.core.release import VERSION  # noqa: E402
 from raftkv.core.spec_toml import load_spec  # noqa: E402
 from raftkv.dev.broker import TansuBroker  # noqa: E402
 from raftkv.dev.local_cluster import LocalCluster, free_port_block  # noqa: E402
+from raftkv.dev.metrics_scrape import samples  # noqa: E402
 from raftkv.dev.write_load import WriteLoad  # noqa: E402
 from raftkv.security.tls import client_tls  # noqa: E402
 
@@ -100,12 +99,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _metrics(host: str, port: int) -> dict[str, float]:
     """Every sample on the node's /metrics, summed over labels."""
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
     sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    for sample in samples(f"{host}:{port}"):
+        sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
     return sums
 
 

@@ -3,11 +3,8 @@ the Raft library's own path would prove nothing about the engine (docs/raft-engi
 
 from __future__ import annotations
 
-import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
-
 from raftkv.core.spec import ClusterSpec
+from raftkv.dev.metrics_scrape import samples
 
 
 def engine_counts(spec: ClusterSpec, timeout: float = 5.0) -> dict[str, tuple[float, float]]:
@@ -15,12 +12,10 @@ def engine_counts(spec: ClusterSpec, timeout: float = 5.0) -> dict[str, tuple[fl
     counts = {}
     for node in spec.nodes:
         try:
-            with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics", timeout=timeout) as r:
-                text = r.read().decode()
+            served = samples(f"{node.host}:{node.metrics_port}", timeout)
         except OSError:
             continue
-        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
         counts[node.id] = (
-            sum(s.value for s in samples if s.name == "raftkv_engine_handovers_total" and s.labels["kind"] != "handback"),
-            sum(s.value for s in samples if s.name == "raftkv_engine_frames_total" and s.labels["direction"] == "sent"))
+            sum(s.value for s in served if s.name == "raftkv_engine_handovers_total" and s.labels["kind"] != "handback"),
+            sum(s.value for s in served if s.name == "raftkv_engine_frames_total" and s.labels["direction"] == "sent"))
     return counts
