@@ -63,7 +63,7 @@ class Tls:
     @property
     def generation(self) -> int:
         """Moves when renewed files were taken up: channels opened before present the old certificate."""
-        self.files.current
+        self.files.current  # loaded first: the first load must not read as a renewal
         return self.files.generation
 
     def check(self) -> None:
