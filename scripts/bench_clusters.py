@@ -45,7 +45,7 @@ class Running:
 
 
 @contextmanager
-def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "default",
+def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "lose-last-second",
                    tuning: Tuning | None = None, ready_timeout: float = 60, tls: bool = False,
                    raft_engine: str = "off") -> Iterator[Running]:
     """`tls`: mutual TLS on every connection, and the clients are the `admin` user (role root): a cluster

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/bench_scale.py                          # 8, 64, 256, 1024 partitions
     .venv/bin/python scripts/bench_scale.py --partitions 8,64 --json-out scale.json
 
-For each count, a fresh cluster on loopback (default durability), measured in this order:
+For each count, a fresh cluster on loopback (`lose-last-second` durability), measured in this order:
 
 1. idle: the cores the three node processes use over `--idle` seconds with no client (an idle group
    rests: it neither ticks nor heartbeats, docs/raft-transport.md), and each node's RSS;

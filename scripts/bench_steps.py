@@ -98,7 +98,7 @@ def measure(durability: str, partitions: int, args: argparse.Namespace, work: Pa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--durability", default="default,fsync", help="comma-separated modes")
+    parser.add_argument("--durability", default="lose-last-second,fsync", help="comma-separated modes")
     parser.add_argument("--partitions", default="8,256", help="comma-separated counts")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of the measured put window")
     parser.add_argument("--processes", type=int, default=4)

@@ -21,7 +21,7 @@ from rich.table import Table
 from raftkv.chaos.config import LEARNERS, ChaosConfig
 from raftkv.chaos.nemesis import FAULTS, parse_faults
 from raftkv.chaos.runner import run_chaos
-from raftkv.core.spec import RAFT_ENGINES
+from raftkv.core.spec import DURABILITY_MODES, FSYNC, RAFT_ENGINES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default=",".join(FAULTS), help="as raftkv chaos run --faults (default: all)")
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--durability", choices=("default", "fsync"), default="default")
+    parser.add_argument("--durability", choices=DURABILITY_MODES, default=FSYNC)
     parser.add_argument("--learner", choices=LEARNERS, default=None)
     parser.add_argument("--raft-engine", choices=RAFT_ENGINES, default="off")
     args = parser.parse_args(argv)

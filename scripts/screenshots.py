@@ -60,7 +60,7 @@ def main() -> None:
         folder = Path(folder)
         spec = build_spec(nodes=4, partitions=PARTITIONS, replication=3,
                           base_port=free_port_block(4 * ports_per_node(PARTITIONS)), data_dir=folder,
-                          durability="default")
+                          durability="lose-last-second")
         spec = dataclasses.replace(spec, tuning=Tuning(rebalance_interval=0))
         cluster = LocalCluster(spec, save_spec(spec, folder / "cluster.toml"),
                                env={"RAFTKV_FAILPOINTS": "checkpoint-read-before=delay(1000)"})

@@ -164,7 +164,7 @@ def cluster_maker(root: Path) -> Iterator[Callable[..., LocalCluster]]:
     killed on leaving."""
     clusters: list[LocalCluster] = []
 
-    def make(nodes: int = 3, partitions: int = 4, replication: int = 3, durability: str = "default",
+    def make(nodes: int = 3, partitions: int = 4, replication: int = 3, durability: str = "lose-last-second",
              start: bool = True, backup: BackupConfig | None = None, tls: bool | str = False,
              raft_engine: str = RAFT_ENGINE, **tuning) -> LocalCluster:
         base = free_port_block(nodes * ports_per_node(partitions))

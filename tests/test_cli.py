@@ -47,6 +47,7 @@ def test_cluster_init_writes_a_spec_and_refuses_to_overwrite(tmp_path):
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "cluster.toml").read_text()
     assert "partitions = 5" in text and 'id = "n3"' in text and "api_port = 21016" in text
+    assert 'durability = "fsync"' in text  # durable by default (docs/durability.md)
     spec = load_spec(tmp_path / "cluster.toml")  # TLS by default: a CA and certificates beside the spec
     assert spec.tls.ca == tmp_path / "certs" / "ca.pem" and spec.tls.node("n3")[0].exists()
     assert spec.tls.client_cert.name == "user-admin.pem" and spec.tls.learner_cert.exists()

@@ -86,7 +86,7 @@ def scene(tmp_path_factory) -> Iterator[Scene]:
     folder = tmp_path_factory.mktemp("console")
     base = free_port_block(4 * ports_per_node(PARTITIONS) + 3)
     spec = build_spec(nodes=4, partitions=PARTITIONS, replication=3, base_port=base, data_dir=folder,
-                      durability="default")
+                      durability="lose-last-second")
     spec = dataclasses.replace(spec, tuning=Tuning(rebalance_interval=0))  # the test moves; the planner shows
     path = save_spec(spec, folder / "cluster.toml")
     cluster = LocalCluster(spec, path, env={"RAFTKV_FAILPOINTS": "checkpoint-read-before=delay(1000)"})

@@ -80,7 +80,7 @@ def test_leader_kill_during_concurrent_writes(make_cluster):
     assert not lost, f"{len(lost)} acknowledged writes lost, e.g. {lost[:5]}"
 
 
-@pytest.mark.parametrize("durability", ["default", "fsync"])
+@pytest.mark.parametrize("durability", ["lose-last-second", "fsync"])
 def test_kill_all_nodes_and_restart(make_cluster, durability):
     cluster = make_cluster(nodes=3, partitions=4, durability=durability)
     with Client(cluster.endpoints) as kv:
@@ -174,7 +174,7 @@ def node_log_fsyncs(cluster) -> dict[str, float]:
     return counts
 
 
-@pytest.mark.parametrize("durability", ["default", "fsync"])
+@pytest.mark.parametrize("durability", ["lose-last-second", "fsync"])
 def test_fsync_mode_syncs_the_node_log_once_per_group_commit_on_every_replica(make_cluster, durability):
     cluster = make_cluster(nodes=3, partitions=1, durability=durability)
     before = node_log_fsyncs(cluster)

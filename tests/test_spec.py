@@ -41,7 +41,7 @@ def test_parse_applies_defaults_and_resolves_relative_data_dirs():
     spec = parse_spec(valid_doc(), BASE)
     assert spec.name == "test"
     assert (spec.partitions, spec.replication) == (4, 2)
-    assert spec.durability == "default"
+    assert spec.durability == "fsync"  # durable by default since 0.2
     assert (spec.max_key_bytes, spec.max_value_bytes) == (DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES)
     assert spec.tuning == Tuning()
     assert spec.node_ids == ("n1", "n2")
@@ -274,14 +274,18 @@ def test_an_empty_node_list_is_reported():
 def test_bad_durability_is_reported(durability):
     doc = valid_doc()
     doc["cluster"]["durability"] = durability
-    assert f"cluster.durability: {durability!r} is not one of default, fsync" in problems_of(doc)
+    assert f"cluster.durability: {durability!r} is not one of fsync, lose-last-second" in problems_of(doc)
 
 
-@pytest.mark.parametrize("durability", ["default", "fsync"])
-def test_both_durability_modes_are_accepted(durability):
+@pytest.mark.parametrize("durability", ["fsync", "lose-last-second", "default"])
+def test_both_durability_modes_and_the_former_name_are_accepted_and_kept_as_written(durability):
+    """"default" is lose-last-second's name from before 0.2: a file an older release wrote stays readable
+    by it, so a node of this release never rewrites the name (a rolling upgrade, a downgrade)."""
     doc = valid_doc()
     doc["cluster"]["durability"] = durability
-    assert parse_spec(doc, BASE).durability == durability
+    spec = parse_spec(doc, BASE)
+    assert spec.durability == durability
+    assert f'durability = "{durability}"' in spec_to_toml(spec)
 
 
 def test_size_limits_are_validated():

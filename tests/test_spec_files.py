@@ -106,7 +106,7 @@ def test_a_nodes_raft_engine_is_saved_only_when_not_the_default_and_an_unknown_o
 
 @given(
     st.integers(1, 5).flatmap(
-        lambda n: st.tuples(st.just(n), st.integers(1, 32), st.integers(1, n), st.sampled_from(["default", "fsync"]))
+        lambda n: st.tuples(st.just(n), st.integers(1, 32), st.integers(1, n), st.sampled_from(["fsync", "lose-last-second", "default"]))
     ),
     st.integers(1024, 60000),
 )

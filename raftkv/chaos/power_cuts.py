@@ -1,6 +1,6 @@
-"""Which lost writes a power cut explains, in the default durability mode. Pure.
+"""Which lost writes a power cut explains, in lose-last-second durability mode. Pure.
 
-In the default mode each replica syncs its Raft log once a second, so a power cut of every
+In that mode each replica syncs its Raft log once a second, so a power cut of every
 node may take the writes acknowledged in about the last second before it (docs/durability.md).
 The set workload names exactly which acknowledged adds were lost; each must have been
 acknowledged at most LOSS_BOUND_SECONDS before a cut began (or while its nodes were being

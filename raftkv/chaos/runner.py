@@ -43,7 +43,7 @@ from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_set
 from raftkv.core.errors import ConfigError
 from raftkv.dev.local_cluster import LocalCluster, free_port_block, process_rss_kib
 from raftkv.dev.local_feed import LocalFeed
-from raftkv.core.spec import build_spec, ports_per_node
+from raftkv.core.spec import FSYNC, build_spec, ports_per_node
 from raftkv.core.spec_toml import load_spec, save_spec
 from raftkv.powerloss.disk import PowerLossDisk
 
@@ -293,8 +293,8 @@ class _Run:
                 f"{node_id}: {taken:.0f} groups taken, {frames:,.0f} frames" for node_id, (taken, frames) in counts.items()))
 
     def _power_cuts_that_may_lose_writes(self) -> list[Cut]:
-        """The default mode's power cuts (fsync mode promises to lose nothing to them)."""
-        if self.config.durability != "default":
+        """Power cuts in lose-last-second mode (fsync mode promises to lose nothing to them)."""
+        if self.config.durability == FSYNC:
             return []
         return [Cut(r.start, r.healed) for r in self.timeline.records() if r.fault == "powerloss" and r.healed]
 

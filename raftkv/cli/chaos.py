@@ -21,7 +21,7 @@ from raftkv.chaos.runner import ChaosReport, RunStatus, run_chaos
 from raftkv.cli.output import console, err_console
 from raftkv.api.convert import CONSISTENCY_BY_NAME
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import RAFT_ENGINES
+from raftkv.core.spec import DURABILITY_MODES, FSYNC, RAFT_ENGINES
 
 
 
@@ -51,7 +51,7 @@ _FAULT_HELP = "Comma-separated faults, each KIND or KIND:VARIANT. " + "; ".join(
 @click.option("--read-consistency", type=click.Choice(sorted(CONSISTENCY_BY_NAME)), default="linearizable",
               show_default=True, help="Of the register reads (leader or follower reads may be stale: the checker "
                                       "should then report violations).")
-@click.option("--durability", type=click.Choice(["default", "fsync"]), default="default", show_default=True,
+@click.option("--durability", type=click.Choice(DURABILITY_MODES), default=FSYNC, show_default=True,
               help="The cluster's durability mode (docs/durability.md).")
 @click.option("--raft-engine", type=click.Choice(RAFT_ENGINES), default="off", show_default=True,
               help="Every node's Raft engine (docs/raft-engine.md).")

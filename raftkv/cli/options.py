@@ -10,7 +10,7 @@ import click
 
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import DURABILITY_MODES, ClusterSpec
+from raftkv.core.spec import DURABILITY_MODES, FSYNC, ClusterSpec
 from raftkv.core.spec_toml import load_spec
 from raftkv.security.tls import Tls, client_tls
 
@@ -92,8 +92,9 @@ def topology_options(command):
         click.option("--base-port", type=click.IntRange(1024, 65000), default=7000, show_default=True,
                      help="Node k uses ports base + k*(partitions+3) onwards: API, metrics, one Raft port a partition, the metadata group's."),
         click.option("--data-dir", type=click.Path(file_okay=False), default="raftkv-data", show_default=True),
-        click.option("--durability", type=click.Choice(DURABILITY_MODES), default="default", show_default=True,
-                     help="fsync: acknowledged writes survive power loss, not just process crashes."),
+        click.option("--durability", type=click.Choice(DURABILITY_MODES), default=FSYNC, show_default=True,
+                     help="fsync: acknowledged writes survive power loss; lose-last-second: faster, but a "
+                          "power cut of every node may lose about the last second's writes."),
         click.option("--tls/--no-tls", default=True, show_default=True,
                      help="Mutual TLS on every listener: makes a CA and certificates in certs/ beside the spec "
                           "(docs/security.md)."),

@@ -11,7 +11,14 @@ from pathlib import Path
 
 from raftkv.core.errors import ConfigError, one_line
 
-DURABILITY_MODES = ("default", "fsync")
+# "fsync": a write is acknowledged once every replica that counted toward it synced it (the default).
+# "lose-last-second": the logs sync once a second, so a power cut of every node at once may lose the
+# writes acknowledged in about the last second (docs/durability.md).
+FSYNC, LOSE_LAST_SECOND = "fsync", "lose-last-second"
+DURABILITY_MODES = (FSYNC, LOSE_LAST_SECOND)
+# Its name while it was the default (before 0.2): still read, and kept as written, so a file an older
+# release wrote stays readable by it during a rolling upgrade or a downgrade.
+FORMER_DURABILITY_NAMES = {"default": LOSE_LAST_SECOND}
 # How settled groups replicate (docs/raft-engine.md): "auto" through the node engine once the cluster
 # version says every member has it, "steady" through it at once, "off" never.
 RAFT_ENGINES = ("off", "auto", "steady")
@@ -130,7 +137,7 @@ class ClusterSpec:
     partitions: int
     replication: int
     nodes: tuple[NodeSpec, ...]
-    durability: str = "default"
+    durability: str = FSYNC
     max_key_bytes: int = DEFAULT_MAX_KEY_BYTES
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     tuning: Tuning = field(default_factory=Tuning)
@@ -163,7 +170,7 @@ class ClusterSpec:
             problems.append(
                 f"cluster.replication: {self.replication} must be between 1 and the number of nodes ({len(self.nodes)})"
             )
-        if self.durability not in DURABILITY_MODES:
+        if self.durability not in DURABILITY_MODES and self.durability not in FORMER_DURABILITY_NAMES:
             problems.append(f"cluster.durability: {self.durability!r} is not one of {', '.join(DURABILITY_MODES)}")
         if self.max_key_bytes < 1:
             problems.append("cluster.max_key_bytes: must be positive")
@@ -216,7 +223,7 @@ def build_spec(
     data_dir: str | Path,
     hosts: list[str] | None = None,
     name: str = "raftkv",
-    durability: str = "default",
+    durability: str = FSYNC,
 ) -> ClusterSpec:
     """A spec for `nodes` nodes; each node takes a block of partitions + 3 ports."""
     if hosts and len(hosts) != nodes:

@@ -5,7 +5,7 @@ writing one back.
     name = "raftkv"
     partitions = 8           # fixed for the life of the cluster
     replication = 3
-    durability = "default"   # or "fsync"
+    durability = "fsync"     # or "lose-last-second" (docs/durability.md)
     max_key_bytes = 4096
     max_value_bytes = 1048576
 
@@ -51,8 +51,8 @@ import tomli_w
 
 from raftkv.core.durable import make_dirs, replace_file
 from raftkv.core.errors import ConfigError, one_line
-from raftkv.core.spec import (DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, BackupConfig, ClusterSpec, NodeSpec,
-                              TlsSpec, Tuning, spec_error)
+from raftkv.core.spec import (DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, FSYNC, BackupConfig, ClusterSpec,
+                              NodeSpec, TlsSpec, Tuning, spec_error)
 
 
 def spec_to_toml(spec: ClusterSpec, relative_to: Path | None = None) -> str:
@@ -167,7 +167,7 @@ def parse_spec(doc: dict, base_dir: Path, source: str = "spec") -> ClusterSpec:
         "name": typed(cluster, "name", str, "cluster"),
         "partitions": typed(cluster, "partitions", int, "cluster"),
         "replication": typed(cluster, "replication", int, "cluster"),
-        "durability": typed(cluster, "durability", str, "cluster", "default"),
+        "durability": typed(cluster, "durability", str, "cluster", FSYNC),
         "max_key_bytes": typed(cluster, "max_key_bytes", int, "cluster", DEFAULT_MAX_KEY_BYTES),
         "max_value_bytes": typed(cluster, "max_value_bytes", int, "cluster", DEFAULT_MAX_VALUE_BYTES),
     }

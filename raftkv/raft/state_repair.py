@@ -78,7 +78,7 @@ class StateRepair:
         else:
             rolled_back = ""
         log.warning("partition %d: the leader replaces committed entries from %d on (to %d here): a power cut of "
-                    "the whole cluster lost them, within the default mode's bound (docs/durability.md)%s",
+                    "the whole cluster lost them, within lose-last-second mode's bound (docs/durability.md)%s",
                     self._partition, first, max(last_applied, commit, position.index), rolled_back)
         member._SyncObj__raftLastApplied = min(last_applied, restart)
         member._SyncObj__raftCommitIndex = min(commit, first - 1)
