@@ -79,7 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=_positive(int), default=3, help="cluster nodes, 3 or more (default 3)")
     parser.add_argument("--partitions", type=_positive(int), default=4, help="default 4")
     parser.add_argument("--threads", type=_positive(int), default=4, help="writer threads (default 4)")
-    parser.add_argument("--durability", choices=("default", "fsync"), default="default")
+    parser.add_argument("--durability", choices=("default", "fsync"), default="default",
+                        help="the mode as the old release names it (\"default\" is lose-last-second's former name)")
     parser.add_argument("--warmup", type=_positive(float), default=5.0,
                         help="seconds of load before the first node is upgraded, and after the last step (default 5)")
     parser.add_argument("--max-gap", type=_positive(float), default=5.0,
