@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -18,7 +19,8 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.console import views
 from raftkv.console.access import VERBS, readable
 from raftkv.console.events import Event, EventLog, merge, topology_events
-from raftkv.console.http import ConsoleApp, serve
+from raftkv.console.http import ConsoleApp
+from raftkv.core.http_server import serve
 from raftkv.console.params import BadParameter, parse
 from raftkv.console.ring import Reading, Ring, quantile, sample
 from raftkv.dev.local_cluster import free_port_block
@@ -210,6 +212,25 @@ def console_port():
     yield port
     server.shutdown()
     loop.call_soon_threadsafe(loop.stop)
+
+
+def test_the_metrics_port_starts_without_asking_dns_for_its_address_s_name(monkeypatch):
+    """wsgiref looks the listening address up (socket.getfqdn) for SERVER_NAME: where no DNS server
+    answers, as on a host of its own (raftkv.dev.netns), that held a node's start for 10 s."""
+    def no_dns(name=""):
+        raise AssertionError(f"a DNS lookup of {name!r}")
+    monkeypatch.setattr(socket, "getfqdn", no_dns)
+    port = free_port_block(1)
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return [b"up"]
+    server = serve(app, "127.0.0.1", port)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as reply:
+            assert reply.read() == b"up"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _get(port: int, path: str, method: str = "GET", headers: dict | None = None) -> tuple[int, bytes, dict]:

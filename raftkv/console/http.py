@@ -1,21 +1,16 @@
 """The metrics port's HTTP server: Prometheus' `/metrics`, and the console's pages, static files and
-`/api/...` (docs/console.md §3). Read-only. wsgiref's threading server, as prometheus_client's own;
-an API call is answered on the node's loop (`Console.answer`) and waited for at most ANSWER_SECONDS."""
+`/api/...` (docs/console.md §3). Read-only, served by `raftkv.core.http_server`; an API call is answered on the node's loop (`Console.answer`) and waited for at most ANSWER_SECONDS."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import json
-import ssl
-import threading
 from importlib import resources
 from typing import Callable, Iterable
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
 
 from raftkv.console.params import PAGES
 
@@ -79,18 +74,3 @@ class ConsoleApp:
         start_response(f"{status} {reason}", [("Content-Type", "application/json"), ("Cache-Control", "no-store"),
                                               ("Content-Length", str(len(data)))] + (headers or []))
         return [] if head else [data]
-
-
-class _Quiet(WSGIRequestHandler):
-    def log_message(self, format: str, *args) -> None:  # no line per request on stderr
-        pass
-
-
-def serve(app: Callable, host: str, port: int, https: ssl.SSLContext | None = None) -> ThreadingWSGIServer:
-    """Listen now (an OSError when the port is taken) and serve from a daemon thread; HTTPS with the
-    node's certificate when given ([tls] metrics = true: `Tls.https_context`)."""
-    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Quiet)
-    if https is not None:
-        server.socket = https.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, name="console http", daemon=True).start()
-    return server

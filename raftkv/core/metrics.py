@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from raftkv.core import http_server
 
 LEADER_CHANGES = Counter("raftkv_leader_changes_total", "Times this replica's role changed", ["partition"])
 IS_LEADER = Gauge("raftkv_is_leader", "1 while this replica leads its partition", ["partition"])
@@ -108,9 +108,6 @@ def init_partition(partition: int) -> None:
     CHECKPOINT_BYTES_SENT.labels(partition)
 
 
-def serve(host: str, port: int, cert_and_key: tuple[Path, Path] | None = None) -> None:
-    """Plain HTTP, or HTTPS with the node's certificate ([tls] metrics = true)."""
-    if cert_and_key is None:
-        start_http_server(port, addr=host)
-    else:
-        start_http_server(port, addr=host, certfile=str(cert_and_key[0]), keyfile=str(cert_and_key[1]))
+def serve(host: str, port: int) -> None:
+    """`/metrics` over plain HTTP (a learner's; a node's metrics port serves its console too)."""
+    http_server.serve(make_wsgi_app(), host, port)

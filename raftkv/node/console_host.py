@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from raftkv.console.http import ConsoleApp, serve
+from raftkv.console.http import ConsoleApp
+from raftkv.core.http_server import serve
 from raftkv.console.sampler import ReplicaView
 from raftkv.console.service import Console
 from raftkv.core.errors import ConfigError
