@@ -75,10 +75,10 @@ async def _topology(client: AsyncClient, spec: ClusterSpec) -> ClusterMeta:
 
 async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
                 sink_overrides: Mapping[str, str] | None = None, metrics_port: int | None = None,
-                api_port: int | None = None) -> None:
+                api_port: int | None = None, host: str = "127.0.0.1") -> None:
     """Run the learner registered as `name` until SIGTERM or SIGINT, or until a copy's files cannot be
     trusted (then raise why). `sink_overrides` take the place of registered sink options; `folder`
-    defaults to `learner_folder`."""
+    defaults to `learner_folder`; `host`: the address the API and metrics ports listen on."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -127,13 +127,14 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
         tasks.append(replicas_open)
         await sink_open
         if metrics_port:
-            metrics.serve("127.0.0.1", metrics_port)
+            metrics.serve(host, metrics_port)
         learner_status.write(folder, {})
         pumping = loop.create_task(pump.run(stop))
         await replicas_open
         if api_port:
             from learners.learner_reads import serve_reads  # the node's service stack, only when asked for
-            served = await serve_reads(spec, tls, topology, name, replicas, api_port, loop, sink, lambda: current[0])
+            served = await serve_reads(spec, tls, topology, name, replicas, f"{host}:{api_port}", loop, sink,
+                                       lambda: current[0])
         tasks += [loop.create_task(_publish(pump, folder, tls, stop)), loop.create_task(_report_progress(client, name, pump, stop))]
         print(f"raftkv learner {name} ready: partitions {partitions}, sink {registered.sink}", flush=True)
         await pumping  # until stopped

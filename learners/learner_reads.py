@@ -24,7 +24,7 @@ from raftkv.security.tls import Tls, listen
 
 
 async def serve_reads(spec: ClusterSpec, tls: Tls | None, topology: ClusterMeta, name: str,
-                      replicas: dict[int, LearnerReplica], api_port: int, loop: asyncio.AbstractEventLoop, sink: Sink,
+                      replicas: dict[int, LearnerReplica], address: str, loop: asyncio.AbstractEventLoop, sink: Sink,
                       current: Callable[[], ClusterMeta]) -> tuple[grpc.aio.Server, KVService]:
     """The node API over the learner's copies: follower reads and scans here, the rest forwarded to leaders
     (with the cluster's TLS a learner may only read, so writes must go to the nodes themselves).
@@ -44,6 +44,6 @@ async def serve_reads(spec: ClusterSpec, tls: Tls | None, topology: ClusterMeta,
     kv_pb2_grpc.add_KVServicer_to_server(service, server)
     if isinstance(sink, ChangeSource):
         kv_pb2_grpc.add_ChangeLogServicer_to_server(ChangeLogService(sink, loop, gate), server)
-    listen(server, f"127.0.0.1:{api_port}", tls)
+    listen(server, address, tls)
     await server.start()
     return server, service

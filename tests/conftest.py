@@ -22,6 +22,7 @@ from raftkv.client.sync_client import Client
 from raftkv.core.errors import CorruptData, Timeout, Unavailable, Undetermined
 from raftkv.core.release import VERSION
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
+from raftkv.dev.netns import Hosts
 from raftkv.core.spec import BackupConfig, ClusterSpec, NodeSpec, Tuning, build_spec, ports_per_node
 from raftkv.core.spec_toml import save_spec
 from raftkv.meta.records import ClusterMeta
@@ -160,16 +161,23 @@ RAFT_ENGINE = os.environ.get("RAFTKV_TEST_RAFT_ENGINE", NodeSpec.raft_engine)
 @contextlib.contextmanager
 def cluster_maker(root: Path) -> Iterator[Callable[..., LocalCluster]]:
     """make(nodes=3, partitions=4, backup=None, tls=False, **tuning) -> a started, ready LocalCluster under
-    `root`; tls="metrics" serves the metrics port (and the console) over HTTPS too. Every process is
-    killed on leaving."""
+    `root`; tls="metrics" serves the metrics port (and the console) over HTTPS too; hosts=True runs each
+    node on a host of its own (a network namespace with its own address, `raftkv.dev.netns`; the cluster's
+    `hosts` makes more, for nodes that join). Every process is killed, and every host removed, on leaving."""
     clusters: list[LocalCluster] = []
+    made_hosts: list[Hosts] = []
 
     def make(nodes: int = 3, partitions: int = 4, replication: int = 3, durability: str = "lose-last-second",
              start: bool = True, backup: BackupConfig | None = None, tls: bool | str = False,
-             raft_engine: str = RAFT_ENGINE, **tuning) -> LocalCluster:
+             raft_engine: str = RAFT_ENGINE, hosts: bool = False, **tuning) -> LocalCluster:
         base = free_port_block(nodes * ports_per_node(partitions))
+        own_hosts = None
+        if hosts:
+            own_hosts = Hosts(nodes)
+            made_hosts.append(own_hosts)
         spec: ClusterSpec = build_spec(nodes=nodes, partitions=partitions, replication=replication,
-                                       base_port=base, data_dir=root / f"c{len(clusters)}", durability=durability)
+                                       base_port=base, data_dir=root / f"c{len(clusters)}", durability=durability,
+                                       hosts=own_hosts.addresses if own_hosts else None)
         spec = dataclasses.replace(spec, tuning=Tuning(**tuning), backup=backup, nodes=tuple(
             dataclasses.replace(n, raft_engine=raft_engine) for n in spec.nodes))
         folder = root / f"c{len(clusters)}"
@@ -178,7 +186,8 @@ def cluster_maker(root: Path) -> Iterator[Callable[..., LocalCluster]]:
         if tls == "metrics":
             spec = dataclasses.replace(spec, tls=dataclasses.replace(spec.tls, metrics=True))
         spec_path = save_spec(spec, folder / "cluster.toml")
-        cluster = LocalCluster(spec, spec_path)
+        cluster = LocalCluster(spec, spec_path, wrap_command=own_hosts.node_commands(spec) if own_hosts else None)
+        cluster.hosts = own_hosts
         clusters.append(cluster)
         if start:
             cluster.start_all()
@@ -191,6 +200,8 @@ def cluster_maker(root: Path) -> Iterator[Callable[..., LocalCluster]]:
         for cluster in clusters:
             for node_id in list(cluster.procs):
                 cluster.kill(node_id)
+        for hosts in made_hosts:
+            hosts.close()
 
 
 @pytest.fixture

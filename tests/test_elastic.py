@@ -13,6 +13,7 @@ import pytest
 from raftkv import Client
 from raftkv.core.spec import NodeSpec, ports_per_node
 from raftkv.dev.local_cluster import free_port_block
+from raftkv.dev.netns import Hosts
 from raftkv.dev.write_load import WriteLoad
 from raftkv.meta.bootstrap import node_record
 from raftkv.meta.records import AddNode, NodeState
@@ -28,27 +29,32 @@ def _all_read_back(load: WriteLoad) -> None:
 
 
 class Joiner:
-    """`raftkv node start --join` processes this test starts (and stops)."""
+    """`raftkv node start --join` processes this test starts (and stops); with `hosts` (a cluster's, from
+    `make_cluster(hosts=True)`) each on a host of its own."""
 
-    def __init__(self, root: Path, partitions: int):
+    def __init__(self, root: Path, partitions: int, hosts: Hosts | None = None):
         self.root = root
         self.partitions = partitions
+        self.hosts = hosts
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: list = []
 
-    def join(self, node_id: str, seed: str, tls: tuple[Path, Path, Path] | None = None, cwd: Path | None = None) -> str:
-        """`tls`: the CA, and this node's certificate and key (relative to `cwd`, if given)."""
+    def join(self, node_id: str, seed: str, tls: tuple[Path, Path, Path] | None = None, cwd: Path | None = None,
+             host: str | None = None) -> str:
+        """`tls`: the CA, and this node's certificate and key (relative to `cwd`, if given). `host`: one of
+        `hosts` made for it (a new one by default), or 127.0.0.1 without them."""
+        host = host or (self.hosts.add() if self.hosts else "127.0.0.1")
         base = free_port_block(ports_per_node(self.partitions))
         files = ["--cacert", str(tls[0]), "--cert", str(tls[1]), "--key", str(tls[2])] if tls else []
         data_dir = self.root / node_id
         data_dir.mkdir(parents=True, exist_ok=True)
         log = open(data_dir / "node.log", "ab")
         self.logs.append(log)
-        self.procs[node_id] = subprocess.Popen(
-            [sys.executable, "-m", "raftkv", *files, "node", "start", "--join", seed, "--node", node_id, "--host", "127.0.0.1",
-             "--base-port", str(base), "--data-dir", str(data_dir)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
-        return f"127.0.0.1:{base}"
+        command = [sys.executable, "-m", "raftkv", *files, "node", "start", "--join", seed, "--node", node_id,
+                   "--host", host, "--base-port", str(base), "--data-dir", str(data_dir)]
+        self.procs[node_id] = subprocess.Popen(self.hosts.command_for(host, command) if self.hosts else command,
+                                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd)
+        return f"{host}:{base}"
 
     def close(self) -> None:
         for proc in self.procs.values():
@@ -62,8 +68,8 @@ class Joiner:
 def joiner(tmp_path):
     made = []
 
-    def make(partitions: int) -> Joiner:
-        made.append(Joiner(tmp_path / "joined", partitions))
+    def make(partitions: int, hosts: Hosts | None = None) -> Joiner:
+        made.append(Joiner(tmp_path / "joined", partitions, hosts))
         return made[-1]
 
     yield make
@@ -83,8 +89,10 @@ def _balanced(kv: Client, nodes: list[str]) -> bool:
 
 
 def test_two_nodes_join_under_load_and_the_cluster_balances_itself(make_cluster, joiner):
-    cluster = make_cluster(nodes=3, partitions=8, replication=3, **FAST)
-    joined = joiner(8)
+    """Every node on a host of its own (a network namespace with its own address): a node that
+    advertised or dialled 127.0.0.1 anywhere would not be reached."""
+    cluster = make_cluster(nodes=3, partitions=8, replication=3, hosts=True, **FAST)
+    joined = joiner(8, cluster.hosts)
     with WriteLoad(cluster.endpoints, 8) as load, Client(cluster.endpoints, timeout=10.0) as kv:
         wait_until(lambda: len(load.acked) > 200, 30, "the load to get going")
         joined.join("n4", cluster.endpoints[0])
@@ -103,14 +111,15 @@ def test_two_nodes_join_under_load_and_the_cluster_balances_itself(make_cluster,
 def test_a_node_joins_a_tls_cluster_with_its_own_certificate_and_one_without_is_told(make_cluster, joiner, tmp_path):
     """n4's files are named relative to the current directory, as README's demo user did: its data dir's
     spec once named them relative to the data dir instead, and it could not read them."""
-    cluster = make_cluster(nodes=3, partitions=4, replication=3, tls=True, **FAST)
+    cluster = make_cluster(nodes=3, partitions=4, replication=3, tls=True, hosts=True, **FAST)
     certs = cluster.spec.tls.ca.parent
-    assert run("certs", "init", "--out", str(certs), "--node", "n4=127.0.0.1").returncode == 0
+    n4 = cluster.hosts.add()  # a host of its own, as the cluster's nodes: its certificate names its address
+    assert run("certs", "init", "--out", str(certs), "--node", f"n4={n4}").returncode == 0
     stranger = run("node", "start", "--join", cluster.endpoints[0], "--node", "n5", "--host", "127.0.0.1",
                    "--base-port", str(free_port_block(ports_per_node(4))), "--data-dir", str(tmp_path / "n5"))
     assert_one_line_error(stranger, "cannot join through", "requires TLS")
-    joiner(4).join("n4", cluster.endpoints[0], tls=(Path("certs/ca.pem"), Path("certs/node-n4.pem"),
-                                                    Path("certs/node-n4.key")), cwd=certs.parent)
+    joiner(4, cluster.hosts).join("n4", cluster.endpoints[0], tls=(Path("certs/ca.pem"), Path("certs/node-n4.pem"),
+                                                                   Path("certs/node-n4.key")), cwd=certs.parent, host=n4)
     with Client(cluster.endpoints, timeout=10.0, tls=cluster.tls) as kv:
         wait_until(lambda: _balanced(kv, ["n1", "n2", "n3", "n4"]), 120, "n4 to take its share of replicas")
         assert [n.id for n in kv.topology().meta.nodes] == ["n1", "n2", "n3", "n4"]

@@ -32,9 +32,13 @@ def jsonl_plugin_installed():
 
 
 class Learner:
+    """A learner process of `cluster`; on a host of its own when the cluster's nodes have theirs
+    (`make_cluster(hosts=True)`), at `host`."""
+
     def __init__(self, cluster, name: str, feed: Path):
         self.cluster, self.name, self.feed = cluster, name, feed
         self.proc: subprocess.Popen | None = None
+        self.host = cluster.hosts.add() if cluster.hosts else "127.0.0.1"
 
     def add(self) -> None:
         subprocess.run([sys.executable, "-m", "raftkv", "learner", "add", "--name", self.name, "--sink", "jsonl",
@@ -43,9 +47,10 @@ class Learner:
 
     def start(self, *extra: str, env: dict[str, str] | None = None) -> None:
         log = open(self.feed.parent / f"learner-{self.name}.log", "ab")
+        command = [sys.executable, "-m", "raftkv", "learner", "start", "--name", self.name, "--config",
+                   str(self.cluster.spec_path), "--host", self.host, *extra]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raftkv", "learner", "start", "--name", self.name, "--config",
-             str(self.cluster.spec_path), *extra],
+            self.cluster.hosts.command_for(self.host, command) if self.cluster.hosts else command,
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
 
     def kill(self) -> None:
@@ -286,11 +291,12 @@ def test_a_leader_change_during_streaming_loses_and_duplicates_nothing(make_clus
 def test_a_learner_serves_follower_reads_from_its_copy_even_with_every_voter_down_and_says_so_once(
         make_cluster, learner_factory):
     """Issue 25, item 11e: the learner said nothing while no node answered; now one warning, and one line
-    when the cluster is back, not a line per retry."""
-    cluster = make_cluster(nodes=3, partitions=2)
+    when the cluster is back, not a line per retry. The nodes and the learner each on a host of their own,
+    this test's clients on another."""
+    cluster = make_cluster(nodes=3, partitions=2, hosts=True)
     learner = learner_factory(cluster)
     learner.kill()
-    api = f"127.0.0.1:{free_port_block(1)}"
+    api = f"{learner.host}:{free_port_block(1)}"
     learner.start("--api-port", api.rsplit(":", 1)[1])
     with Client(cluster.endpoints) as kv:
         for i in range(30):

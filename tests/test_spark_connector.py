@@ -164,7 +164,8 @@ def test_a_read_while_a_leader_is_killed_is_a_consistent_snapshot_or_a_failed_ta
 
 
 def test_a_read_while_the_leaders_replica_moves_is_a_consistent_snapshot_or_a_failed_task(spark, make_cluster):
-    cluster = make_cluster(nodes=4, partitions=2, rebalance_interval=0)
+    """Each node on a host of its own, Spark on another: the move copies the replica between hosts."""
+    cluster = make_cluster(nodes=4, partitions=2, rebalance_interval=0, hosts=True)
 
     def move(leader: str) -> None:
         with Client(cluster.endpoints) as client:

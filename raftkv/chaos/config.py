@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -35,6 +37,7 @@ class ChaosConfig:
     client_timeout: float = 3.0
     tuning: Tuning = field(default_factory=lambda: CHAOS_TUNING)
     disk_mb: int = 256  # the tmpfs of the diskfull node
+    hosts: bool = False  # each node on a host of its own (a network namespace, raftkv.dev.netns)
 
     @property
     def fault_kinds(self) -> frozenset[str]:
@@ -60,19 +63,24 @@ class ChaosConfig:
         if self.client_timeout <= 0:
             problems.append("client_timeout: must be positive")
         problems += self.tuning.problems()
-        unavailable = unavailable_faults(self.fault_kinds)
+        if self.hosts and os.geteuid() != 0:
+            problems.append("--hosts: network namespaces need root")
+        unavailable = unavailable_faults(self.fault_kinds, self.hosts)
         for fault in sorted(self.fault_kinds & set(unavailable)):
             what = "network partitions are not possible" if fault == "partition" else "not possible"
             problems.append(f"--faults {fault}: {what} here: {unavailable[fault]}")
         return problems
 
 
-def unavailable_faults(kinds: Iterable[str]) -> dict[str, str]:
+def unavailable_faults(kinds: Iterable[str], hosts: bool = False) -> dict[str, str]:
     """Each of these fault kinds that this machine cannot inject, and why (README.md#fault-injection
-    lists what each needs). Only the kinds asked about are probed."""
+    lists what each needs). Only the kinds asked about are probed. On hosts of their own (`hosts`),
+    a partition needs only nftables in each namespace, not cgroups."""
     kinds = set(kinds)
     found = {}
-    if "partition" in kinds and (why := netcut.unavailable_reason()):
+    if "partition" in kinds and hosts and not shutil.which("nft"):
+        found["partition"] = "the nft command is missing (install Debian's nftables package)"
+    elif "partition" in kinds and not hosts and (why := netcut.unavailable_reason()):
         found["partition"] = why
     if "diskfull" in kinds and (why := small_disk.unavailable_reason()):
         found["diskfull"] = why

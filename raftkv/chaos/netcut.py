@@ -48,8 +48,9 @@ def cgroup2_mount() -> Path | None:
     return None
 
 
-def _nft(script: str) -> None:
-    result = subprocess.run(["nft", "-f", "-"], input=script, text=True, capture_output=True)
+def nft(script: str, prefix: Sequence[str] = ()) -> None:
+    """Apply an nft script (`prefix`: what runs nft, e.g. in a node's network namespace)."""
+    result = subprocess.run([*prefix, "nft", "-f", "-"], input=script, text=True, capture_output=True)
     if result.returncode != 0:
         raise ConfigError(f"nft refused the rules: {result.stderr.strip() or result.returncode}", source="netcut")
 
@@ -89,7 +90,7 @@ class NetCut:
         try:
             for node_id in spec.node_ids:
                 self.cgroup(node_id).mkdir()
-            _nft(f"add table inet {self.table}\n"
+            nft(f"add table inet {self.table}\n"
                  f"add chain inet {self.table} out {{ type filter hook output priority -10; policy accept; }}\n"
                  f"add chain inet {self.table} in {{ type filter hook input priority -10; policy accept; }}\n")
         except BaseException:
@@ -127,14 +128,14 @@ class NetCut:
             for node_id in group:
                 match = f'socket cgroupv2 level {self._level} "{self._nft_path(node_id)}"'
                 for peer in other:
-                    ports = self._raft_ports(peer)
+                    ports = raft_ports(self.spec, peer)
                     rules.append(f"add rule inet {self.table} out {match} tcp dport {ports} drop")
                     rules.append(f"add rule inet {self.table} in {match} tcp sport {ports} drop")
-        _nft("\n".join(rules) + "\n")
+        nft("\n".join(rules) + "\n")
         self.cut_groups = groups
 
     def heal(self) -> None:
-        _nft(f"flush chain inet {self.table} out\nflush chain inet {self.table} in\n")
+        nft(f"flush chain inet {self.table} out\nflush chain inet {self.table} in\n")
         self.cut_groups = ()
 
     def close(self) -> None:
@@ -153,13 +154,8 @@ class NetCut:
     def _nft_path(self, node_id: str) -> str:
         return str(self.cgroup(node_id).relative_to(CGROUP_ROOT))
 
-    def _raft_ports(self, node_id: str) -> str:
-        """Every partition's Raft port and the metadata group's, which follows them."""
-        node = self.spec.node(node_id)
-        return f"{node.raft_port_base}-{node.meta_port(self.spec.partitions)}"
 
-    def __enter__(self) -> NetCut:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+def raft_ports(spec: ClusterSpec, node_id: str) -> str:
+    """Every partition's Raft port of a node and the metadata group's, which follows them (an nft range)."""
+    node = spec.node(node_id)
+    return f"{node.raft_port_base}-{node.meta_port(spec.partitions)}"

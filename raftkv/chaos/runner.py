@@ -33,6 +33,7 @@ from raftkv.chaos.faults import FaultInjector, placement_of
 from raftkv.chaos.history import SET_FUNCTIONS, Op, Violation, dump_history
 from raftkv.chaos.linearizability import check_register
 from raftkv.chaos.nemesis import POWER_LOSS_DISK_FAULTS, FaultStep, choose_disk_node, schedule
+from raftkv.chaos.hostcut import HostCut
 from raftkv.chaos.netcut import NetCut
 from raftkv.chaos.power_cuts import LOSS_BOUND_SECONDS, Cut, PowerCutLosses, explain_losses
 from raftkv.chaos.recovery import WRITE_DEADLINE, lagging_replicas, writes_resume
@@ -43,6 +44,7 @@ from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_set
 from raftkv.core.errors import ConfigError
 from raftkv.dev.local_cluster import LocalCluster, free_port_block, process_rss_kib
 from raftkv.dev.local_feed import LocalFeed
+from raftkv.dev.netns import Hosts
 from raftkv.core.spec import FSYNC, build_spec, ports_per_node
 from raftkv.core.spec_toml import load_spec, save_spec
 from raftkv.powerloss.disk import PowerLossDisk
@@ -149,10 +151,14 @@ class _Run:
     # -- the run -----------------------------------------------------------
 
     def execute(self, cleanup: ExitStack) -> None:
-        spec = self._new_spec()
+        hosts = None
+        if self.config.hosts:  # removed last: after every process on them ended
+            hosts = Hosts(self.config.nodes)
+            cleanup.callback(hosts.close)
+        spec = self._new_spec(hosts)
         netcut = None
         if any(s.fault == "partition" for s in self.steps):
-            netcut = NetCut(spec)
+            netcut = HostCut(spec, hosts) if hosts else NetCut(spec)
             cleanup.callback(netcut.close)
         power_loss = any(s.fault in POWER_LOSS_DISK_FAULTS for s in self.steps)
         disk = None
@@ -168,8 +174,8 @@ class _Run:
                 disks[node_id] = PowerLossDisk(spec.node(node_id).data_dir, self._backing(node_id))
                 cleanup.callback(disks[node_id].close)
                 disks[node_id].mount()
-        cluster = LocalCluster(spec, spec.path, wrap_command=netcut.command_for if netcut else None,
-                               log_dir=self.run_dir / "logs")
+        wrap = netcut.command_for if netcut else hosts.node_commands(spec) if hosts else None
+        cluster = LocalCluster(spec, spec.path, wrap_command=wrap, log_dir=self.run_dir / "logs")
         cleanup.callback(_kill_all, cluster)
         self.status.phase = "starting the cluster"
         cluster.start_all()
@@ -205,11 +211,12 @@ class _Run:
     def _backing(self, node_id: str) -> Path:
         return self.run_dir / "disks" / node_id
 
-    def _new_spec(self):
+    def _new_spec(self, hosts: Hosts | None):
         c = self.config
         base = free_port_block(c.nodes * ports_per_node(c.partitions))
         spec = build_spec(nodes=c.nodes, partitions=c.partitions, replication=3, base_port=base,
-                          data_dir=self.run_dir / "cluster", durability=c.durability)
+                          data_dir=self.run_dir / "cluster", durability=c.durability,
+                          hosts=hosts.addresses if hosts else None)
         spec = dataclasses.replace(spec, tuning=c.tuning, nodes=tuple(
             dataclasses.replace(n, raft_engine=c.raft_engine) for n in spec.nodes))
         return load_spec(save_spec(spec, self.run_dir / "cluster" / "cluster.toml"))

@@ -55,8 +55,11 @@ _FAULT_HELP = "Comma-separated faults, each KIND or KIND:VARIANT. " + "; ".join(
               help="The cluster's durability mode (docs/durability.md).")
 @click.option("--raft-engine", type=click.Choice(RAFT_ENGINES), default="off", show_default=True,
               help="Every node's Raft engine (docs/raft-engine.md).")
+@click.option("--hosts", is_flag=True, default=False,
+              help="Each node on a host of its own: a network namespace with its own address (needs root); "
+                   "partitions are then cut by address in each namespace.")
 def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_consistency, durability,
-        raft_engine) -> None:
+        raft_engine, hosts) -> None:
     """Run a workload against a fresh local cluster under faults; exit 1 on any violation.
 
     Needs root for partitions (cgroup v2 and nftables) and disk full (a tmpfs), and FUSE for powerloss
@@ -67,7 +70,8 @@ def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_c
     except ValueError as exc:
         raise ConfigError(str(exc), source="--faults") from None
     if click.get_current_context().get_parameter_source("faults") is ParameterSource.DEFAULT:
-        fault_choices, skipped = runnable_faults(fault_choices, unavailable_faults(f.fault for f in fault_choices))
+        fault_choices, skipped = runnable_faults(fault_choices,
+                                                 unavailable_faults((f.fault for f in fault_choices), hosts))
         if skipped:
             console.print("skipping faults this machine cannot inject: " + "; ".join(
                 f"{', '.join(kinds)} ({why})" for why, kinds in skipped.items())
@@ -75,7 +79,8 @@ def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_c
     config = ChaosConfig(nodes=nodes, partitions=partitions, duration=duration, clients=clients,
                          faults=fault_choices, learner=learner,
                          seed=seed if seed is not None else random.randrange(1 << 31), out=out,
-                         read_consistency=read_consistency, durability=durability, raft_engine=raft_engine)
+                         read_consistency=read_consistency, durability=durability, raft_engine=raft_engine,
+                         hosts=hosts)
     console.print(f"chaos run: seed {config.seed}, faults {', '.join(map(str, config.faults))}")
     status = RunStatus()
     with Live(get_renderable=lambda: _progress(status, config), console=console, transient=True):

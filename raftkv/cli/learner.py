@@ -128,12 +128,14 @@ def remove(name, partitions, config, endpoints) -> None:
               help="Default: learners/<name> next to the cluster spec.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=None, help="Serve Prometheus metrics here.")
 @click.option("--api-port", type=click.IntRange(1, 65535), default=None,
-              help="Serve follower/stale reads and scans from the learner's copy on 127.0.0.1:PORT.")
-def start(name, config, sink_options, data_dir, metrics_port, api_port) -> None:
+              help="Serve follower/stale reads and scans from the learner's copy on HOST:PORT.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address --api-port and --metrics-port listen on: this host's, for clients on others.")
+def start(name, config, sink_options, data_dir, metrics_port, api_port, host) -> None:
     """Run a registered learner until SIGTERM or Ctrl-C (--sink-option overrides registered options)."""
     spec = load_spec(config)
     overrides = parse_key_values(sink_options, "--sink-option")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failpoints.arm_from_environment()
     uvloop.run(learner_process.serve(spec, name, Path(data_dir) if data_dir else None, overrides, metrics_port,
-                                      api_port))
+                                      api_port, host))
