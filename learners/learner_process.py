@@ -35,6 +35,7 @@ from raftkv.meta.bootstrap import spec_meta
 from raftkv.meta.records import ClusterMeta, raft_directory
 from raftkv.raft.hub import RaftHub
 from raftkv.security.tls import Tls, learner_tls
+from raftkv.storage import rocks_memory
 from raftkv.storage.rocks_engine import RocksEngine
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
 
     def corrupt(error: CorruptData) -> None:  # from a group's tick, or from RocksDB on any thread
         loop.call_soon_threadsafe(stop_on, error)
+    rocks_memory.configure(spec.tuning.rocksdb_block_cache_mb, spec.tuning.rocksdb_memtables_mb)
     folder = folder or learner_folder(spec, name)
     tls = learner_tls(spec)  # one for the process: its timer takes up renewed files (`_publish`)
     client = AsyncClient([n.api_address for n in spec.nodes], timeout=5.0, tls=tls)

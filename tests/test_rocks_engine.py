@@ -12,7 +12,9 @@ from raftkv.core.commands import Delete, DeleteRange, Put
 from raftkv.storage.engine import KeyRange, Position
 from raftkv.chaos.small_disk import SmallDisk
 from raftkv.core.errors import CorruptData, StorageFull, Unavailable
+from raftkv.storage import rocks_memory
 from raftkv.storage.rocks_engine import INSTALL_READY, RocksEngine, recover_interrupted_install
+from tests.conftest import wait_until
 from tests.test_engine import scan
 
 
@@ -340,3 +342,28 @@ def test_a_checkpoint_being_sent_when_the_process_died_is_deleted_at_the_next_op
     assert list((scratch / "db").iterdir())
     RocksEngine(tmp_path).close()
     assert not scratch.exists()
+
+
+def test_every_database_of_a_process_shares_one_block_cache_and_one_memtable_budget(tmp_path):
+    """Four databases written with 8 MiB each under an 8 MiB memtable budget: the budget makes them flush
+    (alone, each would keep its 8 MiB in a memtable, 32 MiB together); reading any of them fills the one
+    block cache, index blocks included, up to its capacity."""
+    rocks_memory.configure(block_cache_mb=8, memtables_mb=8)
+    engines = [RocksEngine(tmp_path / f"p{i}") for i in range(4)]
+    try:
+        value = b"v" * 1000
+        for e in engines:
+            for batch in range(8):
+                e.write([Put(b"%02d%06d" % (batch, k), value) for k in range(1024)], Position(batch + 1, 1))
+        cache = rocks_memory.usage()[0]
+        wait_until(lambda: 0 < rocks_memory.usage()[1] < 16 << 20, 10, "the budget's flushes (RocksDB's threads)")
+        seen = []
+        for e in engines:
+            e.flush()
+            assert all(e.get(b"%02d%06d" % (b, k)) == value for b in range(8) for k in range(0, 1024, 64))
+            seen.append(rocks_memory.usage()[0])
+        assert cache < seen[0] < seen[1] <= 8 << 20, seen  # one cache: the second database's blocks add to it
+    finally:
+        for e in engines:
+            e.close()
+        rocks_memory.configure(rocks_memory.BLOCK_CACHE_MB, rocks_memory.MEMTABLES_MB)

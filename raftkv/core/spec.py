@@ -55,6 +55,9 @@ class Tuning:
     max_calls_per_client: int = 2048
     max_scans_per_client: int = 64
     max_writes_per_client: int = 200_000  # write operations sent and not yet answered
+    # what every RocksDB database of a node (or learner) shares: a block cache, memtables (storage/rocks_memory.py)
+    rocksdb_block_cache_mb: int = 64
+    rocksdb_memtables_mb: int = 64
 
     def problems(self) -> list[str]:
         problems = []
@@ -76,6 +79,9 @@ class Tuning:
                             "seeds counts against what a stopped learner may hold)")
         if self.rebalance_interval < 0:
             problems.append("tuning.rebalance_interval: must not be negative (0 turns rebalancing off)")
+        for name in ("rocksdb_block_cache_mb", "rocksdb_memtables_mb"):
+            if getattr(self, name) < 8:
+                problems.append(f"tuning.{name}: at least 8")
         if not 0 <= self.wire_compression <= 9:
             problems.append("tuning.wire_compression: a zlib level, 0 (none) to 9")
         return problems

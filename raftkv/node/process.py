@@ -50,6 +50,7 @@ from raftkv.raft.log_turn import LogTurn
 from raftkv.raft.replica_logs import META_GROUP, ReplicaLogs
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.security.tls import listen, node_tls
+from raftkv.storage import rocks_memory
 from raftkv.storage.rocks_engine import RocksEngine
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class Node:
             self.tls.check()
         loop = self._loop = asyncio.get_running_loop()
         self.failure = loop.create_future()
+        rocks_memory.configure(self.spec.tuning.rocksdb_block_cache_mb, self.spec.tuning.rocksdb_memtables_mb)
         # Every port of the node's block, partitions it does not hold included: any may move here.
         check_ports(self.me.host, [("api_port", self.me.api_port), ("metrics_port", self.me.metrics_port)]
                     + [(f"raft port of partition {p}", self.me.raft_port_base + p) for p in range(self.spec.partitions)]

@@ -48,6 +48,7 @@ from raftkv.core.commands import Mutation
 from raftkv.storage.engine import ZERO, KeyRange, Position
 from raftkv.core.durable import fsync_directory, fsync_tree, make_dirs
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull, Unavailable
+from raftkv.storage import rocks_memory
 from raftkv.storage.rocks_scan import RocksScan
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def _no_space(exc: BaseException) -> bool:
 
 
 def _options() -> Options:
-    opts = Options(raw_mode=True)
+    opts = rocks_memory.options()
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     return opts
@@ -74,7 +75,7 @@ def _options() -> Options:
 
 def _open(path: Path) -> Rdict:
     try:
-        return Rdict(str(path), _options(), column_families={_META_CF: Options(raw_mode=True)})
+        return Rdict(str(path), _options(), column_families={_META_CF: rocks_memory.options()})
     except Exception as exc:  # rocksdict raises a bare Exception for corruption
         if _no_space(exc):
             raise StorageFull(f"disk full opening {path}; free space on that disk") from None
