@@ -80,7 +80,8 @@ def test_a_registered_learner_holds_the_version_at_its_release_once_learners_rep
     assert version_to_raise("0.2.0", NODES, nodes, {"feed": "0.2.0"}) is None  # the learner reads 0.2.0 formats
     assert version_to_raise("0.2.0", NODES, nodes, {"feed": None}) is None  # registered, not heard from
     assert version_to_raise("0.2.0", NODES, nodes, {"feed": "0.3.1"}).version == "0.3.0"
-    assert version_to_raise("0.2.0", NODES, {**nodes, "n1": "0.4.0"}, {"feed": "0.3.1", "old": "0.3.0"}).version == "0.3.0"
+    two = {"feed": "0.3.1", "old": "0.3.0"}
+    assert version_to_raise("0.2.0", NODES, {**nodes, "n1": "0.4.0"}, two).version == "0.3.0"
     # Below LEARNER_RELEASES_SINCE no learner can have reported: one that has not does not hold the version.
     assert version_to_raise(FIRST_RELEASE, NODES, nodes, {"feed": None}).version == "0.3.0"
     assert version_to_raise(FIRST_RELEASE, NODES, nodes, {"feed": "0.2.0"}).version == "0.2.0"

@@ -3,13 +3,14 @@ each; all opened anew once renewed TLS files were taken up (docs/security.md §4
 
 A channel presents the certificate it was opened with at every reconnection, so a client that outlives
 its certificate would be refused once the old one expires or its CA is dropped. `look`, once per
-LOOK_SECONDS on the operation path (the retry loop compares the loop time it reads anyway with
-`next_look`: no call per operation), takes up renewed files as a node's timer does (`Tls.refresh`, a
-stat of three files) and, when `Tls.generation` moved, opens every channel anew. What is in flight on
-the old channels finishes there: each node's ExecuteStream is half-closed, so the node answers the
-requests it has and ends it (`transport.NodeTransport.reopen`), and scans and admin calls keep their
-call. The old channels are closed with the client (as `node.peers.Peers` does): closing one sooner
-would cut a scan still reading from it, and an idle one holds no more than its connection.
+LOOK_SECONDS on the operation path (before each attempt the retry loop compares the loop time it
+reads anyway with `next_look`: no call per operation), takes up renewed files as a node's timer does
+(`Tls.refresh`, a stat of three files) and, when `Tls.generation` moved, opens every channel anew.
+What is in flight on the old channels finishes there: each node's ExecuteStream is half-closed, so the
+node answers the requests it has and ends it (`transport.NodeTransport.reopen`), and scans and admin
+calls keep their call. The old channels are closed with the client (as `node.peers.Peers` does):
+closing one sooner would cut a scan still reading from it, and an idle one holds no more than its
+connection.
 """
 
 from __future__ import annotations

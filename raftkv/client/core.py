@@ -238,19 +238,20 @@ class ClientCore:
         """`attempt_at(address)` until it succeeds, the error is final, or the deadline passes."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        if now >= self._channels.next_look:  # renewed TLS files, once a second: not a call per operation
-            self._channels.look(now)
         deadline = now + self.timeout
         if not self.routing.partitions:
             await self.refresh()
         attempt = 0
         while True:
+            if now >= self._channels.next_look:  # renewed TLS files, once a second: not a call per operation
+                self._channels.look(now)
             attempt += 1
             try:
                 return await attempt_at(self.routing.target(partition, attempt, consistency == pb.FOLLOWER))
             except RaftKVError as error:
                 hinted = isinstance(error, NotLeader) and self.routing.hinted(partition, error.leader_hint)
-                decision = decide(error, attempt=attempt, now=loop.time(), deadline=deadline, is_write=is_write,
+                now = loop.time()
+                decision = decide(error, attempt=attempt, now=now, deadline=deadline, is_write=is_write,
                                   hinted_new_leader=hinted, what=what, timeout=self.timeout)
             if not decision.retry:
                 raise decision.error
