@@ -87,22 +87,24 @@ def test_a_client_presents_its_renewed_certificate_once_the_node_accepts_only_th
                             return
 
                 writers = [asyncio.ensure_future(writer(w)) for w in range(8)]
-                await _until(lambda: done[0] > 50 and service.streams, "writes on alice's stream")
-                assert service.streams == [["alice", "open"]]
+                try:
+                    await _until(lambda: done[0] > 50 and service.streams, "writes on alice's stream")
+                    assert service.streams == [["alice", "open"]]
 
-                _renew(user, (b / "ca.pem").read_bytes(), b / "user-bob.pem", b / "user-bob.key")
-                _renew(node, (b / "ca.pem").read_bytes(), b / "node-n1.pem", b / "node-n1.key")
-                node.refresh()  # as the node's timer does
-                assert node.generation == 2
-                assert await _status_with(address, node.ca, a / "user-alice.pem",
-                                          a / "user-alice.key") == grpc.StatusCode.UNAVAILABLE
+                    _renew(user, (b / "ca.pem").read_bytes(), b / "user-bob.pem", b / "user-bob.key")
+                    _renew(node, (b / "ca.pem").read_bytes(), b / "node-n1.pem", b / "node-n1.key")
+                    node.refresh()  # as the node's timer does
+                    assert node.generation == 2
+                    assert await _status_with(address, node.ca, a / "user-alice.pem",
+                                              a / "user-alice.key") == grpc.StatusCode.UNAVAILABLE
 
-                await _until(lambda: any(who == "bob" for who, _ in service.streams), "the client to present bob")
-                await _until(lambda: service.streams[0][1] == "ended", "alice's stream to end")
-                before = done[0]
-                await _until(lambda: done[0] > before + 50, "writes on bob's stream")
-                stop.set()
-                await asyncio.gather(*writers)
+                    await _until(lambda: any(who == "bob" for who, _ in service.streams), "the client to present bob")
+                    await _until(lambda: service.streams[0][1] == "ended", "alice's stream to end")
+                    before = done[0]
+                    await _until(lambda: done[0] > before + 50, "writes on bob's stream")
+                finally:
+                    stop.set()
+                    await asyncio.gather(*writers)
                 assert not failures, failures[:3]
                 assert service.streams == [["alice", "ended"], ["bob", "open"]]
                 assert service.calls["Execute"] == 0
