@@ -9,7 +9,7 @@ import logging
 from typing import Callable
 
 from raftkv.client.async_client import AsyncClient
-from raftkv.core.errors import ChangeRefused, ConfigError, RaftKVError
+from raftkv.core.errors import ConfigError, RaftKVError, Unavailable
 from raftkv.core.release import VERSION
 from raftkv.meta.cluster_version import LEARNER_RELEASES_SINCE, LearnerRelease, at_least, refusal
 from raftkv.meta.records import ClusterMeta
@@ -33,12 +33,12 @@ async def report_release(client: AsyncClient, name: str, meta: Callable[[], Clus
                 await client.change_topology(LearnerRelease(name, release))
                 log.info("reported release %s to the cluster's metadata", release)
                 return
-            except ChangeRefused as exc:
+            except Unavailable:
+                pass  # no node answers: _follow_meta says so
+            except RaftKVError as exc:  # refused (ChangeRefused, PermissionDenied): said once, tried again
                 if str(exc) != refused:
                     log.warning("the cluster refused this learner's release: %s", exc)
                     refused = str(exc)
-            except RaftKVError:
-                pass  # no node answers: _follow_meta says so
         try:
             await asyncio.wait_for(stop.wait(), every)
         except asyncio.TimeoutError:
