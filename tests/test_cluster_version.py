@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from raftkv.core.errors import ChangeRefused
+from learners.release_report import check_release
+from raftkv.core.errors import ChangeRefused, ConfigError
 from raftkv.meta.cluster_version import (FIRST_RELEASE, LEARNER_RELEASES_SINCE, LearnerRelease, RaiseClusterVersion,
                                          at_least, refusal, version_to_raise)
 from raftkv.meta.records import (ClusterMeta, NodeRecord, NodeState, apply, decode_command, decode_meta,
@@ -102,3 +103,11 @@ def test_a_learner_reports_its_release_once_every_member_can_apply_the_command()
     learner = Identity("learner", "learner")
     assert check(learner, [Request.admin("report_release")], {}, {}) is None
     assert "may not run change_topology" in check(learner, [Request.admin("change_topology")], {}, {})
+
+
+def test_a_learner_older_than_the_cluster_version_does_not_start_and_says_so_in_one_line():
+    check_release(replace(meta(), cluster_version="0.3.0"), release="0.3.0")
+    with pytest.raises(ConfigError) as refused:
+        check_release(replace(meta(), cluster_version="0.3.0"), release="0.2.0")
+    line = str(refused.value)
+    assert line.splitlines() == [line] and "this learner runs raftkv 0.2.0, older than the cluster version 0.3.0" in line
