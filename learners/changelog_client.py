@@ -23,7 +23,7 @@ import grpc
 from learners.change_event import ChangeEvent
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.client.core import CHANNEL_OPTIONS
+from raftkv.client.channels import CHANNEL_OPTIONS
 from raftkv.core.errors import InvalidRequest, Unauthenticated, Unavailable
 from raftkv.security.tls import Tls, open_blocking_channel, refusal
 

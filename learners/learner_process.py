@@ -23,6 +23,7 @@ from prometheus_client import Counter, Gauge
 from learners import learner_status
 from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
+from learners.release_report import check_release, report_release
 from learners.sinks.base import Sink, load_sink
 from learners.sinks.options import limits
 from raftkv.core import metrics
@@ -108,6 +109,7 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
     hub: RaftHub | None = None
     try:
         registered, topology = await asyncio.gather(registration(spec, tls, name), _topology(client, spec))
+        check_release(topology)
         sink = load_sink(registered.sink)
         partitions = sorted(registered.progress)
         current = [topology, raft_directory(topology.nodes, spec.partitions)]  # the metadata, the hub's directory
@@ -116,6 +118,7 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
                       dead_after=max(3.5, spec.tuning.election_timeout_max), compression=spec.tuning.wire_compression)
         hub.start()
         tasks.append(loop.create_task(_follow_meta(client, spec, current, stop)))
+        tasks.append(loop.create_task(report_release(client, name, lambda: current[0], stop)))
         sink_open = asyncio.ensure_future(_open_sink(sink, {
             "learner": name, "cluster_id": topology.cluster_id, **registered.options, **(sink_overrides or {}),
             **limits(spec.name, spec.max_key_bytes, spec.max_value_bytes)}, stop))

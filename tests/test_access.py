@@ -96,7 +96,7 @@ def test_on_the_stream_a_denied_write_fails_alone_and_the_reads_beside_it_are_an
         for write in writes:
             with pytest.raises(PermissionDenied, match=r"user sid may not write key b'app/x'"):
                 write.result()
-        streams = [t._stream for t in sid._async._core._transports.values()]
+        streams = [t._stream for t in sid._async._core._channels._transports.values()]
         assert streams and all(s is not None and not s.broken for s in streams)
         assert sid.get(b"app/x") == b"1"
     assert admin.get(b"app/x") == b"1"

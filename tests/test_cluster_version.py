@@ -7,10 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from raftkv.core.errors import ChangeRefused
-from raftkv.meta.cluster_version import FIRST_RELEASE, RaiseClusterVersion, at_least, refusal, version_to_raise
+from learners.release_report import check_release
+from raftkv.core.errors import ChangeRefused, ConfigError
+from raftkv.meta.cluster_version import (FIRST_RELEASE, LEARNER_RELEASES_SINCE, LearnerRelease, RaiseClusterVersion,
+                                         at_least, refusal, version_to_raise)
 from raftkv.meta.records import (ClusterMeta, NodeRecord, NodeState, apply, decode_command, decode_meta,
                                  encode_command, encode_meta)
+from raftkv.security.permissions import Identity, Request, check
 
 NODES = ("n1", "n2", "n3")
 
@@ -71,3 +74,40 @@ def test_an_older_node_is_refused_in_one_line_and_features_wait_for_the_version(
     assert line.splitlines() == [line] and "raftkv 0.2.0, older than the cluster version 0.3.0" in line
     assert refusal("0.2.0", "0.2.0.dev0") is not None  # a development build comes before its release
     assert at_least("0.2.0", "0.2.0") and not at_least(FIRST_RELEASE, "0.2.0")
+
+
+def test_a_registered_learner_holds_the_version_at_its_release_once_learners_report():
+    nodes = {n: "0.3.0" for n in NODES}
+    assert version_to_raise("0.2.0", NODES, nodes, {"feed": "0.2.0"}) is None  # the learner reads 0.2.0 formats
+    assert version_to_raise("0.2.0", NODES, nodes, {"feed": None}) is None  # registered, not heard from
+    assert version_to_raise("0.2.0", NODES, nodes, {"feed": "0.3.1"}).version == "0.3.0"
+    two = {"feed": "0.3.1", "old": "0.3.0"}
+    assert version_to_raise("0.2.0", NODES, {**nodes, "n1": "0.4.0"}, two).version == "0.3.0"
+    # Below LEARNER_RELEASES_SINCE no learner can have reported: one that has not does not hold the version.
+    assert version_to_raise(FIRST_RELEASE, NODES, nodes, {"feed": None}).version == "0.3.0"
+    assert version_to_raise(FIRST_RELEASE, NODES, nodes, {"feed": "0.2.0"}).version == "0.2.0"
+
+
+def test_a_learner_reports_its_release_once_every_member_can_apply_the_command():
+    m = meta()
+    with pytest.raises(ChangeRefused, match=f"learners report their release from {LEARNER_RELEASES_SINCE} on"):
+        apply(m, LearnerRelease("feed", "0.3.0"))
+    m = replace(m, cluster_version="0.3.0")
+    after = apply(apply(apply(m, LearnerRelease("feed", "0.3.0")), LearnerRelease("audit", "0.3.1")),
+                  LearnerRelease("feed", "0.4.0"))
+    assert after.learner_releases == (("audit", "0.3.1"), ("feed", "0.4.0")) and after.epoch == m.epoch + 3
+    with pytest.raises(ChangeRefused, match="learner old runs raftkv 0.2.0, older than the cluster version 0.3.0"):
+        apply(m, LearnerRelease("old", "0.2.0"))
+    assert decode_meta(encode_meta(after)) == after
+    assert decode_command(encode_command(LearnerRelease("feed", "0.4.0"))) == LearnerRelease("feed", "0.4.0")
+    learner = Identity("learner", "learner")
+    assert check(learner, [Request.admin("report_release")], {}, {}) is None
+    assert "may not run change_topology" in check(learner, [Request.admin("change_topology")], {}, {})
+
+
+def test_a_learner_older_than_the_cluster_version_does_not_start_and_says_so_in_one_line():
+    check_release(replace(meta(), cluster_version="0.3.0"), release="0.3.0")
+    with pytest.raises(ConfigError) as refused:
+        check_release(replace(meta(), cluster_version="0.3.0"), release="0.2.0")
+    line = str(refused.value)
+    assert line.splitlines() == [line] and "this learner runs raftkv 0.2.0, older than the cluster version 0.3.0" in line

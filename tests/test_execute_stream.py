@@ -28,6 +28,7 @@ from raftkv.meta.bootstrap import spec_meta
 from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.node.peers import Peers
 from raftkv.node.service import KVService
+from raftkv.security.tls import Tls, listen
 from tests.conftest import wait_until
 from tests.test_kv_service import PARTITIONS, TwinReads, TwinVoter, key_in
 
@@ -50,22 +51,24 @@ class CountingKV(KVService):
 
 
 @asynccontextmanager
-async def twin_node(tmp_path, unary_only: bool = False, base: int | None = None):
+async def twin_node(tmp_path, unary_only: bool = False, base: int | None = None, tls: Tls | None = None,
+                    service_class: type[CountingKV] = CountingKV):
     """(address, voters, service, server): node n1 of a 3-partition cluster leading partition 0. `unary_only`:
-    registered as a release without ExecuteStream registers the KV service (an older node's stand-in)."""
+    registered as a release without ExecuteStream registers the KV service (an older node's stand-in).
+    `tls`: the port serves mutual TLS with it."""
     base = base or free_port_block(3 * ports_per_node(PARTITIONS))
     spec = build_spec(nodes=3, partitions=PARTITIONS, replication=2, base_port=base, data_dir=tmp_path)
     topology = spec_meta(spec)
     voters = {0: TwinVoter(0)}
     peers = Peers(lambda node_id: topology.node(node_id).api_address, tls=None)
-    service = CountingKV(spec, "n1", voters, TwinReads(voters), lambda: topology, peers,
+    service = service_class(spec, "n1", voters, TwinReads(voters), lambda: topology, peers,
                          Gatekeeper(enforce=False, meta=lambda: topology))
     server = grpc.aio.server()
     if unary_only:
         server.add_generic_rpc_handlers([_unary_only(service)])
     else:
         kv_pb2_grpc.add_KVServicer_to_server(service, server)
-    server.add_insecure_port(spec.nodes[0].api_address)
+    listen(server, spec.nodes[0].api_address, tls)
     await server.start()
     try:
         yield spec.nodes[0].api_address, voters, service, server
@@ -160,7 +163,7 @@ def test_a_stopping_node_ends_its_streams_so_its_grace_does_not_wait_for_them(tm
         async with twin_node(tmp_path) as (address, voters, service, server):
             async with AsyncClient(address, timeout=5) as kv:
                 await kv.put(key_in(0, b"k"), b"1")  # the client's stream is open, and stays so
-                stream = kv._core._transports[address]._stream
+                stream = kv._core._channels._transports[address]._stream
                 service.end_streams()  # as the node's stop does first
                 started = time.monotonic()
                 await server.stop(grace=5)
@@ -194,7 +197,7 @@ def test_requests_in_flight_when_the_node_dies_fail_as_unary_calls_do_and_the_ne
         with Client(address, timeout=5) as kv, grpc.insecure_channel(address) as channel:
             kv.put(key_in(0, b"before"), b"1")
             kv_pb2_grpc.KVStub(channel).Status(pb.StatusRequest(), timeout=5)  # the unary call's connection is up
-            transport = kv._async._core._transports[address]
+            transport = kv._async._core._channels._transports[address]
             first = transport._stream
             node.send_signal(signal.SIGSTOP)
             with ThreadPoolExecutor(1) as pool:

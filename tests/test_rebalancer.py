@@ -1,16 +1,22 @@
 """The metadata leader's own decisions (`rebalance_steps`): liveness from its polls and the plan's moves
-and transfers, with a fake clock."""
+and transfers, with a fake clock; and the cluster version it raises from what its polls hear."""
 
 from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raftkv.api import kv_pb2 as pb
 from raftkv.core.spec import Tuning, build_spec
+from raftkv.meta.cluster_version import LearnerRelease
 from raftkv.meta.bootstrap import bootstrap_command
 from raftkv.meta.planner import PlannedTransfer
 from raftkv.meta.records import BeginMove, ClusterMeta, NodeState, SetNodeState, apply
 from raftkv.node.rebalance_steps import Watch, balance, heard, judge
+from raftkv.node.rebalancer import Rebalancer
 
 TUNING = Tuning(dead_after=10.0, election_timeout_max=1.0, max_moves=2, max_moves_per_node=1)
 NODES = ("n1", "n2", "n3", "n4")
@@ -92,3 +98,50 @@ def test_no_node_is_dead_before_it_was_silent_dead_after_nor_stays_silent_past_i
                 assert now - last[node] > TUNING.dead_after
             elif state != NodeState.DEAD:
                 assert now - last[node] <= TUNING.dead_after
+
+
+class _StatusOf:
+    def __init__(self, reply: pb.StatusResponse):
+        self._reply = reply
+
+    async def Status(self, request: pb.StatusRequest, timeout: float) -> pb.StatusResponse:
+        return self._reply
+
+
+class _NodesOfReleases:
+    """`Peers`' twin for the polls: each node's Status as the test sets it (nodes of two releases at once
+    take two builds, and the decision is the metadata leader's alone)."""
+
+    def __init__(self, replies: dict[str, pb.StatusResponse]):
+        self.replies = replies
+
+    def stub(self, node_id: str) -> _StatusOf:
+        return _StatusOf(self.replies[node_id])
+
+
+def _status(version: str, learners: tuple[str, ...]) -> pb.StatusResponse:
+    return pb.StatusResponse(version=version, hosted=[pb.PartitionStatus(
+        partition=0, role="follower", learners=[pb.LearnerStatus(name=n) for n in learners])])
+
+
+def test_the_version_rises_no_higher_than_a_registered_learners_release(tmp_path):
+    meta = [replace(_meta(tmp_path, nodes=3), cluster_version="0.3.0")]
+
+    async def change(command) -> None:
+        meta[0] = apply(meta[0], command)
+
+    nodes = _NodesOfReleases({n: _status("0.5.0", ("feed",)) for n in ("n1", "n2", "n3")})
+    rebalancer = Rebalancer(TUNING, lambda: meta[0], nodes, change)
+
+    def round_at(now: float) -> str:
+        asyncio.run(rebalancer.run_once(rebalance=False, now=now))
+        return meta[0].cluster_version
+
+    assert round_at(1.0) == "0.3.0"  # feed is registered and has not said which release it runs
+    meta[0] = apply(meta[0], LearnerRelease("feed", "0.4.0"))
+    assert round_at(2.0) == "0.4.0"
+    meta[0] = apply(meta[0], LearnerRelease("feed", "0.6.0"))
+    assert round_at(3.0) == "0.5.0"  # the nodes' now
+    nodes.replies = {n: _status("0.7.0", ()) for n in ("n1", "n2", "n3")}  # feed removed: its record no longer counts
+    meta[0] = apply(meta[0], LearnerRelease("feed", "0.5.0"))
+    assert round_at(4.0) == "0.7.0"

@@ -29,6 +29,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import ConfigError, Unauthenticated
+from raftkv.core.release import VERSION
 from raftkv.core.spec_toml import save_spec
 from raftkv.security.certs import init_certs
 from raftkv.dev.local_cluster import free_port_block
@@ -169,12 +170,15 @@ def test_a_node_with_an_expired_certificate_does_not_start(make_cluster, strange
     assert_one_line_error(node, "node-n1.pem expired on")
 
 
-def test_the_learner_api_serves_the_cluster_ca_only(make_cluster, changelog_learner, strangers):
+def test_the_learner_api_serves_the_cluster_ca_only(make_cluster, changelog_learner, strangers, tmp_path):
     cluster = make_cluster(nodes=1, partitions=1, replication=1, tls=True)
     address = changelog_learner(cluster)
     with Client(cluster.endpoints, tls=cluster.tls, timeout=5) as kv:
         kv.put(KEY, b"fed")
     wait_until(lambda: changelog_caught_up(cluster, address), 60, "the changelog learner to catch up")
+    # with its learner certificate, which may report its release and no other metadata change
+    wait_until(lambda: f"reported release {VERSION}" in (tmp_path / "learner.log").read_text(), 30,
+               "the learner to report its release")
     with ChangeLogClient(address, timeout=5, tls=cluster.tls) as log:
         assert sum(o.latest for o in log.offsets()) > 0
     ca = cluster.spec.tls.ca

@@ -15,6 +15,15 @@ def never_sent(exc: grpc.aio.AioRpcError) -> bool:
     Only gRPC's "failed to connect to all addresses" says so. Other UNAVAILABLE details, such as
     "Connection reset by peer" or "Socket closed" (a node killed mid-request), come after the
     request may have been delivered: a write that failed so must be Undetermined, never retried.
+
+    Why the text and nothing sturdier (docs/architecture.md, "Write path" step 7): that status is made
+    by the channel's pick_first picker while the channel is in TRANSIENT_FAILURE, before the call has a
+    connection (gRPC's wait-for-ready semantics: such a call fails "without sending"); no field of
+    AioRpcError says where a status was made, only its code and texts. Metadata from the server
+    cannot stand in: it proves a call was received, never that one was not (a server killed after
+    reading the request and before its headers left leaves the client with UNAVAILABLE and no
+    metadata). If a gRPC upgrade rewords the text, this answers False: writes become Undetermined
+    rather than retried (safe; tests/test_rpc_errors.py reads the real status, and fails).
     """
     return (exc.code() == grpc.StatusCode.UNAVAILABLE
             and "failed to connect to all addresses" in (exc.details() or "").lower())

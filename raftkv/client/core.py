@@ -26,17 +26,15 @@ from raftkv.api.checkpoint_stream import SILENCE_SECONDS, ListedFile, receive_ch
 from raftkv.core.batching import GroupCommit
 from raftkv.api.convert import error_from_result
 from raftkv.api.rpc_errors import error_of, never_sent
+from raftkv.client.channels import Channels
 from raftkv.client.retry import decide
 from raftkv.client.routing import RoutingTable
 from raftkv.client.transport import NodeTransport, TransportError, refusal_error
 from raftkv.core.errors import (ChangeRefused, CorruptData, InvalidRequest, NotLeader, RaftKVError, Unauthenticated,
                                 Unavailable, Undetermined)
-from raftkv.security.tls import Tls, open_channel, refusal
+from raftkv.security.tls import Tls, refusal
 from raftkv.storage.engine import Position
 
-
-# Columnar scan chunks are up to 4 MiB (server.COLUMNS_CHUNK_BYTES): above gRPC's default receive limit.
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 16 * 1024 * 1024)]
 T = TypeVar("T")
 
 
@@ -137,15 +135,11 @@ class ClientCore:
         if tls is not None:
             tls.check()  # an expired or foreign certificate of ours is a ConfigError now, not a refusal later
         self.tls = tls
-        self._token = token
         self.routing = RoutingTable(list(endpoints))
         self.timeout = timeout
         self.max_batch_ops = max_batch_ops
         self.max_in_flight = max_in_flight
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, kv_pb2_grpc.KVStub] = {}
-        self._admins: dict[str, kv_pb2_grpc.AdminStub] = {}
-        self._transports: dict[str, NodeTransport] = {}
+        self._channels = Channels(tls, token, timeout)
         self._links: dict[tuple[str, int], _Link] = {}
         self._refreshing: asyncio.Task | None = None
 
@@ -154,16 +148,10 @@ class ClientCore:
         return self.routing.partitions
 
     def stub(self, address: str) -> kv_pb2_grpc.KVStub:
-        if address not in self._stubs:
-            self._channels[address] = open_channel(address, self.tls, CHANNEL_OPTIONS, self._token)
-            self._stubs[address] = kv_pb2_grpc.KVStub(self._channels[address])
-        return self._stubs[address]
+        return self._channels.kv(address)
 
     def admin(self, address: str) -> kv_pb2_grpc.AdminStub:
-        if address not in self._admins:
-            self.stub(address)
-            self._admins[address] = kv_pb2_grpc.AdminStub(self._channels[address])
-        return self._admins[address]
+        return self._channels.admin(address)
 
     async def administer(self, what: str, call: Callable[[kv_pb2_grpc.AdminStub], Awaitable[T]],
                          on_any_error: bool = False) -> T:
@@ -205,17 +193,12 @@ class ClientCore:
     def link(self, address: str, consistency: int) -> _Link:
         key = (address, consistency)
         if key not in self._links:
-            if address not in self._transports:
-                self._transports[address] = NodeTransport(self.stub(address), self.timeout)
-            self._links[key] = _Link(address, self._transports[address], consistency, self.max_batch_ops,
+            self._links[key] = _Link(address, self._channels.transport(address), consistency, self.max_batch_ops,
                                      self.max_in_flight)
         return self._links[key]
 
     async def close(self) -> None:
-        for transport in self._transports.values():
-            transport.close()
-        for channel in self._channels.values():
-            await channel.close()
+        await self._channels.close()
 
     # -- routing ----------------------------------------------------------
 
@@ -254,17 +237,21 @@ class ClientCore:
                         attempt_at: Callable[[str], Awaitable[T]]) -> T:
         """`attempt_at(address)` until it succeeds, the error is final, or the deadline passes."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
+        now = loop.time()
+        deadline = now + self.timeout
         if not self.routing.partitions:
             await self.refresh()
         attempt = 0
         while True:
+            if now >= self._channels.next_look:  # renewed TLS files, once a second: not a call per operation
+                self._channels.look(now)
             attempt += 1
             try:
                 return await attempt_at(self.routing.target(partition, attempt, consistency == pb.FOLLOWER))
             except RaftKVError as error:
                 hinted = isinstance(error, NotLeader) and self.routing.hinted(partition, error.leader_hint)
-                decision = decide(error, attempt=attempt, now=loop.time(), deadline=deadline, is_write=is_write,
+                now = loop.time()
+                decision = decide(error, attempt=attempt, now=now, deadline=deadline, is_write=is_write,
                                   hinted_new_leader=hinted, what=what, timeout=self.timeout)
             if not decision.retry:
                 raise decision.error

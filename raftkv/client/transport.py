@@ -6,7 +6,8 @@ the method (a release before it: UNIMPLEMENTED) gets unary `Execute` calls for R
 the stream is tried again (docs/raft-engine.md, "Step 6"). Either way a request ends as a unary call
 would: its response, a refusal of the caller (`refusal_error`), or a `TransportError` that says whether
 the node can have received it. A broken stream fails every request on it so, and the next request
-opens a new stream.
+opens a new stream. `reopen` moves the transport to a new channel (renewed TLS files): the old stream
+takes no more requests and is half-closed, so the node answers the ones it has and ends it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 
@@ -57,6 +59,7 @@ class NodeTransport:
         self._stub = stub
         self._timeout = timeout
         self._stream: _Stream | None = None
+        self._retiring: set[_Stream] = set()  # streams of channels left behind, until the node ends them
         self._unary_until = 0.0  # loop time
 
     async def execute(self, request: pb.ExecuteRequest) -> pb.ExecuteResponse:
@@ -75,9 +78,19 @@ class NodeTransport:
         except grpc.aio.AioRpcError as exc:
             raise refusal_error(exc) or TransportError(never_sent(exc), f"{exc.code().name}: {exc.details()}") from None
 
+    def reopen(self, stub: kv_pb2_grpc.KVStub) -> None:
+        """Send from now on through `stub`; the requests in flight are answered on the stream they went on."""
+        self._stub = stub
+        if self._stream is not None and not self._stream.broken:
+            stream = self._stream
+            self._retiring.add(stream)
+            stream.retire(lambda: self._retiring.discard(stream))
+        self._stream = None
+
     def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
+        for stream in [*self._retiring, *([self._stream] if self._stream is not None else [])]:
+            stream.close()
+        self._retiring.clear()
 
 
 @dataclass
@@ -99,6 +112,7 @@ class _Stream:
         self._pending: dict[int, _Pending] = {}
         self._outbox: deque[pb.ExecuteRequest] = deque()
         self._writing = False
+        self._retired = False
         self.broken = False
         self._reader = self._loop.create_task(self._read())
 
@@ -113,6 +127,14 @@ class _Stream:
             self._loop.create_task(self._write())
         return future
 
+    def retire(self, ended: Callable[[], None]) -> None:
+        """No more requests: once those queued are written, the stream is half-closed; `ended` when it is over."""
+        self._retired = True
+        self._reader.add_done_callback(lambda _: ended())
+        if not self._writing:
+            self._writing = True
+            self._loop.create_task(self._write())
+
     async def _write(self) -> None:
         try:
             while self._outbox and not self.broken:
@@ -120,6 +142,8 @@ class _Stream:
                 await self._call.write(request)
                 if (pending := self._pending.get(request.id)) is not None:
                     pending.sent = True
+            if self._retired and not self.broken:
+                await self._call.done_writing()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
             pass  # the stream ended: the reader fails what is pending
         finally:

@@ -21,7 +21,7 @@ from typing import Union
 from raftkv.core.errors import ChangeRefused
 from raftkv.meta.access import (AccessCommand, GrantPermission, Permission, PutUser, RemoveUser, RevokePermission,
                                 RoleRecord, UserRecord, apply_access)
-from raftkv.meta.cluster_version import FIRST_RELEASE, RaiseClusterVersion, raised
+from raftkv.meta.cluster_version import FIRST_RELEASE, LearnerRelease, RaiseClusterVersion, learner_releases, raised
 from raftkv.raft.hub import Directory
 
 ACCESS_COMMANDS = (PutUser, RemoveUser, GrantPermission, RevokePermission)
@@ -96,6 +96,7 @@ class ClusterMeta:
     users: tuple[UserRecord, ...] = ()  # who may do what: raftkv/meta/access.py
     roles: tuple[RoleRecord, ...] = ()
     cluster_version: str = FIRST_RELEASE  # the lowest release every member runs: raftkv/meta/cluster_version.py
+    learner_releases: tuple[tuple[str, str], ...] = ()  # (learner name, the release it last reported)
 
     def node(self, node_id: str) -> NodeRecord:
         for n in self.nodes:
@@ -210,7 +211,7 @@ class EndMove:
 
 
 MetaCommand = Union[Bootstrap, AddNode, SetNodeState, BeginMove, AdvanceMove, EndMove, AccessCommand,
-                    RaiseClusterVersion]
+                    RaiseClusterVersion, LearnerRelease]
 
 
 def apply(meta: ClusterMeta, command: MetaCommand) -> ClusterMeta:
@@ -232,6 +233,9 @@ def apply(meta: ClusterMeta, command: MetaCommand) -> ClusterMeta:
         return _set_state(meta, command)
     if isinstance(command, RaiseClusterVersion):
         return replace(meta, epoch=meta.epoch + 1, cluster_version=raised(meta.cluster_version, meta.members, command))
+    if isinstance(command, LearnerRelease):
+        return replace(meta, epoch=meta.epoch + 1,
+                       learner_releases=learner_releases(meta.cluster_version, meta.learner_releases, command))
     _check_group(meta, command.group)
     move = meta.move_of(command.group)
     if isinstance(command, BeginMove):
@@ -325,7 +329,7 @@ def _check_move(meta: ClusterMeta, move: BeginMove) -> None:
 # -- encoding ---------------------------------------------------------------
 
 _COMMANDS = {cls.__name__: cls for cls in (Bootstrap, AddNode, SetNodeState, BeginMove, AdvanceMove, EndMove,
-                                            RaiseClusterVersion, *ACCESS_COMMANDS)}
+                                            RaiseClusterVersion, LearnerRelease, *ACCESS_COMMANDS)}
 
 
 def encode_command(command: MetaCommand) -> bytes:
@@ -383,6 +387,7 @@ def decode_meta(data: bytes) -> ClusterMeta:
         users=_users(doc.get("users", ())),  # nor these
         roles=_roles(doc.get("roles", ())),
         cluster_version=doc.get("cluster_version", FIRST_RELEASE),  # nor this
+        learner_releases=tuple((str(n), str(r)) for n, r in doc.get("learner_releases", ())),  # nor these
     )
 
 

@@ -12,6 +12,7 @@ from raftkv.api import kv_pb2_grpc
 from raftkv.core import metrics
 from raftkv.api.rpc_errors import error_metadata, never_sent
 from raftkv.core.errors import ChangeRefused, RaftKVError, Unauthenticated
+from raftkv.meta.cluster_version import LearnerRelease
 from raftkv.meta.records import decode_command
 from raftkv.meta.wire import topology_reply
 from raftkv.node.gatekeeper import Gatekeeper
@@ -48,11 +49,15 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         return topology_reply(self._topology.topology, self._topology.meta_leader_id(), self._spec_toml, trusted)
 
     async def ChangeTopology(self, request: pb.ChangeTopologyRequest, context) -> pb.TopologyResponse:
-        await self._gate.admit(context, Request.admin("change_topology"))
         try:
-            command = decode_command(request.command)
+            command, malformed = decode_command(request.command), None
         except (ValueError, KeyError, TypeError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a metadata command: {exc}")
+            command, malformed = None, exc
+        # A learner reports its own release (its only metadata command); everything else is an admin's.
+        await self._gate.admit(context, Request.admin("report_release" if isinstance(command, LearnerRelease)
+                                                      else "change_topology"))
+        if malformed is not None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not a metadata command: {malformed}")
         try:
             meta = await self._topology.change_topology(command)
         except ChangeRefused as refused:

@@ -49,13 +49,15 @@ class Rebalancer:
 
     async def run_once(self, rebalance: bool, now: float) -> None:
         """One round at time `now`: poll, judge liveness, raise the cluster version, and (`rebalance`) plan."""
-        releases, leaders = await self._poll(self._topology(), now)
+        releases, leaders, learners = await self._poll(self._topology(), now)
         for change, silent in judge(self._topology(), self._watch, set(releases), now, self._tuning.dead_after):
             if await self._propose(change) and change.state == NodeState.DEAD:
                 log.warning("%s has not answered for %.0fs: marked dead; its replicas are re-created elsewhere",
                             change.node_id, silent)
         meta = self._topology()
-        if (raise_ := version_to_raise(meta.cluster_version, meta.members, releases)) and await self._propose(raise_):
+        reported = dict(meta.learner_releases)
+        raise_ = version_to_raise(meta.cluster_version, meta.members, releases, {n: reported.get(n) for n in learners})
+        if raise_ and await self._propose(raise_):
             log.info("cluster version %s: every member runs it or newer", raise_.version)
         if not rebalance:
             return
@@ -68,15 +70,17 @@ class Rebalancer:
             elif isinstance(action, PlannedTransfer):
                 await self._transfer(action)
 
-    async def _poll(self, meta: ClusterMeta, now: float) -> tuple[dict[str, str], dict[int, str]]:
-        """Each live node's statuses: the release of each node that answered, and who leads each partition."""
+    async def _poll(self, meta: ClusterMeta, now: float) -> tuple[dict[str, str], dict[int, str], set[str]]:
+        """Each live node's statuses: the release of each node that answered, who leads each partition, and
+        the learners registered in the partitions they host."""
         nodes = meta.members
         replies = await asyncio.gather(*(self._status(n) for n in nodes))
         releases = {node_id: reply.version for node_id, reply in zip(nodes, replies) if reply is not None}
         self._watch = heard(self._watch, nodes, set(releases), now)
+        answered = [(node_id, reply) for node_id, reply in zip(nodes, replies) if reply is not None]
+        learners = {ls.name for _, reply in answered for ps in reply.hosted for ls in ps.learners}
         return releases, leaders_from((node_id, ps.partition, ps.role, ps.term)
-                                      for node_id, reply in zip(nodes, replies) if reply is not None
-                                      for ps in reply.hosted)
+                                      for node_id, reply in answered for ps in reply.hosted), learners
 
     async def _status(self, node_id: str) -> pb.StatusResponse | None:
         try:

@@ -7,7 +7,7 @@ a live cluster) needs admin on the whole keyspace. A batch is allowed only whole
 
 Nodes and learners are identified by their certificates' role, not by users: a node may do
 anything (it forwards users' requests after checking them where they arrived); a learner may read
-(it streams every entry of its partitions anyway) and report its progress.
+(it streams every entry of its partitions anyway) and report its progress and its release.
 
 `check` answers None (allowed) or the one line a denied request gets, naming the user, the
 operation and the key or verb.
@@ -56,7 +56,7 @@ class Identity:
 
 
 ANY_IDENTITY_VERBS = frozenset({"topology", "status"})  # where partitions are and who is up: needed to route
-LEARNER_VERBS = ANY_IDENTITY_VERBS | {"report_progress"}
+LEARNER_VERBS = ANY_IDENTITY_VERBS | {"report_progress", "report_release"}
 
 
 @dataclass(frozen=True)
