@@ -24,7 +24,7 @@ from typing import Iterator
 
 from raftkv.dev.local_cluster import LocalCluster
 from raftkv.dev.local_cluster import free_port_block
-from raftkv.core.spec import Tuning, build_spec, ports_per_node
+from raftkv.core.spec import NodeSpec, Tuning, build_spec, ports_per_node
 from raftkv.core.spec_toml import save_spec
 from raftkv.security.certs import init_certs, with_certificates
 from raftkv.security.tls import Tls
@@ -47,9 +47,10 @@ class Running:
 @contextmanager
 def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "lose-last-second",
                    tuning: Tuning | None = None, ready_timeout: float = 60, tls: bool = False,
-                   raft_engine: str = "off") -> Iterator[Running]:
+                   raft_engine: str = NodeSpec.raft_engine) -> Iterator[Running]:
     """`tls`: mutual TLS on every connection, and the clients are the `admin` user (role root): a cluster
-    with TLS enforces permissions. `raft_engine`: every node's setting (docs/raft-engine.md)."""
+    with TLS enforces permissions. `raft_engine`: every node's setting (docs/raft-engine.md), by default
+    what a node ships with."""
     spec = build_spec(
         nodes=MEMBERS, partitions=partitions, replication=MEMBERS, durability=durability,
         base_port=free_port_block(MEMBERS * ports_per_node(partitions)), data_dir=data_dir,

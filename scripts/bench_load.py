@@ -31,7 +31,7 @@ from typing import Awaitable, Callable, Iterator, Sequence
 import raftkv
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.client.core import CHANNEL_OPTIONS
+from raftkv.client.channels import CHANNEL_OPTIONS
 from raftkv.core.commands import Put
 from raftkv.security.tls import open_channel
 

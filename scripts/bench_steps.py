@@ -28,6 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from raftkv.core.spec import RAFT_ENGINES, NodeSpec
 from raftkv.core.spec_toml import load_spec
 from raftkv.dev.local_feed import LocalFeed
 from raftkv.dev.metrics_scrape import samples
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--in-flight", type=int, default=64)
     parser.add_argument("--keys", type=int, default=10_000)
-    parser.add_argument("--raft-engine", default="off", choices=("off", "steady"), help="every node's setting")
+    parser.add_argument("--raft-engine", default=NodeSpec.raft_engine, choices=RAFT_ENGINES,
+                        help="every node's setting (default: what a node ships with)")
     parser.add_argument("--learner", action="store_true", help="a Kafka learner (tansu) on every partition")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)

@@ -22,7 +22,9 @@ FIGURES = Figures(ops=100, ops_per_s=50.0, p50_ms=2.0, p99_ms=4.0, errors=0, fir
 
 
 def test_raftkv_scenarios_report_sane_figures(tmp_path: Path):
-    with raftkv_cluster(tmp_path, TINY.partitions) as cluster:
+    """The counters in the proportions pysyncobj's own replication implies (the node engine's frames carry
+    many entries each: bench_steps.py measures both)."""
+    with raftkv_cluster(tmp_path, TINY.partitions, raft_engine="off") as cluster:
         before = bench_steps.scrape(cluster.metrics)
         _assert_sane(cluster, "raftkv", ("seq_put", "put", "get_linearizable", "batch"))
         steps = bench_steps.scrape(cluster.metrics) - before
