@@ -14,8 +14,9 @@ def due(entries=150, applied=500, progress=(), streaming=0, size_bytes=0, second
                           learner_progress=progress, learners_streaming=streaming, tuning=TUNING)
 
 
-def test_compacts_when_the_log_is_long_enough_or_old_enough():
+def test_compacts_when_the_log_is_long_enough_big_enough_or_old_enough():
     assert due(entries=101) and not due(entries=100)
+    assert due(entries=3, size_bytes=TUNING.compaction_min_bytes + 1) and not due(entries=3, size_bytes=10**6)
     assert due(entries=3, seconds=TUNING.compaction_min_seconds + 1) and not due(entries=2, seconds=10**6)
 
 

@@ -29,10 +29,12 @@ from typing import Iterable
 from raftkv.core.spec import Tuning
 
 
-def compaction_wanted(*, entries: int, seconds_since_last: float, tuning: Tuning) -> bool:
-    """Whether the log is long or old enough to compact, learners aside: the check a replica makes
-    first, once a second, before it reads its learners' progress."""
-    return entries > tuning.compaction_min_entries or (seconds_since_last > tuning.compaction_min_seconds and entries > 2)
+def compaction_wanted(*, entries: int, size_bytes: int, seconds_since_last: float, tuning: Tuning) -> bool:
+    """Whether the log is long, big or old enough to compact, learners aside: the check a replica makes
+    first, once a second, before it reads its learners' progress. The bytes matter as much as the
+    entries: the log is held in memory, and 5,000 entries of large `put_many`s were half a gigabyte."""
+    return (entries > tuning.compaction_min_entries or size_bytes > tuning.compaction_min_bytes
+            or (seconds_since_last > tuning.compaction_min_seconds and entries > 2))
 
 
 def compaction_due(
@@ -45,7 +47,8 @@ def compaction_due(
     learners_streaming: int,
     tuning: Tuning,
 ) -> bool:
-    if not compaction_wanted(entries=entries, seconds_since_last=seconds_since_last, tuning=tuning):
+    if not compaction_wanted(entries=entries, size_bytes=size_bytes, seconds_since_last=seconds_since_last,
+                             tuning=tuning):
         return False
     behind = sum(1 for p in learner_progress if p < applied - 1)
     if behind <= learners_streaming:

@@ -38,6 +38,7 @@ class Tuning:
     connection_retry_seconds: float = 0.5
     compaction_min_entries: int = 5000
     compaction_min_seconds: float = 300.0
+    compaction_min_bytes: int = 16 * 1024 * 1024  # ... or once the log holds this much: it is held in memory
     learner_retention_entries: int = 50_000  # keep entries a stopped learner or a backup seed needs, up to this
     learner_retention_bytes: int = 256 * 1024 * 1024
     seed_retention_bytes: int = 32 * 1024 * 1024  # ... a backup seed needs, up to this (held in memory)
@@ -65,7 +66,7 @@ class Tuning:
             problems.append("tuning: need 3 * heartbeat_period < election_timeout_min < election_timeout_max")
         if self.leader_fallback_timeout <= self.heartbeat_period:
             problems.append("tuning.leader_fallback_timeout: must exceed heartbeat_period")
-        for name in ("compaction_min_entries", "max_batch_ops", "max_batch_bytes", "learner_retention_entries",
+        for name in ("compaction_min_entries", "compaction_min_bytes", "max_batch_ops", "max_batch_bytes", "learner_retention_entries",
                      "learner_retention_bytes", "seed_retention_bytes", "max_calls_per_client", "max_scans_per_client",
                      "max_writes_per_client"):
             if getattr(self, name) < 2:

@@ -134,8 +134,8 @@ class PartitionReplica(Replica[E]):
         if self._last_compaction is None:
             self._last_compaction = now
         tuning = replace(self._tuning, compaction_min_entries=EAGER_COMPACTION_ENTRIES) if eager else self._tuning
-        if not compaction_wanted(entries=self.group.log_entries, seconds_since_last=now - self._last_compaction,
-                                 tuning=tuning):
+        if not compaction_wanted(entries=self.group.log_entries, size_bytes=self.group.log_bytes,
+                                 seconds_since_last=now - self._last_compaction, tuning=tuning):
             return  # at 1,024 partitions, reading each one's learners every second was a tenth of an idle node's time
         if compaction_due(
             entries=self.group.log_entries,
