@@ -244,8 +244,13 @@ class SnapshotFiles:
         with it, or CorruptData (raised here: pysyncobj's load would only log it)."""
         self.settle_kept_aside()
         self.compact_journal_to_snapshot()
-        if self.in_place:
-            self._check_in_place(snapshot_file.read_meta(self.path))
+        try:  # read again: the one kept aside may be back
+            meta = snapshot_file.read_meta(self.path)
+        except (CorruptData, FileNotFoundError):
+            return  # pysyncobj's own load decides
+        self.in_place = meta.in_place
+        if meta.in_place:
+            self._check_in_place(meta)
 
     def sync_received(self) -> None:
         """A snapshot received from the leader replaces the log: durable first (pysyncobj never syncs it)."""
