@@ -14,7 +14,9 @@ self-contained file. One kind never leaves its node: a replica seeded in place
 and the entries only, `"in_place": true` in meta.json, no db/ (`write_in_place`).
 It is the record of where the seed left the database, until the replica's first
 compaction replaces it with a full one; until then the replica sends no snapshot
-(`syncobj_snapshots.SnapshotFiles.withheld`). A tar checks its headers only: a damaged byte in a table
+(`syncobj_snapshots.SnapshotHooks`).
+
+A tar checks its headers only: a damaged byte in a table
 file used to travel to the replica that installed the snapshot (a chaos run:
 the leader's damaged snapshot, sent to a wiped follower, stopped it on a
 corrupt database at every start). The digests stop it at unpacking. They come
