@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import shutil
 import signal
 from pathlib import Path
 from types import SimpleNamespace
