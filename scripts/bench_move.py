@@ -5,7 +5,9 @@ a 4th node joins (`raftkv node start --join`); a paced writer puts `--rate` writ
 in a child process; after `--before` seconds a follower's replica moves to the new
 node (`Client.move_replica`: learner catch-up, add, voter, remove). Reported: the
 move's time, the partition's bytes on disk over that time (MB/s), and the put
-latency p99 before and during the move.
+latency p99 before and during the move; with `--json-out`, also what the move sent
+(checkpoint and snapshot bytes, from the nodes' metrics), what the new node wrote to
+its disk meanwhile (/proc/PID/io), and the source's files by kind.
 
 etcd 3.4: 3 members loaded with the same keys; a learner member is added
 (`MemberAdd(isLearner)`), started, and promoted once etcd allows it
@@ -14,13 +16,16 @@ promoted, and the database size over that time.
 
     python scripts/bench_move.py                  # 1,000,000 keys, 5,000 writes/s
     python scripts/bench_move.py --quick          # 20,000 keys, a smoke run
+    python scripts/bench_move.py --json-out move.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -44,6 +49,7 @@ from learner_catchup import _etcd_add_learner, _reply, load  # noqa: E402
 import raftkv  # noqa: E402
 from raftkv.core.spec import Tuning, ports_per_node  # noqa: E402
 from raftkv.dev.local_cluster import free_port_block  # noqa: E402
+from raftkv.dev.metrics_scrape import samples  # noqa: E402
 
 TARGET_MB_S = 100.0  # the issue's target for raftkv; CockroachDB's default snapshot rate is 32 MiB/s
 NEW_NODE = "n4"
@@ -60,6 +66,9 @@ class Moved:
     p99_during_ms: float = 0.0
     writes: int = 0  # acknowledged during the run
     errors: int = 0
+    sent_mb: float = 0.0  # raftkv: checkpoint and snapshot bytes the group's nodes sent during the move
+    target_written_mb: float = 0.0  # raftkv: bytes the new node's process wrote to its disk during the move
+    files_mb: dict[str, float] | None = None  # raftkv: the source replica's files by kind (sst, wal, other)
 
     @property
     def mb_s(self) -> float:
@@ -123,19 +132,24 @@ def raftkv_move(data_dir: Path, config: Config, rate: int, before: float, consol
         base = free_port_block(ports_per_node(1))
         join = [sys.executable, "-m", "raftkv", "node", "start", "--join", cluster.endpoints[0], "--node", NEW_NODE,
                 "--base-port", str(base), "--data-dir", str(data_dir / "raftkv" / NEW_NODE)]
-        with started(join, data_dir / "raftkv" / f"{NEW_NODE}.log"), raftkv.Client(list(cluster.endpoints)) as kv:
+        with started(join, data_dir / "raftkv" / f"{NEW_NODE}.log") as new_node, \
+                raftkv.Client(list(cluster.endpoints)) as kv:
             _until(lambda: kv.topology().meta.node(NEW_NODE).state.value == "up", 60, f"{NEW_NODE} to be up")
             leader = next(s.node_id for s in kv.status() for ps in s.partitions if ps.role == "leader")
             source = next(n for n in kv.topology().meta.placement[0] if n != leader)
-            size_mb = _folder_bytes(data_dir / "raftkv" / source / "p0000" / "db") / 1e6
+            files_mb = _files_mb(data_dir / "raftkv" / source / "p0000" / "db")
+            size_mb = sum(files_mb.values())
             writer, stop, results = _start_writer(cluster.endpoints, rate)
             try:
                 writes_from = time.time()
                 time.sleep(before)
+                sent_before, written_before = _sent_bytes(cluster.metrics), _written_bytes(new_node.pid)
                 started_at = time.time()
                 kv.move_replica(0, source, NEW_NODE)
                 _until(lambda: not kv.topology().meta.moves, 600, "the move to finish", poll=0.05)
                 ended_at = time.time()
+                sent_mb = (_sent_bytes(cluster.metrics) - sent_before) / 1e6
+                written_mb = (_written_bytes(new_node.pid) - written_before) / 1e6
                 stop.set()
                 reply = _reply(writer, results, 60)
             finally:
@@ -150,7 +164,8 @@ def raftkv_move(data_dir: Path, config: Config, rate: int, before: float, consol
                   f"{ended_at - started_at:.2f} s[/dim]")
     return Moved("raftkv", config.keys, load_s, size_mb, ended_at - started_at,
                  p99_before_ms=_p99(sent_at, latency, writes_from + before / 2, started_at),  # after a warm-up
-                 p99_during_ms=_p99(sent_at, latency, started_at, ended_at), writes=len(latency), errors=errors)
+                 p99_during_ms=_p99(sent_at, latency, started_at, ended_at), writes=len(latency), errors=errors,
+                 sent_mb=sent_mb, target_written_mb=written_mb, files_mb=files_mb)
 
 
 def _start_writer(endpoints, rate: int):
@@ -163,8 +178,27 @@ def _start_writer(endpoints, rate: int):
     return proc, stop, results
 
 
-def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+def _files_mb(db: Path) -> dict[str, float]:
+    """A RocksDB folder's bytes by kind of file: table files, write-ahead logs, the rest."""
+    kinds = {"sst": 0, "wal": 0, "other": 0}
+    for path in (p for p in db.rglob("*") if p.is_file()):
+        kinds[{".sst": "sst", ".log": "wal"}.get(path.suffix, "other")] += path.stat().st_size
+    return {kind: size / 1e6 for kind, size in kinds.items()}
+
+
+def _sent_bytes(metrics: tuple[str, ...]) -> float:
+    """Checkpoint files streamed and Raft snapshot chunks sent, summed over the nodes."""
+    return sum(s.value for address in metrics for s in samples(address)
+               if s.name == "raftkv_checkpoint_bytes_sent_total"
+               or s.name == "raftkv_raft_bytes_sent_total" and s.labels.get("kind") == "snapshot")
+
+
+def _written_bytes(pid: int) -> int:
+    """The bytes process `pid` caused to be written to storage so far (Linux's /proc/PID/io)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1])
+    return 0
 
 
 def _until(predicate, timeout: float, what: str, poll: float = 0.2) -> None:
@@ -240,6 +274,7 @@ def main() -> None:
     parser.add_argument("--before", type=float, default=10.0, help="seconds of writes before the move")
     parser.add_argument("--quick", action="store_true", help="20,000 keys, 1,000 writes/s: a smoke run")
     parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--json-out", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args()
     keys, rate, before = (20_000, 1000, 2.0) if args.quick else (args.keys, args.rate, args.before)
     config = Config(keys=keys)
@@ -250,6 +285,24 @@ def main() -> None:
         moved = raftkv_move(data_dir, config, rate, before, console)
         etcd = etcd_learner(binary, data_dir, config)
     print_table(console, [moved, etcd], rate, etcd_version(binary))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(report(moved, etcd, rate), indent=2) + "\n")
+
+
+def report(moved: Moved, etcd: Moved, rate: int) -> dict:
+    """The figures of one run, for --json-out."""
+    return {
+        "keys": moved.keys, "rate": rate, "load_average": list(os.getloadavg()),
+        "move_mb_per_s": round(moved.mb_s, 1), "move_seconds": round(moved.move_s, 3),
+        "etcd_seconds": round(etcd.move_s, 3), "etcd_mb_per_s": round(etcd.mb_s, 1),
+        "ratio_to_etcd": round(moved.move_s / etcd.move_s, 3) if etcd.move_s else None,
+        "write_p99_ms_before": round(moved.p99_before_ms, 1), "write_p99_ms_during": round(moved.p99_during_ms, 1),
+        "writes": moved.writes, "errors": moved.errors,
+        "partition_mb": round(moved.size_mb, 1),
+        "partition_files_mb": {k: round(v, 1) for k, v in moved.files_mb.items()},
+        "sent_mb": round(moved.sent_mb, 1), "target_written_mb": round(moved.target_written_mb, 1),
+        "etcd_db_mb": round(etcd.size_mb, 1),
+    }
 
 
 if __name__ == "__main__":

@@ -53,6 +53,15 @@ class DictStateMachine:
         self.data: dict[str, str] = {}
         self.position = Position(0, 0)
 
+    @classmethod
+    def at(cls, db: Path) -> DictStateMachine:
+        """The state checkpointed at `db` (a replica's database, seeded in place), or the empty one."""
+        machine = cls()
+        if (db / "state.json").exists():
+            state = json.loads((db / "state.json").read_text())
+            machine.data, machine.position = state["data"], Position(state["index"], state["term"])
+        return machine
+
     def apply(self, entry: Entry):
         key, value = entry.payload.decode().split("=", 1)
         self.data[key] = value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 from prometheus_client import REGISTRY
 
@@ -43,9 +44,11 @@ def test_a_replica_seeded_from_a_checkpoint_gets_only_the_entries_after_it_and_a
 
         def learner(name: str, checkpoint) -> tuple[SyncObjGroup, DictStateMachine]:
             folder = tmp_path / name
-            if checkpoint is not None:
-                seed(folder, PARTITION, checkpoint, position, base, addresses)
-            machine = DictStateMachine()
+            staging = tmp_path / f".copy-{name}"
+            shutil.copytree(checkpoint, staging / "db")
+            seed(staging, folder, PARTITION, position, base, addresses)
+            assert not staging.exists() and (folder / "db" / "state.json").exists()  # moved, not copied
+            machine = DictStateMachine.at(folder / "db")
             return SyncObjGroup(GroupConfig(partition=PARTITION, hub=hubs.hub(None), self_address=None,
                                             peers=tuple(addresses),
                                             folder=folder, fsync=False, tuning=Tuning(), membership_changes=True),

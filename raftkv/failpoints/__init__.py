@@ -39,6 +39,8 @@ POINTS: dict[str, str] = {
     "backup-upload-after": "a backup uploaded a file; its manifest is not written yet",
     "backup-download-after": "a restore, a verify or a seed downloaded and checked a file of a backup",
     "checkpoint-read-before": "a voter is about to read the next chunk of a checkpoint it sends a new replica",
+    "seed-rename-before": "a new replica's copy is staged and synced; its rename into the replica's folder is next",
+    "seed-rename-after": "a new replica's copy was renamed into its folder; the data dir is not synced, nothing opened",
     "log-convert-after": "at start-up, a replica's journal was converted into the node log; its folder is not marked",
     "log-convert-marked": "at start-up, a converted replica's folder was marked; its old journal is not deleted yet",
 }
@@ -47,7 +49,8 @@ LEARNER_POINTS = ("learner-deliver-before", "sink-flush-before", "sink-flush-aft
 # reached by a backup sink's learner, `raftkv backup create`, `restore` and `verify` (and rarely, a node's seed)
 BACKUP_POINTS = ("backup-upload-after", "backup-download-after")
 FSYNC_POINTS = ("journal-fsync-before", "journal-fsync-after")  # reached only with durability = "fsync"
-COPY_POINTS = ("checkpoint-read-before",)  # reached only while a replica is copied to a node (a move, a re-seed)
+# reached only while a replica is copied to a node (a move, a re-seed)
+COPY_POINTS = ("checkpoint-read-before", "seed-rename-before", "seed-rename-after")
 UPGRADE_POINTS = ("log-convert-after", "log-convert-marked")  # reached only by the start on an older data dir
 
 

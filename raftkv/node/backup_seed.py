@@ -32,7 +32,7 @@ from raftkv.core.errors import RaftKVError
 from raftkv.core.spec import BackupConfig
 from raftkv.node.peers import Peers
 from raftkv.node.replica_copy import SCRATCH_PREFIX
-from raftkv.raft.syncobj_seed import LogEntry, seed
+from raftkv.raft.syncobj_seed import DATABASE, LogEntry, seed
 from raftkv.storage.engine import Position
 
 log = logging.getLogger(__name__)
@@ -107,13 +107,13 @@ async def seed_from_backup(catalog: BackupCatalog, peers: Peers, voters: Iterabl
     scratch = folder.with_name(f"{SCRATCH_PREFIX}{folder.name}")
     shutil.rmtree(scratch, ignore_errors=True)
     try:
-        await asyncio.to_thread(catalog.store.download, found.backup, partition, scratch, received)
+        await asyncio.to_thread(catalog.store.download, found.backup, partition, scratch / DATABASE, received)
         base = await _leaders_base(peers, voters, partition, position)  # still there after the download?
         if base is None:
             log.info("partition %d: the leader compacted past backup %s while it downloaded; copying from a voter",
                      partition, found.backup.id)
             return None
-        await asyncio.to_thread(seed, folder, partition, scratch, position, base, members)
+        await asyncio.to_thread(seed, scratch, folder, partition, position, base, members)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     log.info("partition %d: seeded from backup %s at index %d", partition, found.backup.id, position.index)

@@ -21,7 +21,7 @@ from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.lost_data import LostData
 from raftkv.node.peers import Peers
 from raftkv.node.replica import PartitionReplica
-from raftkv.node.replica_copy import SCRATCH_PREFIX, ReplicaCopying, copy_replica
+from raftkv.node.replica_copy import ReplicaCopying, copy_replica, drop_unfinished_copies
 from raftkv.node.replica_lifecycle import (Action, CancelCopy, Desired, ForgetCopy, Local, OpenLearner, OpenVoter,
                                            Promote, RemoveLearner, RemoveVoter, ReopenMeta, StartCopy, reconcile)
 from raftkv.node.tasks import background
@@ -63,8 +63,7 @@ class HostedReplicas:
         """From now on replicas open on `loop`, their Raft messages through `hub`, their logs in `logs`;
         first the copies a crash interrupted are deleted."""
         self._loop, self.hub, self.logs = loop, hub, logs
-        for scratch in self.me.data_dir.glob(f"{SCRATCH_PREFIX}*"):
-            shutil.rmtree(scratch, ignore_errors=True)
+        drop_unfinished_copies(self.me.data_dir)
 
     def reconcile(self, topology: ClusterMeta, at_start: bool = False, meta_voter: bool | None = None,
                   reopen_meta: Callable[[bool], None] = lambda voting: None) -> None:

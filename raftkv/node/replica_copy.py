@@ -1,9 +1,10 @@
 """A new replica's data, copied as checkpoint files from a voter over gRPC (`Admin.Checkpoint`).
 
 The voter checkpoints its replica (hard links: milliseconds) and streams the files;
-the new replica's node writes them to a scratch folder and seeds the replica's folder
-with them (`raftkv.raft.syncobj_seed`). The replica then starts at the checkpoint's
-entry, and the leader sends it only the entries after that one. The files never go
+the new replica's node writes them to a scratch folder beside the replica's, which
+becomes the replica's folder with the files as its database (`raftkv.raft.syncobj_seed`:
+one copy, renamed into place). The replica then starts at the checkpoint's entry, and
+the leader sends it only the entries after that one. The files never go
 through the Raft loop, which pickles every snapshot chunk on the event loop all of a
 node's replicas share and restarts a transfer whenever a connection drops.
 """
@@ -24,7 +25,7 @@ from raftkv import failpoints
 from raftkv.core.errors import CorruptData, Unavailable
 from raftkv.node.peers import Peers
 from raftkv.node.replica import Replica
-from raftkv.raft.syncobj_seed import base_problem, seed
+from raftkv.raft.syncobj_seed import DATABASE, base_problem, seed
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
 
@@ -32,6 +33,13 @@ log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1024 * 1024
 SCRATCH_PREFIX = ".copy-"  # a copy lands beside the replica's folder first: <data_dir>/.copy-p0003
+
+
+def drop_unfinished_copies(data_dir: Path) -> None:
+    """At start-up: copies a crash interrupted before they were renamed into place (`syncobj_seed.seed`);
+    their replicas' folders are still empty, so the copies start again."""
+    for scratch in data_dir.glob(f"{SCRATCH_PREFIX}*"):
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 class ReplicaCopying:
@@ -105,7 +113,7 @@ async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, fol
             shutil.rmtree(scratch, ignore_errors=True)
             call = peers.admin(node_id).Checkpoint(pb.ReplicaRequest(group=partition))
             try:
-                position, base = await receive_checkpoint(call, scratch, received)
+                position, base = await receive_checkpoint(call, scratch / DATABASE, received)
                 if position.index and (problem := base_problem(position, base)) is not None:
                     raise CorruptData(problem)
             except (grpc.aio.AioRpcError, asyncio.TimeoutError, CorruptData) as exc:
@@ -115,7 +123,7 @@ async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, fol
                             _reason(exc))
                 continue
             if position.index:  # an empty state: there is nothing to seed with
-                await asyncio.to_thread(seed, folder, partition, scratch, position, base, members)
+                await asyncio.to_thread(seed, scratch, folder, partition, position, base, members)
             return position
         raise Unavailable("; ".join(failures) or "no live voter to copy from")
     finally:

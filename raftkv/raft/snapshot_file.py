@@ -9,7 +9,14 @@ An uncompressed tar (RocksDB's SST files are compressed already):
     digests.json   the SHA-256 of each file under db/ (absent from files of 0.1)
 
 pysyncobj hands the file to other replicas byte by byte, so it must be one
-self-contained file. A tar checks its headers only: a damaged byte in a table
+self-contained file. One kind never leaves its node: a replica seeded in place
+(`syncobj_seed`) has its database already, and its snapshot file holds the head
+and the entries only, `"in_place": true` in meta.json, no db/ (`write_in_place`).
+It is the record of where the seed left the database, until the replica's first
+compaction replaces it with a full one; until then the replica sends no snapshot
+(`syncobj_snapshots.SnapshotHooks`).
+
+A tar checks its headers only: a damaged byte in a table
 file used to travel to the replica that installed the snapshot (a chaos run:
 the leader's damaged snapshot, sent to a wiped follower, stopped it on a
 corrupt database at every start). The digests stop it at unpacking. They come
@@ -45,6 +52,7 @@ class Meta:
     last_entry: Entry
     prev_entry: Entry
     cluster: list[str]
+    in_place: bool = False  # the database is the replica's own, not in the file (`write_in_place`)
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -81,6 +89,24 @@ def _files(db: Path) -> dict[str, Path]:
 
 
 def write(filename: str | Path, checkpoint_dir: Path, meta: Meta, fsync: bool = False) -> None:
+    with tarfile.open(filename, "w") as tar:
+        _add_head(tar, meta)
+        tar.add(checkpoint_dir, arcname="db")
+        digests = {name: _sha256(path) for name, path in _files(checkpoint_dir).items()}
+        _add_bytes(tar, DIGESTS, json.dumps(digests, sort_keys=True).encode())
+    if fsync:  # pysyncobj renames it over the previous snapshot once we return
+        fsync_path(Path(filename))
+
+
+def write_in_place(filename: str | Path, meta: Meta) -> None:
+    """The snapshot file of a replica whose database is already where it opens it (`meta.in_place`): the
+    head and the entries, no database. Never to be sent or unpacked."""
+    with tarfile.open(filename, "w") as tar:
+        _add_head(tar, meta)
+    fsync_path(Path(filename))
+
+
+def _add_head(tar: tarfile.TarFile, meta: Meta) -> None:
     head = {
         "format": FORMAT,
         "partition": meta.partition,
@@ -88,15 +114,11 @@ def write(filename: str | Path, checkpoint_dir: Path, meta: Meta, fsync: bool = 
         "term": meta.position.term,
         "cluster": meta.cluster,
     }
-    with tarfile.open(filename, "w") as tar:
-        _add_bytes(tar, "meta.json", json.dumps(head).encode())
-        _add_bytes(tar, "prev.entry", _encode_entry(meta.prev_entry))
-        _add_bytes(tar, "last.entry", _encode_entry(meta.last_entry))
-        tar.add(checkpoint_dir, arcname="db")
-        digests = {name: _sha256(path) for name, path in _files(checkpoint_dir).items()}
-        _add_bytes(tar, DIGESTS, json.dumps(digests, sort_keys=True).encode())
-    if fsync:  # pysyncobj renames it over the previous snapshot once we return
-        fsync_path(Path(filename))
+    if meta.in_place:  # only then: the head of every other file is as a node of 0.1 reads it
+        head["in_place"] = True
+    _add_bytes(tar, "meta.json", json.dumps(head).encode())
+    _add_bytes(tar, "prev.entry", _encode_entry(meta.prev_entry))
+    _add_bytes(tar, "last.entry", _encode_entry(meta.last_entry))
 
 
 def read_meta(filename: str | Path) -> Meta:
@@ -116,6 +138,7 @@ def read_meta(filename: str | Path) -> Meta:
             last_entry=_decode_entry(members["last.entry"]),
             prev_entry=_decode_entry(members["prev.entry"]),
             cluster=head["cluster"],
+            in_place=head.get("in_place") is True,
         )
     except (tarfile.TarError, KeyError, ValueError, struct.error, OSError) as exc:
         raise CorruptData(f"snapshot {filename} is corrupt or unreadable ({exc})") from None
@@ -127,6 +150,10 @@ def extract_db(filename: str | Path, dest: Path) -> Path:
     try:
         with tarfile.open(filename, "r") as tar:
             members = [m for m in tar.getmembers() if m.name == "db" or m.name.startswith("db/")]
+            if not members:
+                raise CorruptData(f"snapshot {filename} holds no database (its replica was seeded in place and "
+                                  f"has not compacted since); stop the node, move {Path(filename).parent} away and "
+                                  "restart it so the partition re-syncs from its peers")
             digests = tar.extractfile(DIGESTS).read() if DIGESTS in tar.getnames() else None
             tar.extractall(dest, members=members, filter="data")
         if digests is not None:

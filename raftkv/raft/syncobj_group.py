@@ -33,7 +33,6 @@ from raftkv.core import metrics
 from raftkv.core.durable import make_dirs
 from raftkv.core.errors import CorruptData
 from raftkv.core.spec import Tuning
-from raftkv.raft import snapshot_file
 from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.engine.undriven import steady_part
 from raftkv.raft.group import Entry, Outcome, ProposalCallback, Role, StateMachine
@@ -45,7 +44,7 @@ from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
 from raftkv.raft.syncobj_quiet import Quiet
 from raftkv.raft.state_repair import StateRepair
-from raftkv.raft.syncobj_snapshots import SnapshotFiles
+from raftkv.raft.syncobj_snapshots import SnapshotFiles, SnapshotHooks
 from raftkv.raft.hub import RaftHub
 from raftkv.raft.syncobj_transport import GroupTransport
 from raftkv.raft.vote_guard import VoteGuard
@@ -74,7 +73,7 @@ NEVER = 10**12
 _LEADER = Role.LEADER.value
 
 
-class _Member(PatchedSyncObj):
+class _Member(SnapshotHooks, PatchedSyncObj):
     """The pysyncobj side of a group. Everything it decides is delegated to its `SyncObjGroup`.
 
     Attributes are set before `SyncObj.__init__`: pysyncobj snapshots every attribute created after it.
@@ -164,16 +163,8 @@ class _Member(PatchedSyncObj):
         if clearJournal:
             snapshots.sync_received()
         else:
-            snapshots.settle_kept_aside()
-            snapshots.compact_journal_to_snapshot()
+            snapshots.before_load()
         PatchedSyncObj._SyncObj__loadDumpFile(self, clearJournal)
-
-    def _snapshotLastEntry(self):
-        """The received snapshot's last entry, read without installing it (see PatchedSyncObj)."""
-        try:
-            return snapshot_file.read_meta(self.conf.fullDumpFile).last_entry
-        except CorruptData:
-            return None
 
 
 class SyncObjGroup:
@@ -399,6 +390,8 @@ class SyncObjGroup:
             member._SyncObj__loadDumpFile(clearJournal=False)
         member._SyncObj__needLoadDumpFile = False
         self.repair.after_load()
+        if self.snapshots.in_place and self.config.self_address is not None:
+            self.compact()  # a seeded voter's snapshot holds no database: a full one, so that it can send one
 
     def _apply_committed(self, payload: bytes):
         index = self._member.raftLastApplied + 1  # pysyncobj increments it right after this call

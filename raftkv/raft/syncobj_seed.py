@@ -1,12 +1,18 @@
 """A replica seeded from a checkpoint taken elsewhere: a backup, or another replica's files.
 
-`seed` writes the checkpoint into the replica's folder as the snapshot file pysyncobj
-loads at start-up, so the replica starts as if it had just installed that snapshot
-from the leader: its state is the checkpoint's, its log ends at the checkpoint's
-entry (and the one before, both copied from a member's log), and the leader sends
-it only the entries after that one. If the leader's log
-no longer holds them (it compacted past the checkpoint), the leader sends its own
-snapshot instead: a stale seed costs the saving, never correctness.
+The checkpoint becomes the replica's database where it lies, with no copy: `seed` turns a staging
+folder holding it (`<staging>/db`) into the replica's folder, beside a snapshot file that holds
+only the position and the log's base (`snapshot_file.write_in_place`). The replica starts as if it
+had just installed that snapshot from the leader: its state is the checkpoint's, its log ends at
+the checkpoint's entry (and the one before, both copied from a member's log), and the leader sends
+it only the entries after that one. If the leader's log no longer holds them (it compacted past
+the checkpoint), the leader sends its own snapshot instead: a stale seed costs the saving, never
+correctness.
+
+A crash leaves the old state or the new one (docs/elasticity.md, "One copy"): everything is
+written and synced in the staging folder, which one rename makes the replica's folder. A staging
+folder found at start-up is deleted (`HostedReplicas.start`): the replica's folder is then still
+empty, and the copy starts again.
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from raftkv import failpoints
 from raftkv.raft import snapshot_file
-from raftkv.core.durable import fsync_directory, make_dirs
+from raftkv.core.durable import fsync_directory, fsync_tree
 from raftkv.raft.syncobj_snapshots import SNAPSHOT_FILE
 from raftkv.raft.syncobj_patches import LogEntry
 from raftkv.storage.engine import Position
+
+DATABASE = "db"  # in a staging folder, and in a replica's folder (`RocksEngine`)
 
 
 def base_problem(position: Position, base: Sequence[LogEntry]) -> str | None:
@@ -32,10 +41,12 @@ def base_problem(position: Position, base: Sequence[LogEntry]) -> str | None:
     return None
 
 
-def seed(folder: Path, partition: int, checkpoint: Path, position: Position, base: tuple[LogEntry, LogEntry],
+def seed(staging: Path, folder: Path, partition: int, position: Position, base: tuple[LogEntry, LogEntry],
          members: Iterable[str]) -> None:
-    """Make `folder` a replica of `partition` whose state is `checkpoint`: the state after entry
-    `position` (what the checkpoint's database records), and so after entry `base[1]` too.
+    """Make `folder` (absent or empty) a replica of `partition` whose database is the checkpoint in
+    `staging/db`, moved there, never copied: the state after entry `position` (what the checkpoint's
+    database records), and so after entry `base[1]` too. `staging` is gone afterwards; it must be on
+    `folder`'s file system, beside it.
 
     `base` is two consecutive entries of the group's log, as a member's log holds them, the last
     at or after `position` with nothing between that changes the state. pysyncobj keeps them as
@@ -49,15 +60,11 @@ def seed(folder: Path, partition: int, checkpoint: Path, position: Position, bas
     prev, last = base
     if folder.exists() and any(folder.iterdir()):
         raise FileExistsError(f"{folder} is not empty: a replica is seeded into an empty folder only")
-    make_dirs(folder)
-    meta = snapshot_file.Meta(
-        partition=partition,
-        position=position,
-        last_entry=last,
-        prev_entry=prev,
-        cluster=sorted(members),
-    )
-    partial = folder / f"{SNAPSHOT_FILE}.seed"  # a crash mid-write leaves no damaged snapshot to refuse
-    snapshot_file.write(partial, checkpoint, meta, fsync=True)
-    os.replace(partial, folder / SNAPSHOT_FILE)
-    fsync_directory(folder)
+    meta = snapshot_file.Meta(partition=partition, position=position, last_entry=last, prev_entry=prev,
+                              cluster=sorted(members), in_place=True)
+    snapshot_file.write_in_place(staging / SNAPSHOT_FILE, meta)
+    fsync_tree(staging)  # the files were streamed or downloaded, never synced
+    failpoints.hit("seed-rename-before")
+    os.replace(staging, folder)  # over an empty folder too: one rename, so a crash leaves all or nothing
+    failpoints.hit("seed-rename-after")
+    fsync_directory(folder.parent)

@@ -9,6 +9,11 @@ A snapshot is a RocksDB checkpoint of the state machine in a tar with its metada
   file into place and answers SUCCESS, after which pysyncobj compacts the journal to it;
 - `read` (the deserializer) installs a snapshot into the state machine.
 
+A replica seeded in place (`syncobj_seed`) starts with a snapshot file that holds no database: it
+is read as the record of where the seed left the database, and withheld from every member that
+needs a snapshot (`SnapshotHooks`) until a compaction replaces it (a voter compacts when it opens,
+`SyncObjGroup.load_state`).
+
 The rest keeps the journal and the snapshot consistent across crashes (docs/pysyncobj.md, and the
 rewound log in docs/chaos.md).
 """
@@ -25,7 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import Callable
 
-from pysyncobj import SERIALIZER_STATE
+from pysyncobj import SERIALIZER_STATE, SyncObj
 from pysyncobj.node import TCPNode
 
 from raftkv import failpoints
@@ -35,7 +40,7 @@ from raftkv.raft import snapshot_file
 from raftkv.raft.group import Snapshot, StateMachine
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.syncobj_journal import membership_change
-from raftkv.raft.syncobj_patches import KEPT_ASIDE
+from raftkv.raft.syncobj_patches import KEPT_ASIDE, LogEntry
 from raftkv.storage.engine import Position
 
 log = logging.getLogger(__name__)
@@ -66,6 +71,10 @@ class SnapshotFiles:
         self._sm = state_machine
         self._drop_placeholder()
         snapshot_file.check(self.path)
+        # the file holds no database (a seed's, `syncobj_seed`): it is never sent, so it is known without a read
+        self.in_place = self.path.exists() and snapshot_file.read_meta(self.path).in_place
+        self.withheld_count = 0  # snapshots this file kept from members that needed one (`withheld`)
+        self._withheld_from: set[str] = set()  # ... logged once a member
 
     def _drop_placeholder(self) -> None:
         """An empty snapshot file is the placeholder of a first snapshot that a crash interrupted (`_start`):
@@ -187,6 +196,7 @@ class SnapshotFiles:
         # snapshot would then get the old one again and again, and never catch up.
         failpoints.hit("snapshot-rename-before")
         os.replace(self._next, self.path)
+        self.in_place = False
         fsync_directory(self.folder)  # durable before pysyncobj compacts the journal past the old one
         failpoints.hit("snapshot-rename-after")
         return SERIALIZER_STATE.SUCCESS
@@ -197,10 +207,50 @@ class SnapshotFiles:
         if meta.partition != self.partition:
             raise ValueError(f"snapshot {filename} is of partition {meta.partition}, not {self.partition}")
         last = Position(meta.last_entry[1], meta.last_entry[2])
-        self._sm.restore(Snapshot(Path(filename), meta.position, last))
+        self.in_place = meta.in_place
+        if meta.in_place:  # the database is this replica's own already
+            self._check_in_place(meta)
+        else:
+            self._sm.restore(Snapshot(Path(filename), meta.position, last))
         # As nodes: with membership changes on, pysyncobj takes its peers from this list, leaving out
         # the entry equal to its own node, and an address string never equals a node.
         return meta.last_entry, meta.prev_entry, [TCPNode(address) for address in meta.cluster]
+
+    def _check_in_place(self, meta: snapshot_file.Meta) -> None:
+        """A seeded replica's database is at the position its snapshot file records, or past it by entries of
+        its own log (it applied some before a restart, or before it reopened as a voter); CorruptData if not."""
+        position, journal = self._sm.position, self.journal
+        if position == meta.position:
+            return
+        first = journal[0][1] if len(journal) else position.index + 1
+        if position.index > meta.position.index and first <= position.index <= journal[-1][1] \
+                and journal[position.index - first][2] == position.term:
+            return
+        raise CorruptData(f"partition {self.partition}: the database is at entry {position.index} (term "
+                          f"{position.term}), not where its seed left it ({meta.position.index}, term "
+                          f"{meta.position.term}) or after it in the log; stop the node, move {self.folder} away and "
+                          "restart it so the partition re-syncs from its peers")
+
+    def withheld(self, node) -> None:
+        """Member `node` needs a snapshot, and this one holds no database (`SnapshotHooks`): logged once a member."""
+        self.withheld_count += 1
+        if node.id not in self._withheld_from:
+            self._withheld_from.add(node.id)
+            log.info("partition %d: %s needs a snapshot; this replica's holds no database until its first compaction "
+                     "(it was seeded in place), so it is sent one after that", self.partition, node.id)
+
+    def before_load(self) -> None:
+        """At start-up, before pysyncobj loads the snapshot file: the journal and the database made to agree
+        with it, or CorruptData (raised here: pysyncobj's load would only log it)."""
+        self.settle_kept_aside()
+        self.compact_journal_to_snapshot()
+        try:  # read again: the one kept aside may be back
+            meta = snapshot_file.read_meta(self.path)
+        except (CorruptData, FileNotFoundError):
+            return  # pysyncobj's own load decides
+        self.in_place = meta.in_place
+        if meta.in_place:
+            self._check_in_place(meta)
 
     def sync_received(self) -> None:
         """A snapshot received from the leader replaces the log: durable first (pysyncobj never syncs it)."""
@@ -255,3 +305,36 @@ class SnapshotFiles:
             journal.deleteEntriesTo(at)
             log.info("partition %d: journal compacted to its snapshot at index %d on start-up (the last run "
                      "ended between the two)", self.partition, meta.last_entry[1])
+
+
+class SnapshotHooks(SyncObj):
+    """What a member asks of its snapshot file, mixed into it (`_group.snapshots` is its `SnapshotFiles`)."""
+
+    def _snapshotLastEntry(self) -> LogEntry | None:
+        """The received snapshot's last entry, read without installing it (see PatchedSyncObj)."""
+        try:
+            return snapshot_file.read_meta(self.conf.fullDumpFile).last_entry
+        except CorruptData:
+            return None
+
+    def _SyncObj__sendAppendEntries(self) -> None:
+        """pysyncobj's AppendEntries, but while the snapshot file holds no database (`SnapshotFiles.in_place`)
+        a member that needs a snapshot is sent what pysyncobj sends while it compacts, `serialized=None` (it
+        keeps the member from campaigning, and installs nothing): pysyncobj's next heartbeat tries again.
+        Left to pysyncobj's loop, the member would get the file, or while pysyncobj compacts that empty
+        message over and over until a heartbeat period had passed, with the loop blocked."""
+        snapshots = self._group.snapshots
+        if not snapshots.in_place:
+            return super()._SyncObj__sendAppendEntries()
+        first, next_index = self._SyncObj__raftLog[0][1], self._SyncObj__raftNextIndex
+        voters, learners = self._SyncObj__otherNodes, self._SyncObj__readonlyNodes
+        waiting = {node for node in voters | learners if next_index.get(node, first + 1) <= first}
+        for node in waiting & self._SyncObj__connectedNodes:
+            snapshots.withheld(node)
+            self._SyncObj__transport.send(node, {"type": "append_entries", "term": self._SyncObj__raftCurrentTerm,
+                                                 "commit_index": self._SyncObj__raftCommitIndex, "serialized": None})
+        self._SyncObj__otherNodes, self._SyncObj__readonlyNodes = voters - waiting, learners - waiting
+        try:
+            super()._SyncObj__sendAppendEntries()
+        finally:
+            self._SyncObj__otherNodes, self._SyncObj__readonlyNodes = voters, learners
