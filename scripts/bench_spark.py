@@ -7,7 +7,7 @@ Starts a 3-node cluster on loopback and one local[2] Spark session; after a
 small warm-up job, writes the rows with Spark (16-byte keys, 100-byte values),
 reads them all back three times at `leader` consistency (the `noop` sink forces
 every row through; the median counts), and fills/scans one rocksdict with the same rows on the same disk.
-Prints rows/s and the raftkv/rocksdict ratios, and the JVM's own ceiling: the same read from a
+Prints rows/s and the raftkv/rocksdict ratios (`--json-out F` also writes them to F), and the JVM's own ceiling: the same read from a
 Python data source that yields the same Arrow batches from memory, with no raftkv behind it. `--consistency`, `--split-rows`, `--read-option` and
 `--write-option` (connector options), and `--conf` (Spark settings) try the read and write levers of
 docs/spark.md one at a time.
@@ -16,6 +16,7 @@ docs/spark.md one at a time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -130,6 +131,7 @@ def main() -> None:
     parser.add_argument("--read-option", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--write-option", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
+    parser.add_argument("--json-out", type=Path, metavar="F", help="also write the rates to F as JSON")
     args = parser.parse_args()
     read_options = {"consistency": args.consistency, **_pairs(args.read_option)}
     if args.split_rows is not None:
@@ -161,6 +163,11 @@ def main() -> None:
     table.add_row("read", f"{read:,.0f}", f"{scan:,.0f}", f"{read / scan:.2f}")
     table.add_row("read of the same batches from memory, no raftkv (Spark's ceiling)", f"{ceiling:,.0f}", "", "")
     Console().print(table)
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps({"write_rows_per_s": round(write), "read_rows_per_s": round(read),
+                                             "rocksdict_fill_rows_per_s": round(fill),
+                                             "rocksdict_scan_rows_per_s": round(scan),
+                                             "spark_ceiling_rows_per_s": round(ceiling)}) + "\n")
 
 
 if __name__ == "__main__":
