@@ -39,6 +39,7 @@ POINTS: dict[str, str] = {
     "backup-upload-after": "a backup uploaded a file; its manifest is not written yet",
     "backup-download-after": "a restore, a verify or a seed downloaded and checked a file of a backup",
     "checkpoint-read-before": "a voter is about to read the next chunk of a checkpoint it sends a new replica",
+    "ingest-after": "a bulk-load file was ingested into a partition's database; its position is not written yet",
     "log-convert-after": "at start-up, a replica's journal was converted into the node log; its folder is not marked",
     "log-convert-marked": "at start-up, a converted replica's folder was marked; its old journal is not deleted yet",
 }
@@ -49,12 +50,13 @@ BACKUP_POINTS = ("backup-upload-after", "backup-download-after")
 FSYNC_POINTS = ("journal-fsync-before", "journal-fsync-after")  # reached only with durability = "fsync"
 COPY_POINTS = ("checkpoint-read-before",)  # reached only while a replica is copied to a node (a move, a re-seed)
 UPGRADE_POINTS = ("log-convert-after", "log-convert-marked")  # reached only by the start on an older data dir
+INGEST_POINTS = ("ingest-after",)  # reached only by a put_many large enough to be ingested (docs/bulk-ingest.md)
 
 
 def node_points(fsync: bool) -> tuple[str, ...]:
     """The points every node process reaches (under writes alone)."""
-    return tuple(n for n in NAMES if n not in LEARNER_POINTS + BACKUP_POINTS + COPY_POINTS + UPGRADE_POINTS
-                 and (fsync or n not in FSYNC_POINTS))
+    elsewhere = LEARNER_POINTS + BACKUP_POINTS + COPY_POINTS + UPGRADE_POINTS + INGEST_POINTS
+    return tuple(n for n in NAMES if n not in elsewhere and (fsync or n not in FSYNC_POINTS))
 
 _log = logging.getLogger(__name__)
 _armed: dict[str, Program] = {}

@@ -1,0 +1,74 @@
+"""RocksDB table files of a bulk load (docs/bulk-ingest.md): built from a PutMany's rows on the
+leader, and read back into rows where an ingest must be seen row by row (a learner's change feed,
+`MemoryEngine`).
+
+rocksdict has a table file writer but no reader: the rows are read by ingesting a copy of the file
+into a scratch database and iterating it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+
+from rocksdict import DBCompressionType, IngestExternalFileOptions, Options, Rdict, SstFileWriter
+
+from raftkv.core.commands import IngestSst, PutMany
+from raftkv.core.errors import CorruptData
+
+
+def table_options() -> Options:
+    """The options a bulk-load file is written with: raw bytes like the partition databases, and not
+    compressed (compression in the leader's thread cost five times the rest of the build; RocksDB
+    compresses the rows when it compacts them)."""
+    options = Options(raw_mode=True)
+    options.set_compression_type(DBCompressionType.none())
+    return options
+
+
+def build(c: PutMany, folder: Path | None = None) -> IngestSst:
+    """`c`'s rows as one sorted table file; a repeated key keeps its last value, as `c`'s puts in
+    order would leave it. `folder`: where the file is written on its way (None: the system's)."""
+    rows = dict(c.pairs())
+    with tempfile.TemporaryDirectory(dir=folder, prefix="sst-") as tmp:
+        path = Path(tmp) / "bulk.sst"
+        writer = SstFileWriter(options=table_options())
+        writer.open(str(path))
+        for key in sorted(rows):
+            writer[key] = rows[key]
+        writer.finish()
+        data = path.read_bytes()
+    return IngestSst(data, hashlib.sha256(data).digest(), len(rows))
+
+
+def check(c: IngestSst, where: Path | str) -> None:
+    """CorruptData, before anything is written, when the file does not match its SHA-256 (damaged since
+    the leader built it): the replica at `where` re-syncs from its peers."""
+    if hashlib.sha256(c.data).digest() != c.sha256:
+        raise CorruptData(f"{where}: a bulk-load file of {c.rows} rows in the Raft log does not match its "
+                          "SHA-256, so nothing of it was applied; stop the node, move that folder away and "
+                          "restart it so the partition re-syncs from its peers")
+
+
+def ingest_options() -> IngestExternalFileOptions:
+    """The file is moved into the database (a rename), not copied."""
+    options = IngestExternalFileOptions()
+    options.set_move_files(True)
+    return options
+
+
+def rows(c: IngestSst, folder: Path | None = None) -> PutMany:
+    """The rows of `c`'s file, in key order, as a PutMany. `folder`: where the scratch database goes."""
+    with tempfile.TemporaryDirectory(dir=folder, prefix="sst-read-") as tmp:
+        path = Path(tmp) / "bulk.sst"
+        path.write_bytes(c.data)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        scratch = Rdict(str(Path(tmp) / "db"), options)
+        try:
+            scratch.ingest_external_file([str(path)], ingest_options())
+            keys, values = list(scratch.keys()), list(scratch.values())
+        finally:
+            scratch.close()
+    return PutMany.of(keys, values)
