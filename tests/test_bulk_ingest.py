@@ -20,6 +20,7 @@ from raftkv.core.log_codec import decode_proposal
 from raftkv.node.gatekeeper import command_requests
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.raft.group import Role
+from raftkv.security.permissions import Access, Grant, Identity, check
 from raftkv.storage import rocks_sst
 from raftkv.storage.engine import KeyRange, MemoryEngine, Position
 from raftkv.storage.rocks_engine import INGEST_PREFIX, RocksEngine
@@ -144,9 +145,18 @@ def test_only_a_put_many_between_the_bounds_is_ingested():
     assert not ingest_wanted(bulk(ROWS), INGEST_MIN_BYTES // 4)  # a file past the largest entry: rows
 
 
-def test_a_file_would_need_write_access_to_every_key():
-    (request,) = command_requests(rocks_sst.build(bulk(3)))
-    assert request.start == b"" and request.end > b"\xff" * 4096
+def test_a_put_many_big_enough_to_be_ingested_is_checked_key_by_key_before_the_leader_builds_a_file():
+    """The gatekeeper sees the client's PutMany (raftkv/node/service.py checks it before `submit`)."""
+    roles, users = {"app-writer": [Grant(Access.WRITE, b"k0000")], "root": [Grant(Access.ADMIN)]}, \
+        {"walt": ["app-writer"], "ada": ["root"]}
+    rows = bulk(ROWS)  # keys k000000, k000001, ...: all but the first 100 are outside the prefix k0000
+    assert ingest_wanted(rows, 2 << 20)
+    assert check(Identity("walt"), command_requests(bulk(100)), users, roles) is None
+    assert check(Identity("walt"), command_requests(rows), users, roles) == (
+        "permission denied: user walt may not write key b'k000100'")
+    file = rocks_sst.build(rows)  # were a file ever asked for, it would need the whole key space
+    assert check(Identity("walt"), command_requests(file), users, roles) is not None
+    assert check(Identity("ada"), command_requests(file), users, roles) is None
 
 
 def submit_all(twins: Twins, leader, may_ingest: bool, *commands) -> list:

@@ -75,6 +75,7 @@ class PartitionFrontend:
     def submit(self, command: Command) -> asyncio.Future:
         if type(command) is PutMany and ingest_wanted(command, self._policy.max_bytes) and self._may_ingest():
             file = rocks_sst.build(command, self.replica.engine.folder)
+            metrics.INGEST_FILES.labels(self.partition).inc()
             return self._enqueue(_Pending(encode_command(file), self._loop.create_future()), self._policy.max_bytes)
         encoded = encode_command(command)
         return self._enqueue(_Pending(encoded, self._loop.create_future()), len(encoded))

@@ -3,12 +3,15 @@ leader, and read back into rows where an ingest must be seen row by row (a learn
 `MemoryEngine`).
 
 rocksdict has a table file writer but no reader: the rows are read by ingesting a copy of the file
-into a scratch database and iterating it.
+into a scratch database and iterating it. The scratch goes to /dev/shm where there is one: creating
+a database on a disk syncs several files, which made a read of 2,000 rows take 140-240 ms on a busy
+disk here against 17-35 ms in memory.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import tempfile
 from pathlib import Path
 
@@ -16,6 +19,9 @@ from rocksdict import DBCompressionType, IngestExternalFileOptions, Options, Rdi
 
 from raftkv.core.commands import IngestSst, PutMany
 from raftkv.core.errors import CorruptData
+
+
+SCRATCH = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None  # None: the system's temporary folder
 
 
 def table_options() -> Options:
@@ -58,7 +64,7 @@ def ingest_options() -> IngestExternalFileOptions:
     return options
 
 
-def rows(c: IngestSst, folder: Path | None = None) -> PutMany:
+def rows(c: IngestSst, folder: Path | None = SCRATCH) -> PutMany:
     """The rows of `c`'s file, in key order, as a PutMany. `folder`: where the scratch database goes."""
     with tempfile.TemporaryDirectory(dir=folder, prefix="sst-read-") as tmp:
         path = Path(tmp) / "bulk.sst"
