@@ -117,7 +117,7 @@ def test_an_ingest_on_a_full_disk_is_storage_full_with_nothing_applied_and_goes_
         disk.fill()
         with pytest.raises(StorageFull, match="disk full"):
             e.write([file], Position(2, 1))
-        assert e.position == Position(1, 1) and e.get(b"k000000") is None
+        assert e.broken and e.position == Position(1, 1) and e.get(b"k000000") is None
         assert not list((disk.folder / "p").glob(INGEST_PREFIX + "*"))
         disk.free()
         e.write([file], Position(2, 1))

@@ -306,8 +306,9 @@ class RocksEngine:
         except OSError as exc:
             path.unlink(missing_ok=True)
             if _no_space(exc):
-                raise StorageFull(f"disk full writing a bulk-load file in {self.folder}; free space on that disk") \
-                    from None
+                self._broken = True  # as a failed write: the leader refuses writes and hands leadership on
+                raise StorageFull(f"disk full writing a bulk-load file in {self.folder}; writes resume once "
+                                  "space is freed") from None
             raise failed_disk(path, exc) from None
         try:
             self._db.flush_wal(True)
