@@ -124,17 +124,18 @@ def test_feed_survives_learner_kills_and_crashes_at_its_fail_points_and_replays_
                 random_write(kv, local, keys=300, deletes=0.2)
 
     def bulk_writer() -> None:
-        """put_manys large enough to be logged as table files, over the same keys each round: the feed
-        must carry every file's rows, updates of the last round's, between the other writers' entries."""
-        keys = [k for k in (b"bulk-%05d" % i for i in range(8000)) if partition_for_key(k, 4) == 0][:1400]
+        """put_manys large enough to be logged as table files (1 MiB: 150 values of 7 KB), over the same keys
+        every 3 s: the feed must carry every file's rows, updates of the last round's, between the other
+        writers' entries."""
+        keys = [k for k in (b"bulk-%04d" % i for i in range(1000)) if partition_for_key(k, 4) == 0][:150]
         with Client(cluster.endpoints) as kv:
             for round_ in itertools.count():
-                if stop.wait(0.3):
-                    return
                 try:
-                    kv.put_many(keys, [b"%06d" % round_ + b"b" * 100] * len(keys))
+                    kv.put_many(keys, [b"%06d" % round_ + b"b" * 7200] * len(keys))
                 except (Unavailable, Undetermined):
                     pass
+                if stop.wait(3):
+                    return
 
     writers = [threading.Thread(target=writer, args=(rng.random(),)) for _ in range(4)]
     writers.append(threading.Thread(target=bulk_writer))

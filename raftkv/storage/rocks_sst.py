@@ -11,8 +11,10 @@ disk here against 17-35 ms in memory.
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import tempfile
+from itertools import islice
 from pathlib import Path
 
 from rocksdict import DBCompressionType, IngestExternalFileOptions, Options, Rdict, SstFileWriter
@@ -35,17 +37,22 @@ def table_options() -> Options:
 
 def build(c: PutMany, folder: Path | None = None) -> IngestSst:
     """`c`'s rows as one sorted table file; a repeated key keeps its last value, as `c`'s puts in
-    order would leave it. `folder`: where the file is written on its way (None: the system's)."""
-    rows = dict(c.pairs())
+    order would leave it. `folder`: where the file is written on its way (None: the system's).
+    Rows already in key order (a Spark partition's often are) skip the sort: a third of the cost."""
+    keys, values = c.split()
+    if not all(map(operator.lt, keys, islice(keys, 1, None))):
+        rows = dict(zip(keys, values))
+        keys = sorted(rows)
+        values = [rows[key] for key in keys]
     with tempfile.TemporaryDirectory(dir=folder, prefix="sst-") as tmp:
         path = Path(tmp) / "bulk.sst"
         writer = SstFileWriter(options=table_options())
         writer.open(str(path))
-        for key in sorted(rows):
-            writer[key] = rows[key]
+        for key, value in zip(keys, values):
+            writer[key] = value
         writer.finish()
         data = path.read_bytes()
-    return IngestSst(data, hashlib.sha256(data).digest(), len(rows))
+    return IngestSst(data, hashlib.sha256(data).digest(), len(keys))
 
 
 def check(c: IngestSst, where: Path | str) -> None:
