@@ -23,6 +23,7 @@ from raftkv.core.commands import IngestSst, PutMany
 from raftkv.core.errors import CorruptData
 
 
+WORK_PREFIX = "ingest-"  # a file or folder of a bulk load on its way in: `recover_interrupted_install` deletes one
 SCRATCH = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None  # None: the system's temporary folder
 
 
@@ -44,7 +45,7 @@ def build(c: PutMany, folder: Path | None = None) -> IngestSst:
         rows = dict(zip(keys, values))
         keys = sorted(rows)
         values = [rows[key] for key in keys]
-    with tempfile.TemporaryDirectory(dir=folder, prefix="sst-") as tmp:
+    with tempfile.TemporaryDirectory(dir=folder, prefix=WORK_PREFIX) as tmp:
         path = Path(tmp) / "bulk.sst"
         writer = SstFileWriter(options=table_options())
         writer.open(str(path))
