@@ -73,8 +73,9 @@ class PartitionFrontend:
         return NotLeader(self.partition, self._leader_id_of(self.replica.leader_address))
 
     def submit(self, command: Command) -> asyncio.Future:
-        if type(command) is PutMany and ingest_wanted(command, self._policy.max_bytes) and self._may_ingest():
-            file = rocks_sst.build(command, self.replica.engine.folder)
+        if (type(command) is PutMany and self.is_leader and ingest_wanted(command, self._policy.max_bytes)
+                and self._may_ingest()):  # a follower refuses it in `_enqueue`: no file built for nothing
+            file = rocks_sst.build(command)
             metrics.INGEST_FILES.labels(self.partition).inc()
             return self._enqueue(_Pending(encode_command(file), self._loop.create_future()), self._policy.max_bytes)
         encoded = encode_command(command)

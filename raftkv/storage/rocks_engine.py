@@ -138,7 +138,7 @@ def empty_database(path: Path) -> Path:
 
 
 SCRATCH_PREFIX = "copy-"  # a checkpoint on its way out of this replica (`RocksEngine.scratch`)
-INGEST_PREFIX = rocks_sst.WORK_PREFIX  # a bulk-load file being built or on its way into the database
+INGEST_PREFIX = "ingest-"  # a bulk-load file on its way into the database (`RocksEngine._ingest`)
 
 
 def recover_interrupted_install(folder: Path) -> None:
@@ -147,11 +147,8 @@ def recover_interrupted_install(folder: Path) -> None:
     removes them)."""
     for scratch in folder.glob(SCRATCH_PREFIX + "*"):
         shutil.rmtree(scratch, ignore_errors=True)
-    for work in folder.glob(INGEST_PREFIX + "*"):
-        if work.is_dir():
-            shutil.rmtree(work)
-        else:
-            work.unlink()
+    for file in folder.glob(INGEST_PREFIX + "*.sst"):
+        file.unlink()
     db, incoming, old = folder / "db", folder / "db.incoming", folder / "db.old"
     if not db.exists():
         if (incoming / INSTALL_READY).exists():

@@ -3,7 +3,7 @@ leader, and read back into rows where an ingest must be seen row by row (a learn
 `MemoryEngine`).
 
 rocksdict has a table file writer but no reader: the rows are read by ingesting a copy of the file
-into a scratch database and iterating it. The scratch goes to /dev/shm where there is one: creating
+into a scratch database and iterating it. Both work in /dev/shm where there is one: creating
 a database on a disk syncs several files, which made a read of 2,000 rows take 140-240 ms on a busy
 disk here against 17-35 ms in memory.
 """
@@ -23,7 +23,6 @@ from raftkv.core.commands import IngestSst, PutMany
 from raftkv.core.errors import CorruptData
 
 
-WORK_PREFIX = "ingest-"  # a file or folder of a bulk load on its way in: `recover_interrupted_install` deletes one
 SCRATCH = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else None  # None: the system's temporary folder
 
 
@@ -36,16 +35,17 @@ def table_options() -> Options:
     return options
 
 
-def build(c: PutMany, folder: Path | None = None) -> IngestSst:
+def build(c: PutMany, folder: Path | None = SCRATCH) -> IngestSst:
     """`c`'s rows as one sorted table file; a repeated key keeps its last value, as `c`'s puts in
-    order would leave it. `folder`: where the file is written on its way (None: the system's).
+    order would leave it. `folder`: where the file is written on its way (memory where it can be: not
+    the data disk, which may be full, and a leader killed meanwhile leaves nothing there).
     Rows already in key order (a Spark partition's often are) skip the sort: a third of the cost."""
     keys, values = c.split()
     if not all(map(operator.lt, keys, islice(keys, 1, None))):
         rows = dict(zip(keys, values))
         keys = sorted(rows)
         values = [rows[key] for key in keys]
-    with tempfile.TemporaryDirectory(dir=folder, prefix=WORK_PREFIX) as tmp:
+    with tempfile.TemporaryDirectory(dir=folder, prefix="sst-") as tmp:
         path = Path(tmp) / "bulk.sst"
         writer = SstFileWriter(options=table_options())
         writer.open(str(path))
