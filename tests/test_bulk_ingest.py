@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from dataclasses import replace
 
 import pytest
@@ -137,6 +138,19 @@ def test_the_learner_emits_each_row_of_a_file_once_in_key_order_with_its_before_
         ("c", b"a", None, b"3", 2, 0), ("u", b"b", b"old", b"2", 2, 1), ("c", b"c", None, b"4", 2, 2)]
     copy.write(view.mutations, Position(2, 1))  # what the learner then writes to its copy
     assert list(copy.scan(KeyRange())[1]) == [(b"a", b"3"), (b"b", b"2"), (b"c", b"4")]
+
+
+def test_a_scratch_folder_of_a_process_that_died_is_deleted_by_the_next_read(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = tmp_path / f"sst-read-{dead.pid}-abc"
+    mine = tmp_path / f"sst-read-{os.getpid()}-abc"  # a read of this process still at work
+    left.mkdir()
+    mine.mkdir()
+    assert rocks_sst.rows(rocks_sst.build(bulk(3), tmp_path), tmp_path).split()[0] == [b"k000000", b"k000001",
+                                                                                      b"k000002"]
+    assert not left.exists() and mine.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [mine.name]  # and its own are gone
 
 
 def test_only_a_put_many_between_the_bounds_is_ingested():

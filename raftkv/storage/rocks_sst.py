@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import os
+import shutil
 import tempfile
 from itertools import islice
 from pathlib import Path
@@ -35,6 +36,26 @@ def table_options() -> Options:
     return options
 
 
+def _scratch(folder: Path | None, what: str) -> tempfile.TemporaryDirectory:
+    """A folder of this process's for one file; first the folders of processes that died (kill -9)
+    while in theirs are deleted: in /dev/shm each held its file in memory until the next boot."""
+    for left in Path(folder or tempfile.gettempdir()).glob(f"sst-{what}-*-*"):
+        pid = left.name.split("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    return tempfile.TemporaryDirectory(dir=folder, prefix=f"sst-{what}-{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
 def build(c: PutMany, folder: Path | None = SCRATCH) -> IngestSst:
     """`c`'s rows as one sorted table file; a repeated key keeps its last value, as `c`'s puts in
     order would leave it. `folder`: where the file is written on its way (memory where it can be: not
@@ -45,7 +66,7 @@ def build(c: PutMany, folder: Path | None = SCRATCH) -> IngestSst:
         rows = dict(zip(keys, values))
         keys = sorted(rows)
         values = [rows[key] for key in keys]
-    with tempfile.TemporaryDirectory(dir=folder, prefix="sst-") as tmp:
+    with _scratch(folder, "build") as tmp:
         path = Path(tmp) / "bulk.sst"
         writer = SstFileWriter(options=table_options())
         writer.open(str(path))
@@ -74,7 +95,7 @@ def ingest_options() -> IngestExternalFileOptions:
 
 def rows(c: IngestSst, folder: Path | None = SCRATCH) -> PutMany:
     """The rows of `c`'s file, in key order, as a PutMany. `folder`: where the scratch database goes."""
-    with tempfile.TemporaryDirectory(dir=folder, prefix="sst-read-") as tmp:
+    with _scratch(folder, "read") as tmp:
         path = Path(tmp) / "bulk.sst"
         path.write_bytes(c.data)
         options = Options(raw_mode=True)
