@@ -7,7 +7,8 @@ plus the mutations of the entries already computed in this batch.
 
 An entry's puts and deletes between two delete-ranges are captured together:
 one read of the view for all their before-images, with a key that repeats
-among them seeing its own earlier row.
+among them seeing its own earlier row. A bulk-load file (`IngestSst`) is
+captured, and written to the copy, as the rows it holds (docs/bulk-ingest.md).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Sequence
 
 from learners.entry_events import EntryEvents
 from raftkv.core.command_kinds import kind_of
-from raftkv.core.commands import Command, DeleteRange, Mutation
+from raftkv.core.commands import Command, DeleteRange, IngestSst, Mutation
 from raftkv.core.overlay import Overlay
+from raftkv.storage import rocks_sst
 from raftkv.storage.engine import Engine, KeyRange
 from raftkv.core.state_machine import apply_proposal
 
@@ -44,6 +46,7 @@ def capture_entry(view: Overlay, commands: Sequence[Command], ctx: EntryContext)
     """The events of one committed entry; applies its mutations to `view`."""
     columns: Columns = ([], [], [], [])
     writes: list[Mutation] = []
+    commands = [_file_rows(c, ctx) if type(c) is IngestSst else c for c in commands]
     for m in apply_proposal(view.get, commands).mutations:
         if type(m) is DeleteRange:  # the one mutation whose rows are not in it: they are the view's keys in its range
             _extend(columns, _capture_writes(view, writes))
@@ -53,6 +56,11 @@ def capture_entry(view: Overlay, commands: Sequence[Command], ctx: EntryContext)
             writes.append(m)
     _extend(columns, _capture_writes(view, writes))
     return EntryEvents(ctx.cluster, ctx.partition, ctx.index, ctx.term, False, ctx.ts_ms, *columns)
+
+
+def _file_rows(c: IngestSst, ctx: EntryContext) -> Command:
+    rocks_sst.check(c, f"the learner's copy of partition {ctx.partition}")
+    return rocks_sst.rows(c)
 
 
 def _extend(columns: Columns, more: Columns) -> None:

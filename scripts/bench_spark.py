@@ -7,7 +7,7 @@ Starts a 3-node cluster on loopback and one local[2] Spark session; after a
 small warm-up job, writes the rows with Spark (16-byte keys, 100-byte values),
 reads them all back three times at `leader` consistency (the `noop` sink forces
 every row through; the median counts), and fills/scans one rocksdict with the same rows on the same disk.
-Prints rows/s and the raftkv/rocksdict ratios, and the JVM's own ceiling: the same read from a
+Prints rows/s and the raftkv/rocksdict ratios (`--json-out F` also writes them to F), and the JVM's own ceiling: the same read from a
 Python data source that yields the same Arrow batches from memory, with no raftkv behind it. `--consistency`, `--split-rows`, `--read-option` and
 `--write-option` (connector options), and `--conf` (Spark settings) try the read and write levers of
 docs/spark.md one at a time.
@@ -16,6 +16,7 @@ docs/spark.md one at a time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -29,7 +30,7 @@ from rocksdict import Options, Rdict, WriteBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clusters import raftkv_cluster  # noqa: E402
-from bench_load import VALUE_BYTES, key  # noqa: E402
+from bench_load import VALUE_BYTES, cpu_seconds, key  # noqa: E402
 
 READS = 3  # the median of three full reads
 SCAN_CHUNK_ROWS = (4 << 20) // (16 + VALUE_BYTES)  # the rows of one columnar scan chunk (service.COLUMNS_CHUNK_BYTES)
@@ -55,8 +56,9 @@ def rocksdict_rates(folder: Path, rows: int) -> tuple[float, float]:
 
 
 def spark_rates(spark, endpoints: str, rows: int, read_options: dict[str, str],
-                write_options: dict[str, str]) -> tuple[float, float]:
-    """Write then read `rows`; a small job first warms up the JVM and the Python workers."""
+                write_options: dict[str, str], pids: tuple[int, ...]) -> tuple[float, float, float]:
+    """Write then read `rows`: rows/s of each, and the nodes' CPU µs a row written. A small job first warms
+    up the JVM and the Python workers."""
     warm_up = spark.range(1000).selectExpr("CAST(CAST(id AS STRING) AS BINARY) AS key", "CAST('' AS BINARY) AS value")
     warm_up.write.format("raftkv").option("endpoints", endpoints).mode("append").save()
     spark.read.format("raftkv").option("endpoints", endpoints).load().write.format("noop").mode("overwrite").save()
@@ -64,16 +66,17 @@ def spark_rates(spark, endpoints: str, rows: int, read_options: dict[str, str],
                                       f"repeat('v', {VALUE_BYTES}) AS value")
     df = df.selectExpr("CAST(key AS BINARY) AS key", "CAST(value AS BINARY) AS value").cache()
     df.count()  # materialise the input so the timing is the write alone
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds(pids)
     df.write.format("raftkv").option("endpoints", endpoints).options(**write_options).mode("append").save()
     write = rows / (time.perf_counter() - started)
+    write_cpu = (cpu_seconds(pids) - cpu) / rows * 1e6
     reads = []
     for _ in range(READS):
         started = time.perf_counter()
         spark.read.format("raftkv").option("endpoints", endpoints).options(**read_options).load() \
             .write.format("noop").mode("overwrite").save()
         reads.append(rows / (time.perf_counter() - started))
-    return write, statistics.median(reads)
+    return write, statistics.median(reads), write_cpu
 
 
 def jvm_ceiling(spark, rows: int, partitions: int) -> float:
@@ -130,6 +133,7 @@ def main() -> None:
     parser.add_argument("--read-option", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--write-option", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting")
+    parser.add_argument("--json-out", type=Path, metavar="F", help="also write the rates to F as JSON")
     args = parser.parse_args()
     read_options = {"consistency": args.consistency, **_pairs(args.read_option)}
     if args.split_rows is not None:
@@ -146,8 +150,8 @@ def main() -> None:
     spark_connector.register(spark)
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         with raftkv_cluster(Path(tmp) / "raftkv", args.partitions) as cluster:
-            write, read = spark_rates(spark, ",".join(cluster.endpoints), args.rows, read_options,
-                                      _pairs(args.write_option))
+            write, read, write_cpu = spark_rates(spark, ",".join(cluster.endpoints), args.rows, read_options,
+                                                 _pairs(args.write_option), cluster.pids)
         ceiling = jvm_ceiling(spark, args.rows, args.partitions)
         fill, scan = rocksdict_rates(Path(tmp) / "rocksdict", args.rows)
     spark.stop()
@@ -159,8 +163,15 @@ def main() -> None:
         table.add_column(column, justify="right")
     table.add_row("write", f"{write:,.0f}", f"{fill:,.0f}", f"{write / fill:.2f}")
     table.add_row("read", f"{read:,.0f}", f"{scan:,.0f}", f"{read / scan:.2f}")
+    table.add_row("the nodes' CPU (all three) per row written, µs", f"{write_cpu:.2f}", "", "")
     table.add_row("read of the same batches from memory, no raftkv (Spark's ceiling)", f"{ceiling:,.0f}", "", "")
     Console().print(table)
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps({"write_rows_per_s": round(write), "read_rows_per_s": round(read),
+                                             "write_node_cpu_us_per_row": round(write_cpu, 2),
+                                             "rocksdict_fill_rows_per_s": round(fill),
+                                             "rocksdict_scan_rows_per_s": round(scan),
+                                             "spark_ceiling_rows_per_s": round(ceiling)}) + "\n")
 
 
 if __name__ == "__main__":

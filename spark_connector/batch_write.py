@@ -18,6 +18,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from raftkv.client.async_client import AsyncClient
+from raftkv.core.command_kinds import ALL_KEYS_END
 from raftkv.core.commands import Delete, Put
 from raftkv.core.errors import InvalidRequest, RaftKVError, Undetermined, Unavailable
 from raftkv.core.partitioning import partition_for_key
@@ -26,8 +27,6 @@ from spark_connector.options import ConnectorOptions
 
 BATCH_BYTES = 1 << 20
 IN_FLIGHT = 16
-# Past every key the cluster accepts (cluster.max_key_bytes is at most 4096): the end of "everything".
-_ALL_KEYS_END = b"\xff" * 4097
 
 
 @dataclass
@@ -40,7 +39,7 @@ class KVWriter(DataSourceArrowWriter):
         self.options = options
         if overwrite:
             # Runs once, on the driver, before any task writes: overwrite replaces the option's key range.
-            with_client(options, lambda client: client.delete_range(options.start, options.end or _ALL_KEYS_END))
+            with_client(options, lambda client: client.delete_range(options.start, options.end or ALL_KEYS_END))
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriteCommit:
         return WriteCommit(with_client(self.options, lambda client: _write_all(client, iterator, self.options)))

@@ -165,7 +165,7 @@ def test_decode_rejects_trailing_garbage_after_valid_commands(garbage):
         decode_proposal(encoded + garbage)
 
 
-@pytest.mark.parametrize("tag", [0, 10, 11, 0x7F, 0xFF])
+@pytest.mark.parametrize("tag", [0, 11, 12, 0x7F, 0xFF])
 def test_decode_rejects_unknown_tags(tag):
     with pytest.raises(DecodeError, match=f"unknown command tag {tag}"):
         decode_proposal(bytes([VERSION, tag]) + b"\x00" * 16)

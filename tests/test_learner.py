@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -17,7 +18,9 @@ import pytest
 
 from learners.change_event import SCHEMA_PATH, ChangeEvent
 from raftkv import Client, Timeout, Unavailable, Undetermined, failpoints
+from raftkv.core.partitioning import partition_for_key
 from raftkv.dev.local_cluster import free_port_block
+from raftkv.dev.metrics_scrape import samples
 from tests.conftest import random_write, wait_for_compaction, wait_until
 from tests.test_cli import assert_one_line_error, run
 
@@ -120,7 +123,22 @@ def test_feed_survives_learner_kills_and_crashes_at_its_fail_points_and_replays_
             while not stop.is_set():
                 random_write(kv, local, keys=300, deletes=0.2)
 
+    def bulk_writer() -> None:
+        """put_manys large enough to be logged as table files (1 MiB: 150 values of 7 KB), over the same keys
+        every 3 s: the feed must carry every file's rows, updates of the last round's, between the other
+        writers' entries."""
+        keys = [k for k in (b"bulk-%04d" % i for i in range(1000)) if partition_for_key(k, 4) == 0][:150]
+        with Client(cluster.endpoints) as kv:
+            for round_ in itertools.count():
+                try:
+                    kv.put_many(keys, [b"%06d" % round_ + b"b" * 7200] * len(keys))
+                except (Unavailable, Undetermined):
+                    pass
+                if stop.wait(3):
+                    return
+
     writers = [threading.Thread(target=writer, args=(rng.random(),)) for _ in range(4)]
+    writers.append(threading.Thread(target=bulk_writer))
     for t in writers:
         t.start()
     for point in (None, *failpoints.LEARNER_POINTS):
@@ -151,6 +169,13 @@ def test_feed_survives_learner_kills_and_crashes_at_its_fail_points_and_replays_
     assert_in_index_order(events)
     assert len({e.event_id for e in events}) == len(events), "the sink wrote an event twice"
     assert replay(events) == final
+    assert ingested_files(cluster) > 0, "no put_many was logged as a file"
+
+
+def ingested_files(cluster) -> float:
+    """raftkv_ingest_files_total over every node and partition."""
+    return sum(s.value for node in cluster.spec.nodes for s in samples(f"{node.host}:{node.metrics_port}")
+               if s.name == "raftkv_ingest_files_total")
 
 
 def test_learner_added_after_compaction_emits_snapshot_reads_then_live_changes(make_cluster, learner_factory):

@@ -16,6 +16,7 @@ kv.proto and the client method that sends it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import struct
@@ -24,8 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Protocol
 
 from raftkv.core.commands import (
-    Batch, Cas, CasResult, Command, Delete, DeleteRange, LearnerCommand, LearnerProgress, Limits, Mutation, Put,
-    PutMany, RegisterLearner, RemoveLearner,
+    Batch, Cas, CasResult, Command, Delete, DeleteRange, IngestSst, LearnerCommand, LearnerProgress, Limits, Mutation,
+    Put, PutMany, RegisterLearner, RemoveLearner,
 )
 from raftkv.core.errors import InvalidRequest
 from raftkv.core.learner_registry import progress_updates, register_updates, remove_updates
@@ -36,6 +37,8 @@ _U32x3 = struct.Struct("<III")
 _U32x4 = struct.Struct("<IIII")
 _CAS_HEAD = struct.Struct("<BIII")
 _PROGRESS_HEAD = struct.Struct("<IQ")
+_INGEST_HEAD = struct.Struct("<I32sI")
+ALL_KEYS_END = b"\xff" * 4097  # past every key a cluster accepts (cluster.max_key_bytes is at most 4096)
 
 
 class DecodeError(ValueError):
@@ -371,6 +374,27 @@ def _encode_put_many(c: PutMany) -> tuple[bytes, ...]:
 register(Kind(9, PutMany, _encode_put_many, _decode_put_many, _check_put_many, lambda c: c.split()[0],
               ranges_written=lambda c: [point(k) for k in c.split()[0]], proto_field="put_many",
               write=_write_put_many, rows=PutMany.split))
+
+
+# -- IngestSst 0x0a: u32 rows, 32-byte SHA-256, u32 length, the table file (docs/bulk-ingest.md) -------
+
+def _decode_ingest(buf: bytes, pos: int) -> tuple[IngestSst, int]:
+    rows, sha256, length = _INGEST_HEAD.unpack_from(buf, pos)
+    pos += _INGEST_HEAD.size
+    return IngestSst(buf[pos:pos + length], sha256, rows), pos + length
+
+
+def _check_ingest(c: IngestSst, limits: Limits) -> None:
+    if c.rows < 1 or hashlib.sha256(c.data).digest() != c.sha256:
+        raise InvalidRequest(f"a bulk-load file of {c.rows} rows is empty or does not match its SHA-256; build it again")
+
+
+def _write_ingest(c: IngestSst, w: Writer) -> None:
+    raise InvalidRequest("a bulk-load file is ingested whole by the engine, never read row by row within its entry")
+
+
+register(Kind(10, IngestSst, lambda c: (_INGEST_HEAD.pack(c.rows, c.sha256, len(c.data)), c.data), _decode_ingest,
+              _check_ingest, _none, ranges_written=lambda c: [(b"", ALL_KEYS_END)], write=_write_ingest))
 
 
 # -- learner commands: RegisterLearner 0x06 (options as JSON), RemoveLearner 0x07, LearnerProgress 0x08

@@ -69,7 +69,17 @@ class PutMany:
         return zip(*self.split())
 
 
-Mutation = Union[Put, Delete, DeleteRange, PutMany]
+@dataclass(frozen=True, slots=True)
+class IngestSst:
+    """A sorted RocksDB table file of puts to one partition, ingested whole: what a leader logs in place
+    of a large PutMany (docs/bulk-ingest.md). Built by the leader, never sent by a client."""
+
+    data: bytes
+    sha256: bytes  # of `data`: checked on every replica before anything is written
+    rows: int
+
+
+Mutation = Union[Put, Delete, DeleteRange, PutMany, IngestSst]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +112,8 @@ class LearnerProgress:
 
 
 LearnerCommand = Union[RegisterLearner, RemoveLearner, LearnerProgress]
-Command = Union[Put, Delete, DeleteRange, Cas, Batch, PutMany, RegisterLearner, RemoveLearner, LearnerProgress]
+Command = Union[Put, Delete, DeleteRange, Cas, Batch, PutMany, IngestSst, RegisterLearner, RemoveLearner,
+                LearnerProgress]
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ each kind's fields).
     RemoveLearner   := 0x07 u32 nlen name
     LearnerProgress := 0x08 u32 nlen u64 index name
     PutMany := 0x09 u32 klen u32 kolen u32 vlen u32 volen keys key-offsets values value-offsets
+    IngestSst := 0x0a u32 rows sha256[32] u32 len file  (a sorted table file, docs/bulk-ingest.md)
 
 An empty proposal (just the version byte) is a read barrier. A command is
 encoded once, when the node accepts it (`encode_command`); a proposal joins

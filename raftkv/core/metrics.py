@@ -12,6 +12,8 @@ TERM = Gauge("raftkv_term", "Current Raft term", ["partition"])
 COMMIT_INDEX = Gauge("raftkv_commit_index", "Raft commit index", ["partition"])
 APPLIED_INDEX = Gauge("raftkv_applied_index", "Index of the last entry applied to RocksDB", ["partition"])
 PROPOSALS = Counter("raftkv_proposals_total", "Raft entries proposed by this leader", ["partition"])
+INGEST_FILES = Counter("raftkv_ingest_files_total",
+                       "put_manys this leader logged as one table file to ingest (docs/bulk-ingest.md)", ["partition"])
 PROPOSAL_OPS = Histogram(
     "raftkv_proposal_ops",
     "Operations (writes and read barriers) per proposal",

@@ -41,6 +41,7 @@ POINTS: dict[str, str] = {
     "checkpoint-read-before": "a voter is about to read the next chunk of a checkpoint it sends a new replica",
     "seed-rename-before": "a new replica's copy is staged and synced; its rename into the replica's folder is next",
     "seed-rename-after": "a new replica's copy was renamed into its folder; the data dir is not synced, nothing opened",
+    "ingest-after": "a bulk-load file was ingested into a partition's database; its position is not written yet",
     "log-convert-after": "at start-up, a replica's journal was converted into the node log; its folder is not marked",
     "log-convert-marked": "at start-up, a converted replica's folder was marked; its old journal is not deleted yet",
 }
@@ -52,12 +53,13 @@ FSYNC_POINTS = ("journal-fsync-before", "journal-fsync-after")  # reached only w
 # reached only while a replica is copied to a node (a move, a re-seed)
 COPY_POINTS = ("checkpoint-read-before", "seed-rename-before", "seed-rename-after")
 UPGRADE_POINTS = ("log-convert-after", "log-convert-marked")  # reached only by the start on an older data dir
+INGEST_POINTS = ("ingest-after",)  # reached only by a put_many large enough to be ingested (docs/bulk-ingest.md)
 
 
 def node_points(fsync: bool) -> tuple[str, ...]:
     """The points every node process reaches (under writes alone)."""
-    return tuple(n for n in NAMES if n not in LEARNER_POINTS + BACKUP_POINTS + COPY_POINTS + UPGRADE_POINTS
-                 and (fsync or n not in FSYNC_POINTS))
+    elsewhere = LEARNER_POINTS + BACKUP_POINTS + COPY_POINTS + UPGRADE_POINTS + INGEST_POINTS
+    return tuple(n for n in NAMES if n not in elsewhere and (fsync or n not in FSYNC_POINTS))
 
 _log = logging.getLogger(__name__)
 _armed: dict[str, Program] = {}

@@ -8,6 +8,9 @@ arrived is visible, so a local read is linearizable.
 
 A proposal that neither commits nor fails within the request timeout (a
 deposed leader never hears back) is reported Undetermined and its slot freed.
+
+A large `put_many` is logged as one table file (docs/bulk-ingest.md), alone in
+its entry: it is counted as a full batch.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from dataclasses import dataclass
 
 from raftkv.core import metrics
 from raftkv.core.batching import GroupCommit
+from raftkv.core.bulk_ingest import ingest_wanted
 from raftkv.core.command_kinds import encode_command
-from raftkv.core.commands import Command
+from raftkv.core.commands import Command, PutMany
 from raftkv.core.errors import NotLeader, StorageFull, Undetermined, Unavailable
 from raftkv.core.log_codec import join_proposal
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
+from raftkv.storage import rocks_sst
 
 _BARRIER_SIZE = 1
 
@@ -47,13 +52,16 @@ class PartitionFrontend:
         max_batch_bytes: int,
         request_timeout: float,
         leader_id_of: callable,
+        may_ingest: callable = lambda: False,
     ):
+        """`may_ingest()`: whether every member can apply a bulk-load file (the cluster version)."""
         self.replica = replica
         self.partition = replica.partition
         self._loop = loop
         self._policy: GroupCommit[_Pending] = GroupCommit(max_batch_ops, max_batch_bytes, max_in_flight=1)
         self._timeout = request_timeout
         self._leader_id_of = leader_id_of
+        self._may_ingest = may_ingest
         self._ids = itertools.count()
         self._in_flight: dict[int, tuple[list[_Pending], asyncio.TimerHandle]] = {}
 
@@ -65,6 +73,11 @@ class PartitionFrontend:
         return NotLeader(self.partition, self._leader_id_of(self.replica.leader_address))
 
     def submit(self, command: Command) -> asyncio.Future:
+        if (type(command) is PutMany and self.is_leader and ingest_wanted(command, self._policy.max_bytes)
+                and self._may_ingest()):  # a follower refuses it in `_enqueue`: no file built for nothing
+            file = rocks_sst.build(command)
+            metrics.INGEST_FILES.labels(self.partition).inc()
+            return self._enqueue(_Pending(encode_command(file), self._loop.create_future()), self._policy.max_bytes)
         encoded = encode_command(command)
         return self._enqueue(_Pending(encoded, self._loop.create_future()), len(encoded))
 

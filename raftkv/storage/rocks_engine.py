@@ -44,7 +44,9 @@ from typing import Callable, Iterator, Mapping, Sequence
 from rocksdict import AccessType, Checkpoint, DbClosedError, Options, Rdict, WriteBatch
 
 from raftkv.core.command_kinds import write_mutation
-from raftkv.core.commands import Mutation
+from raftkv.core.commands import IngestSst, Mutation
+from raftkv import failpoints
+from raftkv.storage import rocks_sst
 from raftkv.storage.engine import ZERO, KeyRange, Position
 from raftkv.core.durable import fsync_directory, fsync_tree, make_dirs
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull, Unavailable
@@ -136,13 +138,17 @@ def empty_database(path: Path) -> Path:
 
 
 SCRATCH_PREFIX = "copy-"  # a checkpoint on its way out of this replica (`RocksEngine.scratch`)
+INGEST_PREFIX = "ingest-"  # a bulk-load file on its way into the database (`RocksEngine._ingest`)
 
 
 def recover_interrupted_install(folder: Path) -> None:
     """An install cut short finished or undone, and the scratch folders of checkpoints that were being
-    sent when the process died deleted (nothing else removes them)."""
+    sent and the bulk-load files that were being ingested when the process died deleted (nothing else
+    removes them)."""
     for scratch in folder.glob(SCRATCH_PREFIX + "*"):
         shutil.rmtree(scratch, ignore_errors=True)
+    for file in folder.glob(INGEST_PREFIX + "*.sst"):
+        file.unlink()
     db, incoming, old = folder / "db", folder / "db.incoming", folder / "db.old"
     if not db.exists():
         if (incoming / INSTALL_READY).exists():
@@ -243,12 +249,24 @@ class RocksEngine:
 
     def write(self, mutations: Sequence[Mutation], position: Position,
               meta: Mapping[bytes, bytes | None] | None = None) -> None:
-        wb = WriteBatch(raw_mode=True)
+        """A bulk-load file among `mutations` is ingested between the WriteBatches of the mutations before
+        and after it; the position goes with the last (docs/bulk-ingest.md: why that is atomic enough)."""
+        files = [m for m in mutations if type(m) is IngestSst]
+        for m in files:
+            rocks_sst.check(m, self.folder / "db")
+        batches = [WriteBatch(raw_mode=True)]  # the mutations before each file, then those after the last
         for m in mutations:
-            write_mutation(m, wb)
+            if type(m) is IngestSst:
+                batches.append(WriteBatch(raw_mode=True))
+            else:
+                write_mutation(m, batches[-1])
+        wb = batches.pop()
         with self._lock:
             if self._broken:
                 self._reopen()
+            for before, file in zip(batches, files):
+                self._write_batch(before)
+                self._ingest(file)
             meta_cf = self._db.get_column_family_handle(_META_CF)
             for key, value in (meta or {}).items():
                 if value is None:
@@ -256,17 +274,53 @@ class RocksEngine:
                 else:
                     wb.put(_META_PREFIX + key, value, meta_cf)
             wb.put(_POSITION_KEY, _POSITION.pack(position.index, position.term), meta_cf)
+            del meta_cf
             try:
-                self._db.write(wb)
-            except Exception as exc:
-                # A column family handle keeps the database open: none may outlive this frame in the
-                # traceback the caller holds, or the database could not be closed to recover.
-                del meta_cf, wb
-                if _no_space(exc):
-                    self._broken = True
-                    raise StorageFull(f"disk full writing {self.folder}; writes resume once space is freed") from None
-                raise self._checked(exc) from None
+                self._write_batch(wb)
+            finally:
+                del wb  # it refers to the column family handle (`_write_batch`)
             self._position = position
+
+    def _write_batch(self, wb: WriteBatch) -> None:
+        """Lock held. StorageFull (the engine then broken) for a full disk."""
+        if not len(wb):
+            return
+        try:
+            self._db.write(wb)
+        except Exception as exc:
+            # The batch refers to a column family handle, which keeps the database open: none may
+            # outlive this frame in the traceback the caller holds, or the database could not be closed.
+            del wb
+            if _no_space(exc):
+                self._broken = True
+                raise StorageFull(f"disk full writing {self.folder}; writes resume once space is freed") from None
+            raise self._checked(exc) from None
+
+    def _ingest(self, file: IngestSst) -> None:
+        """Lock held. The file written beside the database, everything before it made durable, the file
+        moved in. Before the ingest nothing changed; a crash after it leaves the rows without their
+        position, and the replay ingests the same file again."""
+        path = self.folder / f"{INGEST_PREFIX}{file.sha256.hex()[:16]}.sst"
+        try:
+            path.write_bytes(file.data)
+        except OSError as exc:
+            path.unlink(missing_ok=True)
+            if _no_space(exc):
+                self._broken = True  # as a failed write: the leader refuses writes and hands leadership on
+                raise StorageFull(f"disk full writing a bulk-load file in {self.folder}; writes resume once "
+                                  "space is freed") from None
+            raise failed_disk(path, exc) from None
+        try:
+            self._db.flush_wal(True)
+            self._db.ingest_external_file([str(path)], rocks_sst.ingest_options())
+        except Exception as exc:
+            path.unlink(missing_ok=True)
+            if _no_space(exc):
+                self._broken = True
+                raise StorageFull(f"disk full ingesting a bulk-load file into {self.folder}; writes resume once "
+                                  "space is freed") from None
+            raise self._checked(exc) from None
+        failpoints.hit("ingest-after")
 
     def _reopen(self) -> None:
         """Reopen the database after a failed write (lock held), once the disk has room again."""
