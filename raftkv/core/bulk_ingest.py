@@ -14,7 +14,7 @@ from raftkv.core.commands import PutMany
 INGEST_MIN_BYTES = 1 << 20
 # The release line that brought the IngestSst entry: older nodes cannot decode it, so a leader logs one
 # only once the cluster version (raftkv/meta/cluster_version.py) says every member runs this or newer.
-SST_INGEST_SINCE = "0.2.0.dev0"
+SST_INGEST_SINCE = "0.2.0"
 
 
 def ingest_wanted(c: PutMany, max_batch_bytes: int) -> bool:

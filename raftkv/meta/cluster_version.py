@@ -30,9 +30,9 @@ from raftkv.core.errors import ChangeRefused
 FIRST_RELEASE = "0.1.0"
 # The first build of the node engine's frames (docs/raft-engine.md): `raft_engine = "auto"` turns the
 # engine on once the cluster version reaches it.
-NODE_ENGINE_SINCE = "0.2.0.dev0"
+NODE_ENGINE_SINCE = "0.2.0"
 # The first build that knows `LearnerRelease`.
-LEARNER_RELEASES_SINCE = "0.2.0.dev0"
+LEARNER_RELEASES_SINCE = "0.2.0"
 
 
 @dataclass(frozen=True)
