@@ -104,6 +104,7 @@ class RaftJournal(Journal):
         self._background_error: Exception | None = None  # what the background sync ran into, for the loop
         self._closed = False
         self._dirty = False
+        self._rewrites = 0  # truncations and replacements of the file: a sync that began before one counts for nothing
         self._space = DiskSpace(self._dir)
         self._failed: DiskFailed | None = None  # an fsync failed: no later one may be believed
         self._make_directory()
@@ -148,6 +149,7 @@ class RaftJournal(Journal):
         del self._entries[start:]
         del self._offsets[start:]
         self._dirty = True
+        self._rewrites += 1
         if self._synced > self._end:  # new entries will take those bytes: at once, not at the next save
             self._save_meta(fsync=True)
 
@@ -224,15 +226,45 @@ class RaftJournal(Journal):
 
     def sync_in_background(self) -> bool:
         """The once-a-second sync, from the syncer's thread. A failure is raised on the replica's next
-        `onOneSecondTimer`, as if it had synced there. False once the journal is closed."""
+        `onOneSecondTimer`, as if it had synced there. False once the journal is closed.
+
+        The fdatasync runs outside the journal's lock, on a duplicate of its descriptor, as the node log's
+        does: the loop's appends (a learner's every entry) waited for it, up to 96 ms on a busy machine
+        (docs/benchmarks.md). It counts for what was written before it began, unless the file was
+        truncated or replaced meanwhile; what was appended meanwhile stays for the next sync."""
         with self._lock:
             if self._closed:
                 return False
-            try:
-                self._sync_and_save()
-            except (CorruptData, StorageFull, OSError) as error:
-                self._background_error = error
+            if not self._dirty or self._failed is not None:
+                return self._save_in_background()
+            fd, end, rewrites = os.dup(self._fd), self._end, self._rewrites
+        try:
+            failpoints.hit("journal-fsync-before")  # its injected EIO stands for the fsync's
+            fsync_file(fd, self._path, data_only=True)
+        except (DiskFailed, OSError) as error:
+            with self._lock:
+                self._failed = error if isinstance(error, DiskFailed) else fsync_failed(self._path, error)
+                self._background_error = self._failed
             return True
+        finally:
+            os.close(fd)
+        with self._lock:
+            if self._closed:
+                return False
+            if rewrites == self._rewrites:
+                self._dirty = self._dirty and self._end != end
+                self._synced, self._meta_saved = max(self._synced, end), False
+            return self._save_in_background()
+
+    def _save_in_background(self) -> bool:
+        try:
+            if self._dirty:  # appended while it synced: the meta file says how far the log is durable
+                self._write_meta()
+            else:
+                self._sync_and_save()
+        except (CorruptData, StorageFull, OSError) as error:
+            self._background_error = error
+        return True
 
     @_locked
     def _sync_and_save(self) -> None:
@@ -290,6 +322,7 @@ class RaftJournal(Journal):
         fd = write_new_file(self._path, b"".join([_LOG_HEADER, *records]), fsync=True)
         os.close(self._fd)
         self._fd = fd
+        self._rewrites += 1
         *self._offsets, self._end = accumulate(map(len, records), initial=len(_LOG_HEADER))
         self._entries = entries
         self._dirty = False
@@ -300,6 +333,9 @@ class RaftJournal(Journal):
         # The stored commit index must never point past the durable end of the log (in the
         # default mode it may: pysyncobj clamps it to the log's end at start-up).
         self.sync()
+        self._write_meta(fsync)
+
+    def _write_meta(self, fsync: bool | None = None) -> None:
         meta = _encode_meta(self._term, self._commit, self._synced, self._voted)
         os.close(write_new_file(self._meta_path, meta, fsync=self._fsync if fsync is None else fsync))
         self._meta_saved = True
