@@ -146,7 +146,8 @@ def table(raftkv_up: CatchUp, etcd_up: CatchUp | None, lags: list[Lag], config: 
         def etcd_lag(get: Callable[[Lag], str]) -> str:
             return get(watch) if watch else "skipped"
 
-        t.add_row(f"{label} achieved writes/s ({lag.writers} writer processes)", _num(lag.achieved, 0, lag.cores.noisy) + _problems(lag),
+        t.add_row(f"{label} achieved writes/s ({lag.writers} writer processes)",
+                  _num(lag.achieved, 0, lag.cores.noisy) + _problems(lag),
                   etcd_lag(lambda w: _num(w.achieved, 0, w.cores.noisy) + _problems(w)), "", "")
         t.add_row(f"{label} lag p50 (ms)", _num(lag.p50_ms, 1, lag.cores.noisy),
                   etcd_lag(lambda w: _num(w.p50_ms, 1, w.cores.noisy)),

@@ -135,8 +135,8 @@ def test_a_follower_at_the_tail_gets_each_flush_from_memory_without_reading_the_
 
 
 def test_flushes_a_follower_missed_come_as_one_chunk_per_partition_and_a_gap_sends_it_to_the_log():
-    flushes = [Flushed({0: 1}, {0: 2}, {0: [change(2).SerializeToString()]}),
-               Flushed({0: 2, 1: 0}, {0: 4, 1: 3}, {0: [change(4).SerializeToString()], 1: [change(3).SerializeToString()]})]
+    raw = {index: change(index).SerializeToString() for index in (2, 3, 4)}
+    flushes = [Flushed({0: 1}, {0: 2}, {0: [raw[2]]}), Flushed({0: 2, 1: 0}, {0: 4, 1: 3}, {0: [raw[4]], 1: [raw[3]]})]
     tail = changelog_service._Tail(None, {0: 1, 1: 0})
     chunks = tail.take(flushes)
     assert [(c.partition, c.through, [x.index for x in c.changes]) for c in chunks] == [(0, 4, [2, 4]), (1, 3, [3])]

@@ -149,8 +149,8 @@ class ChangelogSink:
         self._batch = WriteBatch(raw_mode=True)
         self._trimmed = trimmed
         moved = {p: index for p, index in self._positions.items() if index != self._flushed.get(p)}
-        flushed = Flushed({p: self._flushed.get(p, 0) for p in moved}, moved,
-                          {p: [change for _, change in sorted(changes.items())] for p, changes in self._unflushed.items()})
+        changes = {p: [change for _, change in sorted(by_key.items())] for p, by_key in self._unflushed.items()}
+        flushed = Flushed({p: self._flushed.get(p, 0) for p in moved}, moved, changes)
         self._flushed.update(moved)
         self._unflushed = {}
         for listener in self._flush_listeners:

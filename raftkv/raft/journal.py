@@ -229,9 +229,10 @@ class RaftJournal(Journal):
         `onOneSecondTimer`, as if it had synced there. False once the journal is closed.
 
         The fdatasync runs outside the journal's lock, on a duplicate of its descriptor, as the node log's
-        does: the loop's appends (a learner's every entry) waited for it, up to 96 ms on a busy machine
-        (docs/benchmarks.md). It counts for what was written before it began, unless the file was
-        truncated or replaced meanwhile; what was appended meanwhile stays for the next sync."""
+        does: the loop's appends (a learner's every entry) waited for it, tens to hundreds of ms on a busy
+        machine (docs/benchmarks.md, "Against an etcd watch"). It counts for what was written before it
+        began, unless the file was truncated or replaced meanwhile; what was appended meanwhile stays for
+        the next sync."""
         with self._lock:
             if self._closed:
                 return False
