@@ -197,6 +197,6 @@ class ChangeLogService(kv_pb2_grpc.ChangeLogServicer):
                     if (chunks := tail.take(flushes)) is None:
                         break
                     for chunk in chunks:
-                            yield chunk
+                        yield chunk
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))

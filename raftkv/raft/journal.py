@@ -259,10 +259,10 @@ class RaftJournal(Journal):
 
     def _save_in_background(self) -> bool:
         try:
-            if self._dirty:  # appended while it synced: the meta file says how far the log is durable
-                self._write_meta()
+            if self._dirty and self._failed is None:
+                self._write_meta()  # appended while it synced: the meta file says how far the log is durable
             else:
-                self._sync_and_save()
+                self._sync_and_save()  # after a failed fsync, `sync` raises it again
         except (CorruptData, StorageFull, OSError) as error:
             self._background_error = error
         return True
