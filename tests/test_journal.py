@@ -17,6 +17,7 @@ import pytest
 
 from raftkv import failpoints
 from raftkv.core.errors import DiskFailed
+from raftkv.raft import journal as journal_module
 from raftkv.raft.journal import LOG_NAME, RaftJournal, _read_meta
 from raftkv.raft.journal_syncer import JournalSyncer
 
@@ -314,3 +315,35 @@ def test_appends_go_on_while_the_background_fdatasync_runs_and_it_counts_for_wha
     assert journal.sync_in_background()
     assert not journal._dirty and journal._synced == journal.size_bytes
     assert list(reopen(journal, tmp_path)) == [(b"a", 1, 1), (b"c", 2, 2)]
+
+
+def test_the_background_meta_write_leaves_the_journal_free_and_never_replaces_a_newer_state(tmp_path: Path,
+                                                                                           monkeypatch) -> None:
+    journal = RaftJournal(tmp_path, fsync=False)
+    journal.sync_elsewhere()
+    journal.add(b"a", 1, 1)
+    journal.setRaftCommitIndex(1)
+    started, release = threading.Event(), threading.Event()
+    real = journal_module.write_new_file
+
+    def held(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            started.set()
+            assert release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(journal_module, "write_new_file", held)
+    syncer = threading.Thread(target=journal.sync_in_background)
+    syncer.start()
+    try:
+        assert started.wait(10)
+        journal.add(b"b", 2, 1)  # would hang here if the meta write held the journal's lock
+        journal.setRaftCommitIndex(2)
+    finally:
+        release.set()
+        syncer.join(10)
+    assert _read_meta(tmp_path / "meta")[1] == 1 and not journal._meta_saved  # 2 waits for the next sync
+    stale = journal._meta_state()  # as the syncer's thread takes it, then the loop stores a new vote
+    journal.setCurrentTerm(5, "n2")
+    journal._store_meta(stale)
+    assert _read_meta(tmp_path / "meta")[0] == 5
