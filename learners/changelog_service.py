@@ -6,14 +6,17 @@ the learner's loop, which keeps streaming entries meanwhile.
 `Read` serves a fixed range (Spark's micro-batches); `Follow` tails the log:
 it sends what is there, then waits for the sink's next synced flush instead
 of making the reader poll, so a follower sees an event one flush after the
-pump delivered it.
+pump delivered it. A follower that has everything up to where a flush starts
+is sent that flush's changes from memory, on the loop: no worker thread, no
+read of the log (docs/learners.md, "Reading the changelog sink").
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from itertools import islice
-from typing import Callable, Iterator, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, runtime_checkable
 
 import grpc
 
@@ -23,9 +26,13 @@ from raftkv.core.errors import InvalidRequest
 from raftkv.node.gatekeeper import Gatekeeper
 from raftkv.security.permissions import Access, Request
 
+if TYPE_CHECKING:
+    from learners.sinks.changelog_sink import Flushed
+
 EVERY_KEY = Request(Access.READ, b"", None)
 
 CHUNK_CHANGES = 4096
+KEPT_FLUSHES = 64  # flushes whose changes stay in memory for followers still sending an earlier one
 
 
 @runtime_checkable
@@ -36,8 +43,8 @@ class ChangeSource(Protocol):
 
     def changes(self, partition: int, after: int, until: int) -> Iterator[pb.Change]: ...
 
-    def on_flush(self, listener: Callable[[], None]) -> None:
-        """Call `listener` (from the flushing thread) after every synced flush."""
+    def on_flush(self, listener: Callable[[Flushed], None]) -> None:
+        """Call `listener` (from the flushing thread) after every synced flush, with what it added."""
 
 
 def chunks_through(changes: Iterator[pb.Change], until: int) -> Iterator[tuple[list[pb.Change], int]]:
@@ -56,23 +63,46 @@ def chunks_through(changes: Iterator[pb.Change], until: int) -> Iterator[tuple[l
     yield chunk, until
 
 
+class _Flush:
+    """One synced flush, linked to the next: each follower walks the chain from where it is."""
+
+    def __init__(self, flushed: Flushed | None):
+        self.flushed = flushed  # None: not kept (or the chain's start); read the log instead
+        self.next: _Flush | None = None
+        self._followed = asyncio.Event()
+
+    async def arrivals(self) -> tuple[_Flush, list[Flushed | None]]:
+        """The flushes after this one so far (waiting for the first), and the last of them."""
+        await self._followed.wait()
+        flush, flushed = self, []
+        while flush.next is not None:
+            flush = flush.next
+            flushed.append(flush.flushed)
+        return flush, flushed
+
+    def follow_with(self, flush: _Flush) -> None:
+        self.next = flush
+        self._followed.set()
+
+
 class _Flushes:
-    """Wakes every follower after each synced flush; the sink calls `notify` from its flushing thread."""
+    """The chain of the sink's flushes; the sink calls `notify` from its flushing thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
-        self._next = asyncio.Event()
+        self.latest = _Flush(None)
+        self._kept: deque[_Flush] = deque()
 
-    def notify(self) -> None:
-        self._loop.call_soon_threadsafe(self._fire)
+    def notify(self, flushed: Flushed) -> None:
+        self._loop.call_soon_threadsafe(self._append, flushed)
 
-    def _fire(self) -> None:
-        self._next.set()
-        self._next = asyncio.Event()
-
-    def next(self) -> asyncio.Event:
-        """Set by the first flush after this call: take it before reading, so no flush slips between."""
-        return self._next
+    def _append(self, flushed: Flushed) -> None:
+        flush = _Flush(flushed)
+        self.latest.follow_with(flush)
+        self.latest = flush
+        self._kept.append(flush)
+        if len(self._kept) > KEPT_FLUSHES:  # a follower that far behind reads the log
+            self._kept.popleft().flushed = None
 
 
 class _Tail:
@@ -104,6 +134,29 @@ class _Tail:
                 out.append(pb.ChangesChunk(partition=p, changes=changes, through=through))
         return out
 
+    def take(self, flushes: list[Flushed | None]) -> list[pb.ChangesChunk] | None:
+        """Consecutive flushes' changes, at most a chunk per partition (unless one holds more than
+        CHUNK_CHANGES), if for every partition they moved the tail has sent exactly up to where one starts
+        (or past its end: skipped); None otherwise (behind, a new partition, a flush not kept): read the log."""
+        sent, changes = dict(self.sent), {}
+        for flushed in flushes:
+            if flushed is None:
+                return None
+            for p, through in flushed.through.items():
+                if sent.get(p, -1) >= through:
+                    continue
+                if sent.get(p) != flushed.after[p]:
+                    return None
+                sent[p] = through
+                changes.setdefault(p, []).extend(flushed.changes.get(p, ()))
+        out = []
+        for p, raw in changes.items():
+            for chunk, through in chunks_through(map(pb.Change.FromString, raw), sent[p]):
+                if chunk:
+                    out.append(pb.ChangesChunk(partition=p, changes=chunk, through=through))
+        self.sent = sent
+        return out
+
 
 class ChangeLogService(kv_pb2_grpc.ChangeLogServicer):
     """Every partition's changes: each call needs read access to every key."""
@@ -131,13 +184,19 @@ class ChangeLogService(kv_pb2_grpc.ChangeLogServicer):
     async def Follow(self, request: pb.FollowRequest, context):
         await self._gate.admit(context, EVERY_KEY)
         try:
+            flush = self._flushes.latest  # taken before reading: every later flush follows it
             starts = await asyncio.to_thread(self.source.offsets, {}, 0)
             tail = _Tail(self.source, {**{o.partition: o.latest for o in starts}, **request.after})
             while True:
-                flushed = self._flushes.next()
-                for chunk in await asyncio.to_thread(tail.step):
+                for chunk in await asyncio.to_thread(tail.step):  # what the log holds past the tail
                     yield chunk
-                if not tail.reading:
-                    await flushed.wait()
+                if tail.reading:
+                    continue
+                while True:  # then the flushes, from memory while the tail is where they start
+                    flush, flushes = await flush.arrivals()
+                    if (chunks := tail.take(flushes)) is None:
+                        break
+                    for chunk in chunks:
+                        yield chunk
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))

@@ -2,7 +2,9 @@
 
 One pump serves every partition of a learner, on the learner's event loop;
 sink calls (which block: Kafka transactions, file fsyncs, uploads) run in a
-worker thread. Each step:
+worker thread. It steps while a step finds work, then sleeps until `wake`:
+the learner's Raft groups call it after each apply step (`after_apply`), so
+a committed entry is fed in the turn it is known, not at the next poll. Each step:
 
 1. a partition with a stashed snapshot is handled alone: its `r` diff is
    delivered and flushed, then the snapshot is installed;
@@ -70,8 +72,18 @@ class FeedPump:
         self.resyncs = 0
         self.stopped: dict[int, str] = {}  # partitions no longer fed, and why
         self._caught_up_at = {p: clock() for p in replicas}
+        self._news = asyncio.Event()
 
-    async def run(self, stop: asyncio.Event, idle_wait: float = 0.005) -> None:
+    def wake(self, partition: int | None = None) -> None:
+        """Step soon: `partition`'s group ended an apply step (if it has entries or a snapshot the copy has
+        not: a tick that applied nothing costs no step), or anything (None) may be new."""
+        replica = self.replicas.get(partition) if partition is not None else None
+        if partition is None or replica is not None and partition not in self.stopped and (
+                replica.group.last_applied > replica.engine.position.index or replica.pending_snapshot is not None):
+            self._news.set()
+
+    async def run(self, stop: asyncio.Event, idle_wait: float = 1.0) -> None:
+        """Step until `stop`; idle, wait for `wake` (or `idle_wait` seconds: a safety net, not the feed's pace)."""
         recovered = False
         backoff = 0.1
         while not stop.is_set():
@@ -79,6 +91,7 @@ class FeedPump:
                 if not recovered:
                     self.delivered_before_start = await asyncio.to_thread(self.sink.recover)
                     recovered = True
+                self._news.clear()  # before the step looks: a wake during it is kept
                 progressed = await self.step()
                 backoff = 0.1
             except Undeliverable as exc:
@@ -93,12 +106,13 @@ class FeedPump:
                 backoff = min(backoff * 2, 5.0)
                 continue
             if not progressed:
-                await _sleep_or_stop(stop, idle_wait)
+                await _either(self._news, stop, idle_wait)
 
     def add(self, replica: LearnerReplica) -> None:
         """Feed one more partition (the learner adds each replica as its database opens)."""
         self.replicas[replica.partition] = replica
         self._caught_up_at[replica.partition] = self.clock()
+        self.wake()
 
     def lag(self) -> dict[int, int]:
         """Committed entries not yet delivered, per partition."""
@@ -196,6 +210,13 @@ def _deliver_and_flush(sink: Sink, batch: DeliveryBatch) -> None:
     failpoints.hit("sink-flush-before")
     sink.flush()
     failpoints.hit("sink-flush-after")
+
+
+async def _either(news: asyncio.Event, stop: asyncio.Event, seconds: float) -> None:
+    waits = (asyncio.ensure_future(news.wait()), asyncio.ensure_future(stop.wait()))
+    await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

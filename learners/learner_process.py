@@ -128,7 +128,7 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
             partition=p, hub=hub, self_address=None, folder=folder / f"p{p:04d}",
             peers=tuple(topology.node(n).raft_address(p) for n in topology.group_voters(p)),
             fsync=False,  # a learner can fetch again from the voters
-            tuning=spec.tuning, on_corrupt=corrupt)))
+            tuning=spec.tuning, on_corrupt=corrupt, after_apply=lambda: pump.wake(p))))
         tasks.append(replicas_open)
         await sink_open
         if metrics_port:

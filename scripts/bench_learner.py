@@ -28,16 +28,17 @@
    reports its progress through the log every second, which would move a
    target read live. Afterwards (untimed) the keys on each learner are
    counted: events in the raftkv changelog, a serializable count on etcd's.
-2. Change-feed lag. On the same raftkv cluster and learner: a writer process
-   puts at a fixed rate (each value starts with `time.time_ns()` taken at
-   send), a reader thread follows the changelog (`ChangeLog.Follow`, which
-   pushes each synced delivery), and lag is the time the reader got an event
-   minus the send time in its value. `warmup`
-   seconds at the rate are discarded, then `duration` seconds are measured.
-   etcd's counterpart is a watch: the same writer (etcd3aio puts, round-robin
-   over the members) on a 3-member etcd cluster of its own, and a reader
-   watching the prefix at one member; its lag is the time the watch delivered
-   the event minus the send time.
+2. Change-feed lag. On the same raftkv cluster and learner: writer processes
+   (one per `writer_rate` writes/s, each with its own client) put at a fixed
+   rate in all (each value starts with `time.time_ns()` taken at send), a
+   reader thread follows the changelog (`ChangeLog.Follow`, which pushes each
+   synced delivery), and lag is the time the reader got an event minus the
+   send time in its value. `warmup` seconds at the rate are discarded, then
+   `duration` seconds are measured. etcd's counterpart is a watch: the same
+   writers (etcd3aio puts, round-robin over the members) on a 3-member etcd
+   cluster of its own, and a reader watching the prefix at one member; its lag
+   is the time the watch delivered the event minus the send time. Both
+   clusters run the nodes' default settings (`--raft-engine` to change raftkv's).
 
 Every figure records the cores used meanwhile by the system under test, by the
 benchmark's own processes, and by everything else; figures measured while
@@ -77,7 +78,7 @@ from learner_lag import Lag, etcd_watch_lags, feed_lag  # noqa: E402
 
 def measure_raftkv(config: Config, data_dir: Path, console: Console) -> tuple[CatchUp, list[Lag]]:
     """The raftkv side: catch-up, then the lag runs on the same cluster and learner."""
-    with raftkv_cluster(data_dir, config.partitions) as cluster:
+    with raftkv_cluster(data_dir, config.partitions, raft_engine=config.raft_engine) as cluster:
         with raftkv_learner_caught_up(cluster, data_dir, config, console) as learner:
             lags = [feed_lag(cluster, learner.pid, learner.address, rate, run, config, console)
                     for run, rate in enumerate(config.rate_list)]
@@ -145,7 +146,8 @@ def table(raftkv_up: CatchUp, etcd_up: CatchUp | None, lags: list[Lag], config: 
         def etcd_lag(get: Callable[[Lag], str]) -> str:
             return get(watch) if watch else "skipped"
 
-        t.add_row(f"{label} achieved writes/s", _num(lag.achieved, 0, lag.cores.noisy) + _problems(lag),
+        t.add_row(f"{label} achieved writes/s ({lag.writers} writer processes)",
+                  _num(lag.achieved, 0, lag.cores.noisy) + _problems(lag),
                   etcd_lag(lambda w: _num(w.achieved, 0, w.cores.noisy) + _problems(w)), "", "")
         t.add_row(f"{label} lag p50 (ms)", _num(lag.p50_ms, 1, lag.cores.noisy),
                   etcd_lag(lambda w: _num(w.p50_ms, 1, w.cores.noisy)),

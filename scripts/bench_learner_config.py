@@ -16,6 +16,8 @@ class Config:
     warmup: float = 2.0  # seconds per rate before the measured window
     poll: float = 0.020  # catch-up polling period (s)
     timeout: float = 300.0  # a learner not caught up after this many seconds is reported as such
+    raft_engine: str = "auto"  # the nodes' setting (docs/raft-engine.md): a node's default
+    writer_rate: int = 2000  # writes/s per paced writer process in the lag runs (both systems alike)
 
     @property
     def rate_list(self) -> tuple[int, ...]:

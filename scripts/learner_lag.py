@@ -39,9 +39,14 @@ class Writes:
     skipped: int  # sends left out because MAX_PENDING puts were outstanding
     errors: int
     first_error: str
-    put_p50_ms: float
-    put_p99_ms: float
-    cpu_seconds: float  # the writer process, over its whole run
+    put_ms: list[float]  # each acknowledged put's latency
+    cpu_seconds: float  # the writer processes, over their whole run
+
+
+def _merged(writes: list[Writes]) -> Writes:
+    return Writes(sum(w.sent for w in writes), sum(w.acked for w in writes), sum(w.skipped for w in writes),
+                  sum(w.errors for w in writes), next((w.first_error for w in writes if w.first_error), ""),
+                  sorted(x for w in writes for x in w.put_ms), sum(w.cpu_seconds for w in writes))
 
 
 @dataclass(frozen=True)
@@ -59,11 +64,13 @@ class Lag:
     errors: int
     first_error: str
     cores: Cores
+    writers: int = 1  # writer processes, each pacing rate / writers
 
 
-def _writer_child(system, endpoints, rate, warmup, duration, prefix, inbox, results) -> None:
+def _writer_child(system, endpoints, rate, writer, writers, warmup, duration, prefix, inbox, results) -> None:
     try:
-        results.put(asyncio.run(_paced_puts(system, endpoints, rate, warmup, duration, prefix, inbox, results)))
+        results.put(asyncio.run(_paced_puts(system, endpoints, rate, writer, writers, warmup, duration, prefix, inbox,
+                                            results)))
     except BaseException:
         results.put(traceback.format_exc())
 
@@ -82,9 +89,10 @@ async def _putter(system: str, endpoints: tuple[str, ...]):
             yield lambda key, value: client.kv.put(key, value, timeout=REQUEST_TIMEOUT)
 
 
-async def _paced_puts(system: str, endpoints, rate: int, warmup: float, duration: float, prefix: bytes, inbox,
-                      results) -> Writes:
-    """Send `rate` puts a second from `start_at` (from the inbox), each on its own, many in flight."""
+async def _paced_puts(system: str, endpoints, rate: float, writer: int, writers: int, warmup: float, duration: float,
+                      prefix: bytes, inbox, results) -> Writes:
+    """Send `rate` puts a second from `start_at` (from the inbox), each on its own, many in flight: writer
+    `writer` of `writers`, whose keys are the i-th of every `writers`."""
     pad = b"x" * (VALUE_BYTES - 20)
     latencies = array("d")
     counts = {"sent": 0, "acked": 0, "skipped": 0, "errors": 0}
@@ -101,7 +109,7 @@ async def _paced_puts(system: str, endpoints, rate: int, warmup: float, duration
             measured = w0 <= sent < w1
             counts["sent"] += measured
             try:
-                await send(prefix + b"%011d" % i, b"%020d" % sent + pad)
+                await send(prefix + b"%011d" % (i * writers + writer), b"%020d" % sent + pad)
             except Exception as exc:  # counted and reported: a benchmark reports what it saw
                 counts["errors"] += 1
                 first_error = first_error or f"{type(exc).__name__}: {exc}"
@@ -127,9 +135,8 @@ async def _paced_puts(system: str, endpoints, rate: int, warmup: float, duration
         if outstanding:
             await asyncio.wait(outstanding, timeout=REQUEST_TIMEOUT + 5)
         cpu = time.process_time() - cpu0
-    ordered = sorted(latencies)
-    return Writes(counts["sent"], counts["acked"], counts["skipped"], counts["errors"], first_error,
-                  percentile(ordered, 0.5), percentile(ordered, 0.99), cpu)
+    return Writes(counts["sent"], counts["acked"], counts["skipped"], counts["errors"], first_error, list(latencies),
+                  cpu)
 
 
 class _Reader(threading.Thread):
@@ -242,48 +249,58 @@ def etcd_watch_lags(binary: str, data_dir: Path, config: Config, console: Consol
 
 def _paced_run(system: str, cluster: Running, learner_pid: int | None, reader: _Reader, prefix: bytes, rate: int,
                config: Config, console: Console, name: str) -> Lag:
-    """Keys `prefix` + 11 digits (16 bytes), each written once, at `rate` writes/s; lag as `reader` sees it."""
+    """Keys `prefix` + 11 digits (16 bytes), each written once, at `rate` writes/s; lag as `reader` sees it.
+
+    The writes come from one process per `config.writer_rate` writes/s (one etcd3aio process saturates its
+    core near 4,000 puts/s, and then its own queue is what a put waits for), each with a client of its own."""
     ctx = multiprocessing.get_context("spawn")
-    inbox, results = ctx.Queue(), ctx.Queue()
-    writer = ctx.Process(target=_writer_child, daemon=True, args=(
-        system, tuple(cluster.endpoints), rate, config.warmup, config.duration, prefix, inbox, results))
+    count = max(1, math.ceil(rate / config.writer_rate))
+    queues = [(ctx.Queue(), ctx.Queue()) for _ in range(count)]
+    writers = [ctx.Process(target=_writer_child, daemon=True, args=(
+        system, tuple(cluster.endpoints), rate / count, w, count, config.warmup, config.duration, prefix, inbox,
+        results)) for w, (inbox, results) in enumerate(queues)]
     try:
-        writer.start()
-        if (ready := _reply(writer, results, 60)) != "ready":
-            raise RuntimeError(f"the paced writer failed to start:\n{ready}")
+        for writer in writers:
+            writer.start()
+        for writer, (_, results) in zip(writers, queues):
+            if (ready := _reply(writer, results, 60)) != "ready":
+                raise RuntimeError(f"a paced writer failed to start:\n{ready}")
         start_at = time.time() + 0.2
         w0 = start_at + config.warmup
         reader.window = (int(w0 * 1e9), int((w0 + config.duration) * 1e9))
         reader.start()
         if not reader.ready(10.0):
             raise RuntimeError(f"the {system} reader did not start within 10 s")
-        inbox.put(start_at)
+        for inbox, _ in queues:
+            inbox.put(start_at)
         time.sleep(max(0.0, w0 - time.time()))
         meter = Meter(cluster.pids, learner_pid)
         time.sleep(max(0.0, w0 + config.duration - time.time()))
         cores = meter.read()
-        writes = _reply(writer, results, REQUEST_TIMEOUT + 30)
-        if isinstance(writes, str):
-            raise RuntimeError(f"the paced writer failed:\n{writes}")
-        writer_cores = writes.cpu_seconds / (config.warmup + config.duration)  # its average over the run
+        replies = [_reply(writer, results, REQUEST_TIMEOUT + 30) for writer, (_, results) in zip(writers, queues)]
+        if failed := [reply for reply in replies if isinstance(reply, str)]:
+            raise RuntimeError(f"a paced writer failed:\n{failed[0]}")
+        writes = _merged(replies)
+        writer_cores = writes.cpu_seconds / (config.warmup + config.duration)  # their average over the run
         cores = replace(cores, bench=cores.bench + writer_cores, other=max(0.0, cores.other - writer_cores))
         deadline = time.monotonic() + 10.0  # let the feed deliver what was acknowledged
         while len(reader.lags_ns) < writes.acked and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         reader.stop()
-        if writer.is_alive():
-            writer.terminate()
-        writer.join()
+        for writer in writers:
+            if writer.is_alive():
+                writer.terminate()
+            writer.join()
     lags = sorted(x / 1e6 for x in reader.lags_ns)
     result = Lag(rate, writes.acked / config.duration, len(lags), max(0, writes.acked - len(lags)),
                  percentile(lags, 0.5), percentile(lags, 0.99), lags[-1] if lags else math.nan,
-                 writes.put_p50_ms, writes.put_p99_ms, writes.skipped, writes.errors + reader.errors,
-                 writes.first_error or reader.first_error, cores)
+                 percentile(writes.put_ms, 0.5), percentile(writes.put_ms, 0.99), writes.skipped,
+                 writes.errors + reader.errors, writes.first_error or reader.first_error, cores, count)
     console.print(
         f"[dim]{name} {rate:>6,} writes/s: achieved {result.achieved:,.0f}/s, lag p50 {result.p50_ms:.1f} "
         f"p99 {result.p99_ms:.1f} max {result.max_ms:.1f} ms over {result.events:,} events "
-        f"({result.missing} missing, {result.skipped} skipped, {result.errors} errors); put ack p50 "
-        f"{result.put_p50_ms:.1f} p99 {result.put_p99_ms:.1f} ms; cores: {_cores_text(cores)}[/dim]"
+        f"({result.missing} missing, {result.skipped} skipped, {result.errors} errors; {count} writer processes); "
+        f"put ack p50 {result.put_p50_ms:.1f} p99 {result.put_p99_ms:.1f} ms; cores: {_cores_text(cores)}[/dim]"
     )
     return result

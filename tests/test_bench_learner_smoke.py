@@ -14,7 +14,7 @@ import bench_learner  # noqa: E402
 
 RATE = 300
 TINY = bench_learner.Config(keys=3000, partitions=2, chunk=50, load_in_flight=16, rates=str(RATE), duration=1.0,
-                            warmup=0.3, timeout=30.0)
+                            warmup=0.3, timeout=30.0, writer_rate=200)  # two writer processes
 
 
 def test_raftkv_catch_up_and_feed_lag_report_sane_figures(tmp_path: Path):
@@ -27,7 +27,7 @@ def test_raftkv_catch_up_and_feed_lag_report_sane_figures(tmp_path: Path):
     assert catch_up.cores.servers > 0 and catch_up.cores.learner > 0
 
     [lag] = lags
-    assert lag.rate == RATE
+    assert lag.rate == RATE and lag.writers == 2
     assert lag.errors == 0, lag.first_error
     assert lag.skipped == 0
     assert lag.missing == 0  # every acknowledged write of the window was read from the feed

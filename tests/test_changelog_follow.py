@@ -18,7 +18,7 @@ from learners.change_event import ChangeEvent
 from learners.changelog_client import ChangeLogClient
 from learners.changelog_service import ChangeLogService, chunks_through
 from learners.sinks.base import DeliveryBatch
-from learners.sinks.changelog_sink import ChangelogSink
+from learners.sinks.changelog_sink import ChangelogSink, Flushed
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.client.sync_client import Client
@@ -112,6 +112,40 @@ def test_follow_sends_each_flush_and_resumes_exactly_from_through(served_sink):
         deliver(sink, 0, 4)
         resumed = collect(follow_into(log, {0: 2, 1: 3}), changes=1)
     assert [(c.partition, [x.index for x in c.changes], c.through) for c in resumed] == [(0, [4], 4)]
+
+
+def test_a_follower_at_the_tail_gets_each_flush_from_memory_without_reading_the_log(served_sink, monkeypatch):
+    sink, address = served_sink
+    deliver(sink, 0, 1)
+    with ChangeLogClient(address) as log:
+        chunks = follow_into(log, {0: 1, 1: 0})
+        deliver(sink, 0, 2)
+        collect(chunks, changes=1)  # the follower is at the tail (whether the log or memory served this)
+        reads = []
+        monkeypatch.setattr(sink, "changes", lambda *args: reads.append(args) or iter(()))
+        monkeypatch.setattr(sink, "offsets", lambda *args: reads.append(args) or [])
+        deliver(sink, 0, 3, events=2)
+        deliver(sink, 1, 4)
+        got = collect(chunks, changes=3)
+    assert reads == []
+    assert sorted((c.partition, c.through, [(x.index, x.seq) for x in c.changes]) for c in got) == [
+        (0, 3, [(3, 0), (3, 1)]),
+        (1, 4, [(4, 0)]),
+    ]
+
+
+def test_flushes_a_follower_missed_come_as_one_chunk_per_partition_and_a_gap_sends_it_to_the_log():
+    raw = {index: change(index).SerializeToString() for index in (2, 3, 4)}
+    flushes = [Flushed({0: 1}, {0: 2}, {0: [raw[2]]}), Flushed({0: 2, 1: 0}, {0: 4, 1: 3}, {0: [raw[4]], 1: [raw[3]]})]
+    tail = changelog_service._Tail(None, {0: 1, 1: 0})
+    chunks = tail.take(flushes)
+    assert [(c.partition, c.through, [x.index for x in c.changes]) for c in chunks] == [(0, 4, [2, 4]), (1, 3, [3])]
+    assert tail.sent == {0: 4, 1: 3}
+    assert tail.take(flushes) == []  # everything in them was sent: nothing twice
+    behind = changelog_service._Tail(None, {0: 0, 1: 0})  # partition 0's entry 1 is only in the log
+    assert behind.take(flushes) is None and behind.sent == {0: 0, 1: 0}
+    assert changelog_service._Tail(None, {0: 1}).take(flushes) is None  # partition 1 is new to it
+    assert tail.take([None]) is None  # a flush no longer kept in memory
 
 
 def test_follow_without_offsets_starts_at_what_is_delivered(served_sink):

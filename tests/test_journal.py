@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import threading
 import time
 import zlib
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ import pytest
 
 from raftkv import failpoints
 from raftkv.core.errors import DiskFailed
+from raftkv.raft import journal as journal_module
 from raftkv.raft.journal import LOG_NAME, RaftJournal, _read_meta
 from raftkv.raft.journal_syncer import JournalSyncer
 
@@ -268,3 +270,80 @@ def test_commit_index_is_stored_lazily(tmp_path: Path) -> None:
     journal = reopen(journal, tmp_path)
     assert journal.getRaftCommitIndex() == 1000
     journal._destroy()
+
+
+@contextmanager
+def sync_held(monkeypatch, sync: Callable[[], object]) -> Iterator[None]:
+    """`sync` runs on a thread whose fdatasync waits until the block ends (the writes in it would hang if they
+    waited for that fsync); then it goes on, and fdatasync is the real one again."""
+    started, release = threading.Event(), threading.Event()
+    real = os.fdatasync
+
+    def held(fd: int) -> None:
+        started.set()
+        assert release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+    syncer = threading.Thread(target=sync)
+    syncer.start()
+    try:
+        assert started.wait(10)
+        yield
+    finally:
+        release.set()
+        syncer.join(10)
+        monkeypatch.setattr(os, "fdatasync", real)
+
+
+def test_appends_go_on_while_the_background_fdatasync_runs_and_it_counts_for_what_was_before(tmp_path: Path,
+                                                                                            monkeypatch) -> None:
+    """The syncer's fdatasync runs outside the journal's lock: an append from the loop does not wait for it,
+    and stays for the next sync; a truncation meanwhile makes that sync count for nothing."""
+    journal = RaftJournal(tmp_path, fsync=False)
+    journal.sync_elsewhere()
+    journal.add(b"a", 1, 1)
+    before = journal.size_bytes
+    with sync_held(monkeypatch, journal.sync_in_background):
+        journal.add(b"b", 2, 1)
+    assert journal._dirty and journal._synced == before < journal.size_bytes
+    assert _read_meta(tmp_path / "meta")[2] == before  # how far the log is durable, saved
+    with sync_held(monkeypatch, journal.sync_in_background):
+        journal.deleteEntriesFrom(1)
+        journal.add(b"c", 2, 2)
+    assert journal._dirty and journal._synced == before  # the truncation came after the sync began
+    assert journal.sync_in_background()
+    assert not journal._dirty and journal._synced == journal.size_bytes
+    assert list(reopen(journal, tmp_path)) == [(b"a", 1, 1), (b"c", 2, 2)]
+
+
+def test_the_background_meta_write_leaves_the_journal_free_and_never_replaces_a_newer_state(tmp_path: Path,
+                                                                                           monkeypatch) -> None:
+    journal = RaftJournal(tmp_path, fsync=False)
+    journal.sync_elsewhere()
+    journal.add(b"a", 1, 1)
+    journal.setRaftCommitIndex(1)
+    started, release = threading.Event(), threading.Event()
+    real = journal_module.write_new_file
+
+    def held(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            started.set()
+            assert release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(journal_module, "write_new_file", held)
+    syncer = threading.Thread(target=journal.sync_in_background)
+    syncer.start()
+    try:
+        assert started.wait(10)
+        journal.add(b"b", 2, 1)  # would hang here if the meta write held the journal's lock
+        journal.setRaftCommitIndex(2)
+    finally:
+        release.set()
+        syncer.join(10)
+    assert _read_meta(tmp_path / "meta")[1] == 1 and not journal._meta_saved  # 2 waits for the next sync
+    stale = journal._meta_state()  # as the syncer's thread takes it, then the loop stores a new vote
+    journal.setCurrentTerm(5, "n2")
+    journal._store_meta(stale)
+    assert _read_meta(tmp_path / "meta")[0] == 5

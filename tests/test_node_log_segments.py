@@ -3,14 +3,13 @@ syncer's thread while the event loop writes on."""
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
 import pytest
 
 from raftkv.core.errors import DiskFailed
-from tests.test_journal import next_fsync_fails
+from tests.test_journal import next_fsync_fails, sync_held
 from tests.test_node_log import ENTRIES, GROUP, SEGMENT_HEADER, Counting, open_log, open_with, reopen, segment
 
 
@@ -40,26 +39,10 @@ def test_a_log_synced_elsewhere_is_synced_by_that_thread_and_every_group_hears_o
 
 def test_writes_go_on_while_the_background_fdatasync_runs(tmp_path: Path, monkeypatch) -> None:
     log, group = open_with(tmp_path, ENTRIES[:1])
-    started, release = threading.Event(), threading.Event()
-    real = os.fdatasync
-
-    def slow_fdatasync(fd: int) -> None:
-        started.set()
-        assert release.wait(10)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
-    syncer = threading.Thread(target=log.sync_in_background)
-    syncer.start()
-    try:
-        assert started.wait(10)
-        group.add(*ENTRIES[1])  # would hang here if the write waited for the fsync
+    with sync_held(monkeypatch, log.sync_in_background):
+        group.add(*ENTRIES[1])
         group.deleteEntriesFrom(1)
         group.add(*ENTRIES[1])
-    finally:
-        release.set()
-        syncer.join(10)
-    monkeypatch.setattr(os, "fdatasync", real)
     assert log.synced < log.written  # that sync covered only what was written before it
     assert reopen(log).group(GROUP)[:] == ENTRIES[:2]
 

@@ -72,6 +72,16 @@ def plan_ends(pending: Mapping[int, list[tuple[int, int]]], max_rows: int) -> di
 
 
 @dataclass(frozen=True)
+class Flushed:
+    """What one synced flush added: per partition it moved, the position before (`after`) and after
+    (`through`) it, and the serialized `Change`s in between, in order (ChangeLog.Follow serves them)."""
+
+    after: dict[int, int]
+    through: dict[int, int]
+    changes: dict[int, list[bytes]]
+
+
+@dataclass(frozen=True)
 class ChangelogOptions:
     path: Path
     retain_entries: int = DEFAULT_RETAIN_ENTRIES
@@ -98,22 +108,28 @@ class ChangelogSink:
         self._synced.sync = True
         self._batch = WriteBatch(raw_mode=True)
         self._positions: dict[int, int] = {}
+        self._flushed: dict[int, int] = {}  # the positions as of the last synced flush
+        self._unflushed: dict[int, dict[bytes, bytes]] = {}  # the changes delivered since, per partition
         self._trimmed: dict[int, int] = {}
-        self._flush_listeners: list[Callable[[], None]] = []
+        self._flush_listeners: list[Callable[[Flushed], None]] = []
 
     # -- the Sink protocol ------------------------------------------------
 
     def recover(self) -> dict[int, int]:
         self._batch = WriteBatch(raw_mode=True)
         self._positions = self._stored(b"p")
+        self._flushed, self._unflushed = dict(self._positions), {}
         self._trimmed = self._stored(b"t")  # only flush() moves it
         return dict(self._positions)
 
     def deliver(self, batch: DeliveryBatch) -> None:
         put = self._batch.put
         for entry in batch.entries():
+            unflushed = self._unflushed.setdefault(entry.partition, {})
             for seq, change in enumerate(change_messages(entry), entry.first_seq):
-                put(_event_key(entry.partition, entry.index, seq), change)
+                key = _event_key(entry.partition, entry.index, seq)
+                put(key, change)
+                unflushed[key] = change  # by key: a delivery retried after a failed flush adds nothing twice
         for partition, base in batch.resyncs.items():
             put(_RESYNC.pack(b"s", partition, batch.positions[partition]), _INDEX.pack(base))
         self._positions.update(batch.positions)
@@ -132,15 +148,20 @@ class ChangelogSink:
         self._db.write(self._batch, self._synced)
         self._batch = WriteBatch(raw_mode=True)
         self._trimmed = trimmed
+        moved = {p: index for p, index in self._positions.items() if index != self._flushed.get(p)}
+        changes = {p: [change for _, change in sorted(by_key.items())] for p, by_key in self._unflushed.items()}
+        flushed = Flushed({p: self._flushed.get(p, 0) for p in moved}, moved, changes)
+        self._flushed.update(moved)
+        self._unflushed = {}
         for listener in self._flush_listeners:
-            listener()
+            listener(flushed)
 
     def close(self) -> None:
         self._db.close()
 
     # -- reading (from the learner's API threads) ---------------------------
 
-    def on_flush(self, listener: Callable[[], None]) -> None:
+    def on_flush(self, listener: Callable[[Flushed], None]) -> None:
         self._flush_listeners.append(listener)
 
     def offsets(self, after: Mapping[int, int], max_rows: int) -> list[pb.PartitionOffsets]:

@@ -104,6 +104,9 @@ class RaftJournal(Journal):
         self._background_error: Exception | None = None  # what the background sync ran into, for the loop
         self._closed = False
         self._dirty = False
+        self._rewrites = 0  # truncations and replacements of the file: a sync that began before one counts for nothing
+        self._meta_lock = threading.Lock()  # taken inside `_lock` when both are
+        self._meta_seq = self._meta_stored = 0  # the meta states made and the newest one written
         self._space = DiskSpace(self._dir)
         self._failed: DiskFailed | None = None  # an fsync failed: no later one may be believed
         self._make_directory()
@@ -148,6 +151,7 @@ class RaftJournal(Journal):
         del self._entries[start:]
         del self._offsets[start:]
         self._dirty = True
+        self._rewrites += 1
         if self._synced > self._end:  # new entries will take those bytes: at once, not at the next save
             self._save_meta(fsync=True)
 
@@ -224,15 +228,46 @@ class RaftJournal(Journal):
 
     def sync_in_background(self) -> bool:
         """The once-a-second sync, from the syncer's thread. A failure is raised on the replica's next
-        `onOneSecondTimer`, as if it had synced there. False once the journal is closed."""
+        `onOneSecondTimer`, as if it had synced there. False once the journal is closed.
+
+        The fdatasync (on a duplicate of the descriptor) and the meta file's write run outside the lock, as
+        the node log's do: the loop's appends (a learner's every entry) waited for them, tens of ms on a busy
+        machine (docs/benchmarks.md, "Against an etcd watch"). The sync counts for what was written before
+        it began, unless the file was truncated or replaced meanwhile; later appends wait for the next."""
         with self._lock:
             if self._closed:
                 return False
+            if self._failed is not None:
+                self._background_error = self._failed
+                return True
+            fd = os.dup(self._fd) if self._dirty else None
+            end, rewrites = self._end, self._rewrites
+        if fd is not None:
             try:
-                self._sync_and_save()
+                failpoints.hit("journal-fsync-before")  # its injected EIO stands for the fsync's
+                fsync_file(fd, self._path, data_only=True)
+            except (DiskFailed, OSError) as error:
+                with self._lock:
+                    self._failed = error if isinstance(error, DiskFailed) else fsync_failed(self._path, error)
+                    self._background_error = self._failed
+                return True
+            finally:
+                os.close(fd)
+        with self._lock:
+            if self._closed:
+                return False
+            if fd is not None and rewrites == self._rewrites:
+                self._dirty = self._dirty and self._end != end
+                self._synced, self._meta_saved = max(self._synced, end), False
+            meta = None if self._meta_saved else self._meta_state()
+            self._meta_saved = True  # a change from here on marks it unsaved again
+        if meta is not None:
+            try:
+                self._store_meta(meta)
             except (CorruptData, StorageFull, OSError) as error:
-                self._background_error = error
-            return True
+                with self._lock:
+                    self._background_error, self._meta_saved = error, False
+        return True
 
     @_locked
     def _sync_and_save(self) -> None:
@@ -246,7 +281,8 @@ class RaftJournal(Journal):
             if self._failed is None:  # nothing more is written to a disk that failed
                 self.flush()
         finally:
-            self._closed = True
+            with self._meta_lock:  # a meta write of the syncer's thread ends first, and none begins after
+                self._closed = True
             os.close(self._fd)
 
     # Term, vote and commit index
@@ -290,6 +326,7 @@ class RaftJournal(Journal):
         fd = write_new_file(self._path, b"".join([_LOG_HEADER, *records]), fsync=True)
         os.close(self._fd)
         self._fd = fd
+        self._rewrites += 1
         *self._offsets, self._end = accumulate(map(len, records), initial=len(_LOG_HEADER))
         self._entries = entries
         self._dirty = False
@@ -300,9 +337,21 @@ class RaftJournal(Journal):
         # The stored commit index must never point past the durable end of the log (in the
         # default mode it may: pysyncobj clamps it to the log's end at start-up).
         self.sync()
-        meta = _encode_meta(self._term, self._commit, self._synced, self._voted)
-        os.close(write_new_file(self._meta_path, meta, fsync=self._fsync if fsync is None else fsync))
+        self._store_meta(self._meta_state(), fsync)
         self._meta_saved = True
+
+    def _meta_state(self) -> tuple[int, bytes]:  # under the lock: the meta file's contents now, numbered
+        self._meta_seq += 1
+        return self._meta_seq, _encode_meta(self._term, self._commit, self._synced, self._voted)
+
+    def _store_meta(self, state: tuple[int, bytes], fsync: bool | None = None) -> None:
+        """One writer at a time, and never a state older than the one on disk (the syncer's thread writes
+        outside the lock, so the loop may have stored a newer term or vote meanwhile)."""
+        seq, meta = state
+        with self._meta_lock:
+            if seq > self._meta_stored and not self._closed:
+                os.close(write_new_file(self._meta_path, meta, fsync=self._fsync if fsync is None else fsync))
+                self._meta_stored = seq
 
 
 def list_position(item: int, length: int) -> int:

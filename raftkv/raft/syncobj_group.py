@@ -66,6 +66,7 @@ class GroupConfig:
     node_log: ReplicaLogs | None = None  # the node's log of every group; None: a RaftJournal in folder/journal
     engine: NodeEngine | None = None  # the node's engine, which may drive the group's steady state (raft_engine)
     clock: Callable[[], float] = time.monotonic  # pysyncobj's (core/clock.py): it compares our deadlines with it
+    after_apply: Callable[[], None] = lambda: None  # after every apply step (a learner's feed pump wakes on it)
 
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
@@ -88,11 +89,11 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         return self._group._apply_committed(payload)
 
     def _SyncObj__applyLogEntries(self) -> bool:
-        """pysyncobj's apply step, less its commit notice while a proposal is queued: unbatched, a leader
-        sends each entry, then once it is applied an empty AppendEntries with the new commit index, and
-        each replica answers both. A proposal queued meanwhile (group commit proposes its next batch from
-        the apply callback) is sent later in this same tick, with the new commit index."""
+        """pysyncobj's apply step (every tick), less its commit notice while a proposal is queued (group commit
+        proposes its next batch from the apply callback: this tick sends it with the new commit index; unbatched,
+        each entry and each notice cost a message and an answer per replica). Then `after_apply` is told."""
         need_send = PatchedSyncObj._SyncObj__applyLogEntries(self)
+        self._group.config.after_apply()
         return need_send and not self._SyncObj__commandsQueue._FastQueue__queue
 
     def next_timer(self) -> float:
@@ -298,8 +299,7 @@ class SyncObjGroup:
     def learners_caught_up(self) -> int:
         if self.role != Role.LEADER:
             return 0
-        match = self._member._SyncObj__raftMatchIndex
-        applied = self.last_applied
+        match, applied = self._member._SyncObj__raftMatchIndex, self.last_applied
         return sum(1 for node in self._member.readonlyNodes if match.get(node, 0) >= applied - 1)
 
     def committed_entries(self, after: int, limit: int) -> list[Entry]:
