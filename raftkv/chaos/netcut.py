@@ -91,8 +91,8 @@ class NetCut:
             for node_id in spec.node_ids:
                 self.cgroup(node_id).mkdir()
             nft(f"add table inet {self.table}\n"
-                 f"add chain inet {self.table} out {{ type filter hook output priority -10; policy accept; }}\n"
-                 f"add chain inet {self.table} in {{ type filter hook input priority -10; policy accept; }}\n")
+                f"add chain inet {self.table} out {{ type filter hook output priority -10; policy accept; }}\n"
+                f"add chain inet {self.table} in {{ type filter hook input priority -10; policy accept; }}\n")
         except BaseException:
             self._remove_cgroups()
             raise
@@ -153,6 +153,12 @@ class NetCut:
 
     def _nft_path(self, node_id: str) -> str:
         return str(self.cgroup(node_id).relative_to(CGROUP_ROOT))
+
+    def __enter__(self) -> NetCut:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def raft_ports(spec: ClusterSpec, node_id: str) -> str:
