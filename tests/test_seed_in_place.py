@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import signal
+from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from prometheus_client import REGISTRY
+from pysyncobj import SERIALIZER_STATE
 
 from raftkv import failpoints
 from raftkv.core.commands import Put
@@ -110,6 +112,21 @@ def test_a_seeded_replica_opens_on_its_database_at_the_seed_or_past_it_by_its_ow
     files = _files(tmp_path, position, journal)
     assert files.in_place
     files.before_load()
+
+
+def test_a_compaction_up_to_the_seed_s_entry_replaces_the_seed_s_file(tmp_path):
+    """A moved replica that leads before any entry after its seed compacts up to the seed's entry: its
+    full snapshot must replace the seed's file, which holds no database and is never sent. It was
+    dropped as if a newer one had been installed meanwhile, and the replica withheld snapshots for good
+    (found by bench_big: a learner waited for one until its timeout)."""
+    files = _files(tmp_path, Position(5, 2), [])
+    next_file = files.path.with_name(f"{SNAPSHOT_FILE}.next")
+    next_file.write_bytes(b"the compaction's full snapshot")  # what its worker wrote, up to entry 5
+    job = Future()
+    job.set_result(5)
+    files.job = job
+    assert files.state() == SERIALIZER_STATE.SUCCESS
+    assert not files.in_place and files.path.read_bytes() == b"the compaction's full snapshot"
 
 
 @pytest.mark.parametrize("position, journal", [
