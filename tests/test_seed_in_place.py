@@ -129,6 +129,26 @@ def test_a_compaction_up_to_the_seed_s_entry_replaces_the_seed_s_file(tmp_path):
     assert not files.in_place and files.path.read_bytes() == b"the compaction's full snapshot"
 
 
+def test_a_compaction_up_to_the_entry_of_a_leader_s_installed_snapshot_is_dropped(tmp_path):
+    """The seed's exception goes no further: after a power cut of the whole cluster, a snapshot a leader
+    sent up to the same index may hold other entries than this replica's compaction. Renamed over it, that
+    compaction made a later roll-back install this replica's lost entries again (a full run's power cuts:
+    "committed entry 1098 (term 9) cannot come before its position 1106 (term 7)")."""
+    folder, db = tmp_path / "p0000", tmp_path / "db"
+    folder.mkdir()
+    db.mkdir()
+    leaders = snapshot_file.Meta(partition=0, position=Position(5, 3), last_entry=(b"\x00l", 5, 3),
+                                 prev_entry=(b"\x00p", 4, 3), cluster=[])
+    snapshot_file.write(folder / SNAPSHOT_FILE, db, leaders)
+    files = SnapshotFiles(0, folder, SimpleNamespace(position=Position(5, 3)))
+    folder.joinpath(f"{SNAPSHOT_FILE}.next").write_bytes(b"this replica's compaction up to entry 5")
+    job = Future()
+    job.set_result(5)
+    files.job = job
+    assert files.state() == SERIALIZER_STATE.FAILED
+    assert snapshot_file.read_meta(files.path).last_entry == (b"\x00l", 5, 3)  # the leader's stays
+
+
 @pytest.mark.parametrize("position, journal", [
     (Position(4, 2), LOG),  # behind the seed
     (Position(5, 1), []),  # at the seed's index, in another term

@@ -181,13 +181,15 @@ class SnapshotFiles:
                 raise error
             log.warning("partition %d: no snapshot this time: %s", self.partition, error)
             return SERIALIZER_STATE.FAILED
-        if (installed := self.last_index()) is not None and installed > job.result():
-            # A leader's newer snapshot was installed while this one was written. Renamed over it,
-            # this one would begin before the journal, which pysyncobj then clears down to it at
-            # the next start: the entries between them gone from the log, though the database
-            # holds them (the rewound log, docs/chaos.md). One up to the same entry replaces it: a
-            # moved replica's first compaction, before any entry after its seed, did not, and the
-            # seed's file, which holds no database, stayed: it led, and a learner waited for good.
+        installed = self.last_index()
+        if installed is not None and (installed > job.result() or installed == job.result() and not self.in_place):
+            # A leader's snapshot, as new or newer, was installed while this one was written. Renamed
+            # over it, this one would begin before the journal, which pysyncobj then clears down to it
+            # at the next start: the entries between them gone from the log, though the database holds
+            # them (the rewound log, docs/chaos.md); and after a whole-cluster power cut, one up to the
+            # same index may hold other entries than ours. A seed's file (in place, no database) is the
+            # exception: a moved replica that led before any entry after its seed compacted up to the
+            # seed's entry, kept the seed's file, and withheld snapshots for good.
             self._next.unlink(missing_ok=True)
             log.info("partition %d: the snapshot up to entry %d is dropped: one up to entry %d was installed "
                      "meanwhile", self.partition, job.result(), installed)
