@@ -149,6 +149,16 @@ def test_a_compaction_up_to_the_entry_of_a_leader_s_installed_snapshot_is_droppe
     assert snapshot_file.read_meta(files.path).last_entry == (b"\x00l", 5, 3)  # the leader's stays
 
 
+def test_the_placeholder_of_a_first_snapshot_being_written_is_no_snapshot(tmp_path):
+    """A roll-back after a whole-cluster power cut met partition 3's first compaction in progress: its
+    empty placeholder was read as a corrupt snapshot and the node stopped (a full run's power cuts)."""
+    folder = tmp_path / "p0000"
+    folder.mkdir()
+    files = SnapshotFiles(0, folder, SimpleNamespace(position=Position(0, 0)))
+    files.path.write_bytes(b"")  # as pysyncobj leaves it once `_start` returned for a first snapshot
+    assert files.current() is None
+
+
 @pytest.mark.parametrize("position, journal", [
     (Position(4, 2), LOG),  # behind the seed
     (Position(5, 1), []),  # at the seed's index, in another term

@@ -263,8 +263,10 @@ class SnapshotFiles:
             fsync_directory(self.folder)
 
     def current(self) -> Snapshot | None:
-        """The snapshot file this replica holds, if any."""
-        if not self.path.is_file():
+        """The snapshot file this replica holds, if any. An empty file is none: the placeholder of a first
+        snapshot still being written (`_start`), before which the journal is whole; a roll-back after a
+        power cut (`state_repair`) that read it as corrupt stopped the node."""
+        if not self.path.is_file() or self.path.stat().st_size == 0:
             return None
         meta = snapshot_file.read_meta(self.path)
         return Snapshot(self.path, meta.position, Position(meta.last_entry[1], meta.last_entry[2]))
