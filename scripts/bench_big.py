@@ -35,6 +35,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clusters import started  # noqa: E402
+from bench_move import until  # noqa: E402
 from bench_learner_config import Config  # noqa: E402
 from learner_catchup import add_learner, changelog_latest, leader_commit_indexes, learner_command, load  # noqa: E402
 
@@ -106,18 +107,6 @@ def step(rows: list[Row], console: Console, sampler: Sampler, cluster: LocalClus
                     {n.id: folder_mb(n.data_dir) for n in cluster.spec.nodes}))
     console.print(f"[dim]{name}: {seconds:.1f} s, {rows[-1].rate}; RSS MiB {rows[-1].rss_mib}; "
                   f"disk MB {rows[-1].disk_mb}[/dim]")
-
-
-def until(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except raftkv.RaftKVError:
-            pass
-        time.sleep(poll)
-    raise TimeoutError(f"{what}: not within {timeout:.0f} s")
 
 
 def spark_read(endpoints: list[str]) -> float:

@@ -134,7 +134,7 @@ def raftkv_move(data_dir: Path, config: Config, rate: int, before: float, consol
                 "--base-port", str(base), "--data-dir", str(data_dir / "raftkv" / NEW_NODE)]
         with started(join, data_dir / "raftkv" / f"{NEW_NODE}.log") as new_node, \
                 raftkv.Client(list(cluster.endpoints)) as kv:
-            _until(lambda: kv.topology().meta.node(NEW_NODE).state.value == "up", 60, f"{NEW_NODE} to be up")
+            until(lambda: kv.topology().meta.node(NEW_NODE).state.value == "up", 60, f"{NEW_NODE} to be up")
             leader = next(s.node_id for s in kv.status() for ps in s.partitions if ps.role == "leader")
             source = next(n for n in kv.topology().meta.placement[0] if n != leader)
             files_mb = _files_mb(data_dir / "raftkv" / source / "p0000" / "db")
@@ -146,7 +146,7 @@ def raftkv_move(data_dir: Path, config: Config, rate: int, before: float, consol
                 sent_before, written_before = _sent_bytes(cluster.metrics), _written_bytes(new_node.pid)
                 started_at = time.time()
                 kv.move_replica(0, source, NEW_NODE)
-                _until(lambda: not kv.topology().meta.moves, 600, "the move to finish", poll=0.05)
+                until(lambda: not kv.topology().meta.moves, 600, "the move to finish", poll=0.05)
                 ended_at = time.time()
                 sent_mb = (_sent_bytes(cluster.metrics) - sent_before) / 1e6
                 written_mb = (_written_bytes(new_node.pid) - written_before) / 1e6
@@ -201,7 +201,8 @@ def _written_bytes(pid: int) -> int:
     return 0
 
 
-def _until(predicate, timeout: float, what: str, poll: float = 0.2) -> None:
+def until(predicate, timeout: float, what: str, poll: float = 0.2) -> None:
+    """Until `predicate()` holds (a RaftKVError counts as not yet), or TimeoutError after `timeout`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -243,7 +244,7 @@ def etcd_learner(binary: str, data_dir: Path, config: Config) -> Moved:
                         raise
                     return False
 
-            _until(promoted, config.timeout, "etcd's learner to be promoted", poll=0.05)
+            until(promoted, config.timeout, "etcd's learner to be promoted", poll=0.05)
             move_s = time.monotonic() - started_at
     return Moved("etcd", config.keys, load_s, size_mb, move_s)
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from prometheus_client import REGISTRY
 from pysyncobj import SERIALIZER_STATE
 
 from raftkv import failpoints
@@ -30,6 +29,7 @@ from raftkv.storage.rocks_engine import RocksEngine
 from tests.loopback_hubs import LoopbackHubs
 from tests.raft_scenarios import DictStateMachine
 from tests.test_snapshot_writer import until
+from tests.test_syncobj_seed import raft_bytes_sent
 
 PARTITION = 8  # this module's own metric series
 BASE = ((b"\x00p", 4, 2), (b"\x00l", 5, 2))  # the log's entries at the checkpoint, as a member's log holds them
@@ -188,7 +188,7 @@ async def _lead(members: list[SyncObjGroup], member: SyncObjGroup) -> None:
 
 
 def _sent(kind: str) -> float:
-    return REGISTRY.get_sample_value("raftkv_raft_bytes_sent_total", {"partition": str(PARTITION), "kind": kind}) or 0
+    return raft_bytes_sent(PARTITION, kind)
 
 
 class _FailsFirstCheckpoint(DictStateMachine):

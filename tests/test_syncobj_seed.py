@@ -20,8 +20,13 @@ VALUE = "x" * 1000
 PARTITION = 7  # this test's own metric series
 
 
+def raft_bytes_sent(partition: int, kind: str) -> float:
+    """What this process's Raft sent of `partition` so far ("entries" or "snapshot"), from its metrics."""
+    return REGISTRY.get_sample_value("raftkv_raft_bytes_sent_total", {"partition": str(partition), "kind": kind}) or 0
+
+
 def _sent(kind: str) -> float:
-    return REGISTRY.get_sample_value("raftkv_raft_bytes_sent_total", {"partition": str(PARTITION), "kind": kind}) or 0
+    return raft_bytes_sent(PARTITION, kind)
 
 
 def test_a_replica_seeded_from_a_checkpoint_gets_only_the_entries_after_it_and_a_stale_seed_a_snapshot(tmp_path):
