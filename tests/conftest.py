@@ -186,8 +186,7 @@ def cluster_maker(root: Path) -> Iterator[Callable[..., LocalCluster]]:
         if tls == "metrics":
             spec = dataclasses.replace(spec, tls=dataclasses.replace(spec.tls, metrics=True))
         spec_path = save_spec(spec, folder / "cluster.toml")
-        cluster = LocalCluster(spec, spec_path, wrap_command=own_hosts.node_commands(spec) if own_hosts else None)
-        cluster.hosts = own_hosts
+        cluster = LocalCluster(spec, spec_path, hosts=own_hosts)
         clusters.append(cluster)
         if start:
             cluster.start_all()

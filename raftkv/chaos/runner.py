@@ -174,8 +174,8 @@ class _Run:
                 disks[node_id] = PowerLossDisk(spec.node(node_id).data_dir, self._backing(node_id))
                 cleanup.callback(disks[node_id].close)
                 disks[node_id].mount()
-        wrap = netcut.command_for if netcut else hosts.node_commands(spec) if hosts else None
-        cluster = LocalCluster(spec, spec.path, wrap_command=wrap, log_dir=self.run_dir / "logs")
+        cluster = LocalCluster(spec, spec.path, wrap_command=netcut.command_for if netcut else None,
+                               log_dir=self.run_dir / "logs", hosts=hosts)
         cleanup.callback(_kill_all, cluster)
         self.status.phase = "starting the cluster"
         cluster.start_all()

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec
+from raftkv.dev.netns import Hosts
 from raftkv.security.tls import client_tls
 
 
@@ -46,18 +47,20 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
 
 class LocalCluster:
     """`wrap_command(node_id, command)`, when given, returns the command that actually starts a node
-    (e.g. one that first moves itself into a cgroup and then execs `command`, keeping its PID)."""
+    (e.g. one that first moves itself into a cgroup and then execs `command`, keeping its PID). `hosts`:
+    the nodes' hosts of their own (`raftkv.dev.netns`), where each node starts unless `wrap_command` says."""
 
     def __init__(self, spec: ClusterSpec, spec_path: Path, env: dict[str, str] | None = None,
                  wrap_command: CommandWrapper | None = None, log_dir: Path | None = None,
-                 die_with_parent: bool = False):
+                 die_with_parent: bool = False, hosts: Hosts | None = None):
         self.spec = spec
         self.tls = client_tls(spec)  # what its clients present: the spec's client certificate
         self.spec_path = Path(spec_path)
         self._log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
         self._env = {**os.environ, **(env or {})}
-        self.wrap_command = wrap_command
+        self.hosts = hosts
+        self.wrap_command = wrap_command or (hosts.node_commands(spec) if hosts else None)
         self._die_with_parent = die_with_parent
 
     @property
