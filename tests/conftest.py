@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -91,6 +92,14 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
             last_exc = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+
+
+async def until(condition: Callable[[], object], timeout: float = 30.0, what: str = "the condition") -> None:
+    """`wait_until` inside an event loop: poll `condition` without blocking the loop, or fail naming `what`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out after {timeout}s waiting for {what}"
+        await asyncio.sleep(0.01)
 
 
 def settled_topology(kv: Client) -> ClusterMeta:

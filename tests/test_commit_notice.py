@@ -21,6 +21,7 @@ from raftkv.raft.group import Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.storage.engine import KeyRange
 from raftkv.storage.rocks_engine import RocksEngine
+from tests.conftest import until
 from tests.loopback_hubs import LoopbackHubs
 
 WRITERS, PUTS_EACH = 32, 40
@@ -72,13 +73,6 @@ async def write_through_a_group(folder: Path) -> tuple[Counter, list[set[bytes]]
         for r in replicas:
             r.close()
         await hubs.close()
-
-
-async def until(condition, timeout: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 def test_a_queued_batch_carries_the_commit_index_and_every_write_still_lands(tmp_path):

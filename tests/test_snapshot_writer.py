@@ -28,6 +28,7 @@ from raftkv.raft.syncobj_snapshots import snapshot_writer
 from raftkv.raft.syncobj_patches import KEPT_ASIDE
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
+from tests.conftest import until
 from tests.loopback_hubs import LoopbackHubs, unconnected_hub
 
 
@@ -104,13 +105,6 @@ def test_a_restart_between_the_snapshot_rename_and_the_journal_compaction_keeps_
         assert [e for e in after_restart if e[1] <= full_log[-1][1]] == [e for e in full_log if e[1] >= snapshot_prev]
 
     asyncio.run(scenario())
-
-
-async def until(condition, timeout: float = 20.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 def test_in_fsync_mode_the_snapshot_rename_is_durable_before_the_journal_is_compacted(tmp_path, monkeypatch):
