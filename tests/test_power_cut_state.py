@@ -60,15 +60,21 @@ def test_a_database_a_power_cut_left_past_the_log_is_rolled_back_and_applied_fro
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("snapshot, commit_saved", [(True, True), (False, True), (True, False)],
-                         ids=["from-its-snapshot", "from-empty", "commit-index-not-saved"])
+@pytest.mark.parametrize("snapshot, commit_saved, compacted_alone",
+                         [(True, True, False), (False, True, False), (True, False, False), (True, False, True)],
+                         ids=["from-its-snapshot", "from-empty", "commit-index-not-saved", "compacted-before-the-others-came"])
 def test_applied_entries_a_new_leader_replaces_after_a_whole_cluster_cut_are_rolled_back_and_applied_again(
-        tmp_path, snapshot, commit_saved, caplog):
+        tmp_path, snapshot, commit_saved, compacted_alone, caplog):
     """Found by the chaos harness (powerloss:cut, default mode, every node cut): two replicas lost the
     last acknowledged entries from journal and database alike (but not the term: it is synced at each
     election), the third kept them in both. A leader of the two wrote other entries at their indices, and the third, which had applied the old ones, stopped
     on "committed entry 529 (term 3) cannot come before its position 529 (term 2)" (its saved commit
-    index was below 529); had it saved one above, it refused the leader's entries for ever."""
+    index was below 529); had it saved one above, it refused the leader's entries for ever.
+
+    compacted-before-the-others-came: 0.2.0's power-cut runs, 2 in 6. The keeper, up first, compacted
+    while its database was past its commit index: its snapshot "at entry 1029" held the database at 1095,
+    and the roll-back to it went nowhere ("committed entry 1081 (term 5) cannot come before its position
+    1095 (term 4)")."""
     loop_port = free_port_block(3)
     addresses = [f"127.0.0.1:{loop_port + i}" for i in range(3)]
     keeper = addresses[2]  # the replica whose files kept the entries the others lost
@@ -123,6 +129,16 @@ def test_applied_entries_a_new_leader_replaces_after_a_whole_cluster_cut_are_rol
                 journal = RaftJournal(folders[keeper] / "journal", fsync=False)
                 journal.setRaftCommitIndex(cut_commit)
                 journal._destroy()
+            if compacted_alone:
+                open_replica(keeper)
+                member = replicas[keeper].group._member
+                await until(lambda: member.raftLastApplied == cut_commit)
+                replicas[keeper].maybe_compact(0.0)
+                replicas[keeper].maybe_compact(1e9)  # its housekeeping leaves such a log be...
+                assert not member._SyncObj__forceLogCompaction
+                replicas[keeper].group.compact()  # ...and a compaction asked for anyway is refused
+                await until(lambda: not member._SyncObj__forceLogCompaction and replicas[keeper].group.snapshots.job is None)
+                close_all()
             for address in addresses[:2]:
                 shutil.rmtree(folders[address])
                 shutil.copytree(tmp_path / f"cut-{address}", folders[address])

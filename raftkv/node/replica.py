@@ -133,6 +133,8 @@ class PartitionReplica(Replica[E]):
         by entry."""
         if self._last_compaction is None:
             self._last_compaction = now
+        if self.engine.position.index > self.group.last_applied:
+            return  # the replay after a restart has not reached the database: its checkpoint would be refused
         tuning = replace(self._tuning, compaction_min_entries=EAGER_COMPACTION_ENTRIES) if eager else self._tuning
         if not compaction_wanted(entries=self.group.log_entries, size_bytes=self.group.log_bytes,
                                  seconds_since_last=now - self._last_compaction, tuning=tuning):

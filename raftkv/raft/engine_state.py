@@ -35,6 +35,12 @@ class EngineStateMachine:
         return self.engine.position
 
     def checkpoint(self, dest: Path, last: Position) -> Position:
+        """Refused while the database is past `last`: after a restart it is until the replay reaches it,
+        and a snapshot holding entries past its own would be no point to roll back to after a
+        whole-cluster power cut (docs/durability.md, "A snapshot whose database is ahead of its entry")."""
+        if (position := self.engine.position).index > last.index:
+            raise RuntimeError(f"the database is at entry {position.index}, past entry {last.index} the log "
+                               "would be compacted to (the replay after a restart has not reached it)")
         return self.engine.checkpoint(dest)
 
     def restore(self, snapshot: Snapshot) -> None:
