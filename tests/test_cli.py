@@ -162,6 +162,11 @@ def test_api_rejects_bad_input_and_writes_nothing(plain_cluster):
         with pytest.raises(InvalidRequest, match="bytes or str"):
             kv.put(b"k", 42)
         assert kv.get(b"big") is None
+        partitions = cluster.spec.partitions
+        keys = [k for k in (b"many-%d" % i for i in range(200)) if partition_for_key(k, partitions) == 0][:5]
+        with pytest.raises(InvalidRequest, match="one write may carry at most 4,194,304"):
+            kv.put_many(keys, [b"x" * (1024 * 1024)] * 5)  # each value within its limit, the five past one entry
+        assert [kv.get(k) for k in keys] == [None] * 5
     address = cluster.spec.nodes[0].api_address
     with grpc.insecure_channel(address) as channel:
         stub = kv_pb2_grpc.KVStub(channel)

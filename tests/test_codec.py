@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, strategies as st
@@ -17,7 +18,7 @@ from raftkv.api.convert import (
     result_from_error,
     result_from_write,
 )
-from raftkv.core.commands import Batch, Cas, CasResult, Delete, DeleteRange, Limits, Put
+from raftkv.core.commands import Batch, Cas, CasResult, Delete, DeleteRange, Limits, Put, PutMany
 from raftkv.core.errors import (
     ConfigError,
     CorruptData,
@@ -183,6 +184,13 @@ def test_a_partition_that_does_not_exist_is_rejected(partition):
 def test_command_from_op_checks_limits(op, what):
     with pytest.raises(InvalidRequest, match=what):
         command_from_op(op, P, LIMITS)
+
+
+def test_a_write_past_one_raft_entry_is_refused_naming_the_bound():
+    op = pb.Op(partition=part(K0), put_many=op_from_command(PutMany.of([K0], [b"v" * 30]), 0).put_many)
+    command_from_op(op, P, LIMITS)
+    with pytest.raises(InvalidRequest, match=r"the put_many is \d+ bytes; one write may carry at most 40 \(2 × tuning.max_batch_bytes"):
+        command_from_op(op, P, replace(LIMITS, max_write_bytes=40))
 
 
 def test_check_partition_directly():

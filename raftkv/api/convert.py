@@ -98,6 +98,9 @@ def command_from_op(op: pb.Op, partitions: int, limits: Limits) -> Command:
     kind = by_proto_field(name) if name else None
     if kind is None:
         raise InvalidRequest(f"operation {name or 'with nothing set'} is not a write")
+    if (size := op.ByteSize()) > limits.max_write_bytes:
+        raise InvalidRequest(f"the {name} is {size:,} bytes; one write may carry at most {limits.max_write_bytes:,} "
+                             "(2 × tuning.max_batch_bytes, one Raft entry): split it into smaller ones")
     command = _reader(kind)(getattr(op, name))
     check_command(command, limits)
     check_partition(command, op.partition, partitions)

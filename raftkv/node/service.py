@@ -74,7 +74,7 @@ class KVService(kv_pb2_grpc.KVServicer):
         self._proposals = proposals
         self._reads = reads
         self._topology = topology
-        self._limits = Limits(spec.max_key_bytes, spec.max_value_bytes)
+        self._limits = Limits(spec.max_key_bytes, spec.max_value_bytes, 2 * spec.tuning.max_batch_bytes)
         self._timeout = spec.tuning.request_timeout
         self._peers = peers
         tuning = spec.tuning
