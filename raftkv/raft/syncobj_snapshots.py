@@ -306,7 +306,7 @@ class SnapshotFiles:
             return not self.in_place
         self.packing = None
         if (error := packing.exception()) is not None:
-            if isinstance(error, DiskFailed):
+            if isinstance(error, DiskFailed):  # the replica stops, as in `state`
                 raise error
             log.warning("partition %d: no snapshot to send this time: %s", self.partition, error)
         elif packing.result() == self.kept:
