@@ -366,6 +366,7 @@ class SnapshotFiles:
                      "received one, up to entry %d, that the log had passed)", self.partition, last)
         else:
             aside.unlink()
+            self._sweep()  # the checkpoint folder it named, unless the file on disk names it too
 
     def compact_journal_to_snapshot(self) -> None:
         """At start-up: a journal that begins before the snapshot (the last run ended between the
