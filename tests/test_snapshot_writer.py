@@ -197,7 +197,10 @@ def test_a_restart_while_a_received_snapshot_was_checked_puts_the_own_one_back(t
             await put(replica, range(20))
             group.compact()
             await until(lambda: journal[0][1] > 1)
-            older = shutil.copy(group.snapshots.path, tmp_path / "older.snapshot")
+            older = tmp_path / "older.snapshot"  # as a leader sends one: the database in the tar
+            meta = snapshot_file.read_meta(group.snapshots.path)
+            snapshot_file.write(older, snapshot_file.kept_checkpoint(group.snapshots.path, meta) / "db",
+                                replace(meta, in_place=False, checkpoint=None))
             first = journal[0][1]
             await put(replica, range(20, 40))
             group.compact()
