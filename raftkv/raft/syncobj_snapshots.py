@@ -221,11 +221,13 @@ class SnapshotFiles:
             log.warning("partition %d: no snapshot this time: %s", self.partition, error)
             return SERIALIZER_STATE.FAILED
         meta = job.result()
-        if (installed := self.last_index()) is not None and installed >= meta.last_entry[1]:
+        if (installed := self.last_index()) is not None and installed > meta.last_entry[1]:
             # A leader's newer snapshot was installed while this one was written. Renamed over it,
             # this one would begin before the journal, which pysyncobj then clears down to it at
             # the next start: the entries between them gone from the log, though the database
-            # holds them (the rewound log, docs/chaos.md).
+            # holds them (the rewound log, docs/chaos.md). One up to the same entry replaces it: a
+            # moved replica's first compaction, before any entry after its seed, did not, and the
+            # seed's file, which holds no database, stayed: it led, and a learner waited for good.
             self._next.unlink(missing_ok=True)
             self._retire(meta.checkpoint)
             log.info("partition %d: the snapshot up to entry %d is dropped: one up to entry %d was installed "
