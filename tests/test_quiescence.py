@@ -209,6 +209,7 @@ def test_a_follower_rests_only_on_its_leaders_word_for_the_log_it_holds_committe
     assert not follower_may_rest(message, term=4, from_leader=True, last_index=10, commit_index=10)
     assert not follower_may_rest(message, term=3, from_leader=True, last_index=11, commit_index=10)
     assert not follower_may_rest(message, term=3, from_leader=True, last_index=10, commit_index=9)
+    assert not follower_may_rest(message, term=3, from_leader=True, last_index=10, commit_index=10, transfer_to_it=True)
 
 
 def test_on_virtual_time_a_leader_rests_after_settling_for_its_heartbeats_and_then_costs_no_event(tmp_path):

@@ -1,10 +1,13 @@
-"""Quiescence on node processes: an idle cluster with a learner rests, and a resting partition whose
-leader's node freezes still elects a new leader and takes writes (docs/raft-transport.md)."""
+"""Quiescence on node processes: an idle cluster rests, with a learner (pysyncobj's rest) or without (the
+node engine's), and a resting partition whose leader's node freezes still elects a new leader and takes
+writes (docs/raft-transport.md, docs/raft-engine.md "Resting in the engine")."""
 
 from __future__ import annotations
 
 import signal
 import urllib.request
+
+import pytest
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -14,13 +17,17 @@ from tests.conftest import changelog_caught_up, wait_until
 PARTITIONS = 8
 
 
-def resting(cluster, node_id: str) -> dict[str, float]:
-    """The node's `raftkv_group_resting` gauges, by partition label (the metadata group's too)."""
+def samples(cluster, node_id: str, name: str):
     node = cluster.spec.node(node_id)
     with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics", timeout=5) as answer:
         text = answer.read().decode()
-    return {sample.labels["partition"]: sample.value for family in text_string_to_metric_families(text)
-            if family.name == "raftkv_group_resting" for sample in family.samples}
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name == name]
+
+
+def resting(cluster, node_id: str) -> dict[str, float]:
+    """The node's `raftkv_group_resting` gauges, by partition label (the metadata group's too)."""
+    return {sample.labels["partition"]: sample.value for sample in samples(cluster, node_id, "raftkv_group_resting")}
 
 
 def all_rest(cluster, node_ids) -> bool:
@@ -36,17 +43,22 @@ def leaders(endpoints: list[str]) -> dict[int, str]:
         return {ps.partition: s.node_id for s in kv.status() for ps in s.partitions if ps.role == "leader"}
 
 
+@pytest.mark.parametrize("with_learner", [True, False], ids=["a-learner-on-every-group", "resting-in-the-engine"])
 def test_an_idle_cluster_rests_and_its_partitions_elect_when_a_resting_leaders_node_freezes(make_cluster,
-                                                                                           changelog_learner):
+                                                                                           changelog_learner,
+                                                                                           with_learner):
     cluster = make_cluster(nodes=3, partitions=PARTITIONS)
-    learner = changelog_learner(cluster)
+    learner = changelog_learner(cluster) if with_learner else None
     written = {b"k%03d" % i: b"v%d" % i for i in range(200)}
     with Client(cluster.endpoints) as kv:
         for key, value in written.items():
             kv.put(key, value)
-    wait_until(lambda: changelog_caught_up(cluster, learner), 60, "the learner to catch up")
+    if learner:
+        wait_until(lambda: changelog_caught_up(cluster, learner), 60, "the learner to catch up")
     nodes = cluster.spec.node_ids
     wait_until(lambda: all_rest(cluster, nodes), 30, "every group of every node to rest")
+    rested_in_engine = sum(s.value for n in nodes for s in samples(cluster, n, "raftkv_engine_rests_total"))
+    assert (rested_in_engine == 0) == with_learner, rested_in_engine  # groups with a learner rest in pysyncobj
 
     led = leaders(cluster.endpoints)
     frozen = max(nodes, key=lambda n: sum(1 for leader in led.values() if leader == n))
@@ -63,5 +75,6 @@ def test_an_idle_cluster_rests_and_its_partitions_elect_when_a_resting_leaders_n
             assert dict(kv.scan(prefix=b"k")) == later
     finally:
         cluster.signal(frozen, signal.SIGCONT)
-    wait_until(lambda: changelog_caught_up(cluster, learner), 60, "the learner to catch up again")
+    if learner:
+        wait_until(lambda: changelog_caught_up(cluster, learner), 60, "the learner to catch up again")
     wait_until(lambda: all_rest(cluster, nodes), 30, "every group to rest again once the node thawed")

@@ -61,6 +61,8 @@ NODE_RAFT_BYTES_SENT = Counter("raftkv_node_raft_bytes_sent_total",
 ENGINE_HANDOVERS = Counter("raftkv_engine_handovers_total",
                            "Raft groups handed to the node engine (take: offered by this leader; taken: by this "
                            "follower) and back to the Raft library (handback)", ["kind"])
+ENGINE_RESTS = Counter("raftkv_engine_rests_total",
+                       "Idle engine-driven groups this node's leaders rested in the engine (no beats until the next entry)")
 ENGINE_STALE = Counter("raftkv_engine_stale_total",
                        "Engine items dropped: for another term or ownership epoch, a group not hosted, or a "
                        "Raft answer the engine superseded")

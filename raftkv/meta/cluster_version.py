@@ -33,6 +33,8 @@ FIRST_RELEASE = "0.1.0"
 NODE_ENGINE_SINCE = "0.2.0"
 # The first build that knows `LearnerRelease`.
 LEARNER_RELEASES_SINCE = "0.2.0"
+# The first build whose engine knows the `rest` item (an idle group rests in the engine, not in pysyncobj).
+ENGINE_REST_SINCE = "0.3.0.dev0"
 
 
 @dataclass(frozen=True)

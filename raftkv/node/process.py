@@ -22,7 +22,7 @@ from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailabl
 from raftkv.core.spec import ClusterSpec
 from raftkv.core.spec_toml import spec_to_toml
 from raftkv.meta.bootstrap import bootstrap_command, spec_meta
-from raftkv.meta.cluster_version import NODE_ENGINE_SINCE, at_least
+from raftkv.meta.cluster_version import ENGINE_REST_SINCE, NODE_ENGINE_SINCE, at_least
 from raftkv.meta.records import (META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command,
                                  raft_directory)
 from raftkv.meta.wire import topology_of
@@ -147,7 +147,7 @@ class Node:
                            dead_after=max(3.5, tuning.election_timeout_max), compression=tuning.wire_compression)
         # settled partitions through the node engine (docs/raft-engine.md); "auto": once every member has it
         self.hub.engine = None if self.me.raft_engine == "off" else NodeEngine(
-            loop, self.hub, tuning, self.hub.flush_soon, offering=self.me.raft_engine == "steady")
+            loop, self.hub, tuning, self.hub.flush_soon, offering=self.me.raft_engine == "steady", rests=False)
         try:
             self.hub.listen(self.me.host, self.me.raft_port_base)
         except OSError as exc:
@@ -261,6 +261,8 @@ class Node:
             engine.offering = True
             log.info("the node engine drives settled partitions: every member runs it (cluster version %s)",
                      self.topology.cluster_version)
+        if engine is not None and not engine.rests and at_least(self.topology.cluster_version, ENGINE_REST_SINCE):
+            engine.rests = True
         try:
             self._reconcile()
         except RaftKVError as error:  # a port taken since: the next metadata change or second tries again

@@ -81,9 +81,12 @@ class Settling:
         return now - self._since >= SETTLE_HEARTBEATS * self._heartbeat_period and oldest_answer > self._since
 
 
-def follower_may_rest(message: dict, *, term: int, from_leader: bool, last_index: int, commit_index: int) -> bool:
-    """Whether a follower (or learner) may rest on a well-formed `quiesce` message."""
-    return from_leader and message["term"] == term and message["index"] == last_index == commit_index
+def follower_may_rest(message: dict, *, term: int, from_leader: bool, last_index: int, commit_index: int,
+                      transfer_to_it: bool = False) -> bool:
+    """Whether a follower (or learner) may rest on a well-formed `quiesce` message. `transfer_to_it`: its leader
+    asked it to campaign (Raft's TimeoutNow), which the leader's quiescence does not know of."""
+    return (from_leader and not transfer_to_it and message["term"] == term
+            and message["index"] == last_index == commit_index)
 
 
 def leader_stays_at_rest(message: object, last_index: int) -> bool:

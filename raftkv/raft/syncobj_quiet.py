@@ -79,7 +79,7 @@ class Quiet:
             message = quiescence.quiesce_message(member.raftCurrentTerm, last)
             for node in members:
                 self._transport.notify(node, message)
-            self._rest()
+            self.rest()
 
     def _leader_state(self, members, last: int) -> LeaderState:
         member = self._member
@@ -138,6 +138,18 @@ class Quiet:
                 and leader is not None and (sender is None or leader.address != sender.address)):
             self._transport.notify(leader, quiescence.wake_message(member.raftCurrentTerm))
 
+    def engine_rests(self, resting: bool) -> None:
+        """A leader the node engine rests or wakes: the gauge says so (its ticker has nothing to rest: the
+        engine ticks it only for its proposals)."""
+        self._resting_gauge.set(1 if resting else 0)
+
+    def handed_back(self) -> None:
+        """The node engine drove the group as its leader, and pysyncobj does again: it was not settled all that
+        time (the engine's ticks skip `after_tick`), so it settles anew before it rests. Without this, a
+        leadership transfer that handed the group back was followed at once by a `quiesce`, and its target
+        rested instead of campaigning."""
+        self._settling.reset()
+
     def close(self) -> None:
         """The replica closes, maybe while its node stays up (a move, a test): its resting members must
         not wait on it, so they wake (and elect, if this was their leader)."""
@@ -154,12 +166,13 @@ class Quiet:
         leader = member._getLeader()
         if member._SyncObj__raftState == _FOLLOWER and quiescence.follower_may_rest(
                 message, term=member.raftCurrentTerm, from_leader=leader is not None and leader.address == node.address,
-                last_index=member._SyncObj__getCurrentLogIndex(), commit_index=member.raftCommitIndex):
-            self._rest()
+                last_index=member._SyncObj__getCurrentLogIndex(), commit_index=member.raftCommitIndex,
+                transfer_to_it=member._SyncObj__transferInProgress):
+            self.rest()
         elif member._SyncObj__selfNode is not None:
             self._transport.notify(node, quiescence.wake_message(member.raftCurrentTerm))
 
-    def _rest(self) -> None:
+    def rest(self) -> None:
         self._member._SyncObj__raftLog.onOneSecondTimer()  # a sync it would run (or ran into) comes before rest
         self._ticker.rest()
         self._resting_gauge.set(1)

@@ -242,6 +242,7 @@ class SimCluster:
             "acknowledged lost": counts["ack-lost"],
             "handler exceptions": len(self.network.errors),
             "engine frames": counts["engine-recv"], "forced handbacks": counts["handback"],
+            "engine rests": counts["engine-rest"],
             "learner entries applied": sum(m.raft.last_applied for m in self.learners.values()),
             "learner entries committed while the engine led": counts["learned"],
         }

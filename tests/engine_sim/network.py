@@ -164,6 +164,7 @@ class SimNetwork:
         self._trace.message("recv", a, b, group, message)
         if group == ENGINE:
             self._trace.counts["engine-recv"] += 1
+            self._trace.counts["engine-rest"] += sum(1 for item in message if isinstance(item, tuple) and item[:1] == ("rest",))
         try:
             self.hubs[b].deliver(a, group, message)
         except Exception as exc:  # noqa: BLE001 - what the hub does with it: log it, close the connection

@@ -1,4 +1,5 @@
-"""Every message of the node engine's fast path and of a hand-over on a new term, printed and compared
+"""Every message of the node engine's fast path, of a group resting in the engine and waking, and of a
+hand-over on a new term, printed and compared
 with tests/testdata/engine/*.txt (etcd-raft's interaction tests are the model): one group of three
 members in the simulation, fsync mode, a network that neither loses, repeats nor reorders.
 
@@ -39,6 +40,7 @@ class _Scenario:
         while not done():
             assert self.scheduler.now < deadline, "the scenario did not get there"
             handle = self.scheduler.step()
+            assert handle is not None, "every member rests before the scenario got there"
             self.cluster.check(handle.member)
         assert not self.checker.violations, self.checker.violations
 
@@ -77,13 +79,20 @@ def _script() -> dict[str, str]:
             scenario.propose(b"b=2", b"c=3")
             fast = scenario.messages(mark)
             mark = len(scenario.trace.lines)
+            idle: list[bool] = []
+            scenario.scheduler.after(2.0, idle.append, True)  # past IDLE_HEARTBEATS: the leader rests the group
+            scenario.run_until(lambda: idle)
+            scenario.propose(b"e=5")  # steps at once: no offer, no take
+            rest = scenario.messages(mark)
+            mark = len(scenario.trace.lines)
             old = scenario.cluster.leader(0)
             scenario.cluster.transfer(0, next(n for n in scenario.cluster.voters[0] if n != old.node))
             scenario.run_until(lambda: (leader := scenario.cluster.leader(0)) is not None and leader is not old
                                and scenario.settled())
             scenario.propose(b"d=4")
             handover = scenario.messages(mark)
-    return {"fast_path.txt": "\n".join(fast) + "\n", "new_term.txt": "\n".join(handover) + "\n"}
+    return {"fast_path.txt": "\n".join(fast) + "\n", "rest.txt": "\n".join(rest) + "\n",
+            "new_term.txt": "\n".join(handover) + "\n"}
 
 
 def test_the_engines_messages_are_as_recorded():

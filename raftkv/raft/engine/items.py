@@ -11,14 +11,16 @@ one it holds for the group (counted as stale).
     ("ack", group, term, epoch, index, ok)   ok: the follower's log matches the leader's up to `index`;
                                              not ok: it ends at `index`, before the append's previous entry
     ("beat", group, term, epoch, commit)     a heartbeat of a group that sent nothing else in the period
+    ("rest", group, term, epoch, index)      leader -> follower: idle, every entry to `index` committed; no
+                                             beats until the next `steps` (docs/raft-engine.md, "Resting")
 """
 
 from __future__ import annotations
 
-TAKE, TAKEN, HANDBACK, STEPS, ACK, BEAT = "take", "taken", "handback", "steps", "ack", "beat"
+TAKE, TAKEN, HANDBACK, STEPS, ACK, BEAT, REST = "take", "taken", "handback", "steps", "ack", "beat", "rest"
 
-_INTS = {TAKE: 6, TAKEN: 3, HANDBACK: 3, STEPS: 6, ACK: 4, BEAT: 4}  # how many ints follow the kind
-_LENGTH = {TAKE: 7, TAKEN: 4, HANDBACK: 4, STEPS: 8, ACK: 6, BEAT: 5}
+_INTS = {TAKE: 6, TAKEN: 3, HANDBACK: 3, STEPS: 6, ACK: 4, BEAT: 4, REST: 4}  # how many ints follow the kind
+_LENGTH = {TAKE: 7, TAKEN: 4, HANDBACK: 4, STEPS: 8, ACK: 6, BEAT: 5, REST: 5}
 
 
 def _int(value: object) -> bool:
@@ -66,6 +68,10 @@ def beat(group: int, term: int, epoch: int, commit: int) -> tuple:
     return (BEAT, group, term, epoch, commit)
 
 
+def rest(group: int, term: int, epoch: int, index: int) -> tuple:
+    return (REST, group, term, epoch, index)
+
+
 def describe(item: tuple) -> str:
     """One short line, for traces and golden files."""
     kind, group, term, epoch = item[:4]
@@ -80,4 +86,6 @@ def describe(item: tuple) -> str:
         return f"{head} {'match' if item[5] else 'ends at'} {item[4]}"
     if kind == BEAT:
         return f"{head} commit {item[4]}"
+    if kind == REST:
+        return f"{head} at {item[4]}"
     return head

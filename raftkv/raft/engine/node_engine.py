@@ -45,13 +45,15 @@ class Wire(Protocol):
 
 class NodeEngine:
     def __init__(self, loop, wire: Wire, tuning: Tuning, request_turn: Callable[[], None] | None = None,
-                 offering: bool = True, clock: Clock = time.monotonic):
+                 offering: bool = True, rests: bool = True, clock: Clock = time.monotonic):
         """`request_turn()`: `turn()` soon, once (the hub's `flush_soon`: its flush runs the turn first, so the
         turn's frames leave after that flush's write and sync of the node log); by default on the loop.
         `offering`: whether this node's leaders offer their groups to the engine; the node turns it on once the
         cluster version says every member runs the engine (`raft_engine = "auto"`). Its followers take groups
-        their leaders offer either way."""
+        their leaders offer either way. `rests`: whether its idle leaders rest their groups in the engine (an
+        older member drops the `rest` item); the node turns it on by the cluster version too."""
         self.offering = offering
+        self.rests = rests
         self._loop = loop
         self._clock = clock
         self._wire = wire
@@ -175,9 +177,9 @@ class NodeEngine:
         if self._closed:
             return
         now, tuning = self._clock(), self._tuning
-        for group in [g for g in self._driven if g.leading]:
+        for group in [g for g in self._driven if g.leading and not g.resting]:
             _guarded(group, group.periodic, now, tuning.heartbeat_period, tuning.election_timeout_max)
-        if self._driven and self._timer is None:
+        if self._timer is None and not all(g.resting for g in self._driven):
             self._timer = self._loop.call_later(tuning.heartbeat_period, self._periodic)
 
 

@@ -33,6 +33,7 @@ class Engine(Protocol):
     """What a group calls on its node's engine (`node_engine.NodeEngine`)."""
 
     offering: bool  # whether its leaders offer groups to the engine (followers take them in any case)
+    rests: bool  # whether its idle leaders rest their groups in the engine (every member knows `rest`)
 
     def attach(self, group: SteadyGroup) -> None: ...
     def detach(self, group: SteadyGroup) -> None: ...
@@ -64,6 +65,7 @@ class SteadyGroup:
         self._active_at = 0.0  # leading: when it last proposed
         self._leader_node: str | None = None  # following
         self._heard_at = 0.0  # following: when the group last heard from its leader
+        self.resting = False  # idle in the engine: no beats, no time-outs, until the next entries
         self._learners = LearnerFeed(self._member)  # leading: pysyncobj's appends to the read-only members
         engine.attach(self)
 
@@ -79,6 +81,10 @@ class SteadyGroup:
         if self.mode == FOLLOWING:
             if member._SyncObj__raftState != _FOLLOWER or member.raftCurrentTerm != self.term:
                 self.handback("the term or the role changed")
+            elif self.resting:
+                if not self._group.quiet.resting:  # woken by other than its leader (a proposal here): the leader
+                    member._SyncObj__raftElectionDeadline = now + member._SyncObj__generateRaftTimeout()
+                    self.handback("woken while the group rests")  # beats again, as pysyncobj's
             elif member._SyncObj__raftElectionDeadline < now:
                 self._leader_silent(now)
             return False
@@ -170,6 +176,8 @@ class SteadyGroup:
         queue = member._SyncObj__commandsQueue._FastQueue__queue
         if not queue:
             return
+        if self.resting:
+            self._wake_leader(now)
         journal, waiting, term = member._SyncObj__raftLog, member._SyncObj__commandsWaitingCommit, self.term
         dynamic = member._SyncObj__conf.dynamicMembershipChange
         while queue:
@@ -232,7 +240,7 @@ class SteadyGroup:
     def periodic(self, now: float, heartbeat: float, silent_after: float) -> None:
         """The node timer, once a heartbeat period: time-outs, resends and coalesced heartbeats."""
         member = self._member
-        if self.mode != LEADING:
+        if self.mode != LEADING or self.resting:
             return
         if member._SyncObj__raftState != _LEADER or member.raftCurrentTerm != self.term:
             self.handback("the term or the role changed")
@@ -248,7 +256,10 @@ class SteadyGroup:
             return
         if (now - self._active_at > IDLE_HEARTBEATS * heartbeat and member.raftCommitIndex == last
                 and all(match.get(n, 0) == last for n in self._peers.values())):
-            self.handback("idle: quiescence rests it")
+            if self._engine.rests and len(self._took) == len(self._peers) and not member._SyncObj__readonlyNodes:
+                self._rest(last)
+            else:
+                self.handback("idle: quiescence rests it")
             return
         for peer in self._took:
             node = self._peers[peer]
@@ -264,6 +275,25 @@ class SteadyGroup:
                 self._sent_at[peer] = now
         if self._learners.heartbeat(now, heartbeat):
             self._engine.ready(self)
+
+    def _rest(self, last: int) -> None:
+        """Idle, every entry committed and held by every follower: no beats until the next proposal."""
+        self.resting = True
+        metrics.ENGINE_RESTS.inc()
+        self._group.quiet.engine_rests(True)
+        self._member._SyncObj__raftLog.onOneSecondTimer()  # a resting leader has no ticks to run it (a sync is due)
+        for peer in self._took:
+            self._engine.emit(peer, it.rest(self.partition, self.term, self.epoch, last))
+
+    def _wake_leader(self, now: float) -> None:
+        """A proposal for a resting group: the followers were silent by agreement, not gone quiet (the
+        leader's links to them held, or `_leader_tick` would have handed the group back)."""
+        self.resting = False
+        self._group.quiet.engine_rests(False)
+        answered = self._member._SyncObj__lastResponseTime
+        for peer in self._took:
+            answered[self._peers[peer]] = self._sent_at[peer] = now
+        self._match_seen = {}
 
     def _on_taken(self, peer: str, now: float) -> None:
         node = self._peers.get(peer)
@@ -378,6 +408,22 @@ class SteadyGroup:
         self._engine.emit(peer, it.ack(group, term, epoch, verified, True))
         self._advance_commit(min(commit, verified))
 
+    def _on_rest(self, item: tuple) -> None:
+        """The leader rests the group: so does this follower, its ticker too (quiescence's rest: it wakes when
+        the leader's node is out of reach), if its log ends at the leader's last entry, committed."""
+        member = self._member
+        index = item[4]
+        if index == member._SyncObj__raftLog[-1][1] == member.raftCommitIndex:
+            self.resting = True
+            self._group.quiet.rest()
+        else:
+            self.handback(f"told to rest at {index}, its log at {member._SyncObj__raftLog[-1][1]} committed to "
+                          f"{member.raftCommitIndex}")
+
+    def _wake_follower(self) -> None:
+        self.resting = False
+        self._group.quiet.wake()
+
     def _on_beat(self, peer: str, item: tuple, now: float) -> None:
         _, group, term, epoch, commit = item
         self._heard_leader(commit, now)
@@ -409,7 +455,11 @@ class SteadyGroup:
         elif self.mode == LEADING and kind in (it.TAKEN, it.ACK):
             self._on_taken(peer, now) if kind == it.TAKEN else self._on_ack(peer, item[4], item[5], now)
         elif self.mode == FOLLOWING and kind in (it.STEPS, it.BEAT):
+            if self.resting:
+                self._wake_follower()
             self._on_steps(peer, item, now) if kind == it.STEPS else self._on_beat(peer, item, now)
+        elif self.mode == FOLLOWING and kind == it.REST:
+            self._on_rest(item)
         else:
             metrics.ENGINE_STALE.inc()
 
@@ -443,8 +493,13 @@ class SteadyGroup:
                 if tell is True or tell != peer and tell is not None:
                     self._engine.emit(peer, item)
             member._SyncObj__newAppendEntriesTime = 0.0  # pysyncobj heartbeats at once
+            self._group.quiet.handed_back()
+            if self.resting:
+                self._group.quiet.engine_rests(False)
         elif tell is True and self._leader_node is not None:
             self._engine.emit(self._leader_node, item)
-        self.mode, self._took, self._leader_node = PYSYNCOBJ, set(), None
+        if self.resting and self.mode == FOLLOWING:
+            self._group.quiet.wake()  # quiescence rests a follower only while its leader rests it
+        self.mode, self._took, self._leader_node, self.resting = PYSYNCOBJ, set(), None, False
         self._engine.handed_back(self)
         self._group.poller.on_event()  # a tick soon (the Ticker)
