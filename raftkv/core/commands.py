@@ -127,7 +127,7 @@ class Limits:
     max_key_bytes: int = 4096
     max_value_bytes: int = 1024 * 1024
     # One request's write is one Raft entry, which must stay below what the Raft layer sends whole
-    # (`appendEntriesBatchSizeBytes`, 4 * tuning.max_batch_bytes; docs/pysyncobj.md): the node sets 2 *.
+    # (4 * tuning.max_batch_bytes; docs/security.md, "request size"): the node sets 2 *.
     max_write_bytes: int = 4 * 1024 * 1024
 
 

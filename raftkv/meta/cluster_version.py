@@ -33,7 +33,7 @@ FIRST_RELEASE = "0.1.0"
 NODE_ENGINE_SINCE = "0.2.0"
 # The first build that knows `LearnerRelease`.
 LEARNER_RELEASES_SINCE = "0.2.0"
-# The first build whose engine knows the `rest` item (an idle group rests in the engine, not in pysyncobj).
+# The first build whose engine knows the `rest` item (an idle group rests in the node engine; docs/raft-engine.md).
 ENGINE_REST_SINCE = "0.3.0.dev0"
 
 
