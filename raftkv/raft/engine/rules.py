@@ -8,7 +8,7 @@ from enum import Enum
 from typing import Callable, Sequence
 
 Entry = tuple[bytes, int, int]  # (command, index, term), as pysyncobj's log keeps them
-IDLE_HEARTBEATS = 10  # an engine-driven group that proposed nothing this long goes back (quiescence rests it)
+IDLE_HEARTBEATS = 10  # an engine-driven group that proposed nothing this long rests (in the engine, or in pysyncobj)
 MAX_STEP_ENTRIES = 512  # entries of one group in one `steps` item
 
 

@@ -409,10 +409,13 @@ class SteadyGroup:
         self._advance_commit(min(commit, verified))
 
     def _on_rest(self, item: tuple) -> None:
-        """The leader rests the group: so does this follower, its ticker too (quiescence's rest: it wakes when
-        the leader's node is out of reach), if its log ends at the leader's last entry, committed."""
+        """The leader rests the group, every entry to `index` committed: so does this follower, its ticker too
+        (quiescence's rest: it wakes when the leader's node is out of reach), if its log ends there. The item
+        is its last commit notice (its log is a prefix of the leader's while the engine drives, as `_on_beat`)."""
         member = self._member
         index = item[4]
+        if index == member._SyncObj__raftLog[-1][1]:
+            self._advance_commit(index)
         if index == member._SyncObj__raftLog[-1][1] == member.raftCommitIndex:
             self.resting = True
             self._group.quiet.rest()
