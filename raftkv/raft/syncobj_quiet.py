@@ -173,6 +173,7 @@ class Quiet:
             self._transport.notify(node, quiescence.wake_message(member.raftCurrentTerm))
 
     def rest(self) -> None:
+        """No more ticks but for events (the quiescence `quiesce` asked for, or the node engine's `rest`)."""
         self._member._SyncObj__raftLog.onOneSecondTimer()  # a sync it would run (or ran into) comes before rest
         self._ticker.rest()
         self._resting_gauge.set(1)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.engine_sim.checker import Checker
 from tests.engine_sim.clock import Scheduler, virtual_time
-from tests.engine_sim.cluster import SimCluster
+from tests.engine_sim.cluster import LEARNER, SimCluster
 from tests.engine_sim.network import NetFaults, SimNetwork
 from tests.engine_sim.trace import Trace, describe
 
@@ -93,6 +93,25 @@ def _script() -> dict[str, str]:
             handover = scenario.messages(mark)
     return {"fast_path.txt": "\n".join(fast) + "\n", "rest.txt": "\n".join(rest) + "\n",
             "new_term.txt": "\n".join(handover) + "\n"}
+
+
+def test_a_learner_that_joins_a_group_resting_in_the_engine_is_fed():
+    """bench_big at 10M keys: a learner from zero waited for good on four partitions. Its connections closed
+    (it read too slowly), their groups rested in the engine without it, and when it joined again the
+    resting leader took it in (its tick follows the hub's links) and went on resting: nothing fed it."""
+    with tempfile.TemporaryDirectory(prefix="raft-golden-") as tmp, pytest.MonkeyPatch.context():
+        scenario = _Scenario(Path(tmp))
+        with virtual_time(scenario.scheduler, 1, scenario.cluster.create_journal):
+            cluster = scenario.cluster
+            cluster.start()
+            scenario.run_until(lambda: cluster.leader(0) is not None and scenario.settled())
+            scenario.propose(b"a=1", b"b=2")
+            leader = cluster.leader(0)
+            scenario.run_until(lambda: leader.raft.steady.resting)
+            cluster.network.node_up(LEARNER)
+            cluster._open(LEARNER, 0)
+            learner = cluster.learners[(LEARNER, 0)]
+            scenario.run_until(lambda: learner.raft.last_applied == leader.raft.commit_index)
 
 
 def test_the_engines_messages_are_as_recorded():

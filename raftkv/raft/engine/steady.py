@@ -169,6 +169,9 @@ class SteadyGroup:
         if any(node not in connected for node in self._peers.values()):
             self.handback("a follower's node is out of reach")
             return
+        if self.resting and member._SyncObj__readonlyNodes:  # joined since (the callbacks follow the hub's links)
+            self.handback("a learner joined the resting group")  # pysyncobj feeds it, snapshot first
+            return
         self._drain(now)
 
     def _drain(self, now: float) -> None:
