@@ -93,7 +93,9 @@ class Sampler:
 
 
 def folder_mb(folder: Path) -> float:
-    return round(sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e6, 1)
+    """Each file counted once however many hard links it has (a snapshot's checkpoint shares the database's)."""
+    sizes = {(s.st_dev, s.st_ino): s.st_size for s in (f.stat() for f in folder.rglob("*") if f.is_file())}
+    return round(sum(sizes.values()) / 1e6, 1)
 
 
 def step(rows: list[Row], console: Console, sampler: Sampler, cluster: LocalCluster, name: str,

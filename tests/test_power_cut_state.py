@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -14,6 +15,7 @@ from raftkv.core.spec import Tuning
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
+from raftkv.raft import snapshot_file
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.storage.rocks_engine import RocksEngine
@@ -23,11 +25,22 @@ from tests.test_snapshot_writer import single_voter, until
 KEYS = [b"k%02d" % i for i in range(16)]
 
 
-@pytest.mark.parametrize("snapshot", [True, False], ids=["from-its-snapshot", "from-empty"])
+def as_a_tar_of_0_2(folder) -> None:
+    """The replica's snapshot file made what 0.1 and 0.2 wrote: the whole database in a tar, no folder beside."""
+    path = folder / "raft.snapshot"
+    meta = snapshot_file.read_meta(path)
+    kept = snapshot_file.kept_checkpoint(path, meta)
+    snapshot_file.write(path, kept / "db", replace(meta, in_place=False, checkpoint=None))
+    shutil.rmtree(kept)
+
+
+@pytest.mark.parametrize("snapshot", [True, "tar of 0.2", False],
+                         ids=["from-its-snapshot", "from-a-snapshot-file-of-0.2", "from-empty"])
 def test_a_database_a_power_cut_left_past_the_log_is_rolled_back_and_applied_from_the_log(tmp_path, snapshot, caplog):
     """Found by the chaos harness (powerloss:torn, default mode): the kernel wrote the database's last
     writes back and not the journal's. The node stopped on "the Raft log contradicts the database" as
-    soon as a new leader's entry took an index the database had applied."""
+    soon as a new leader's entry took an index the database had applied. A snapshot is the checkpoint a
+    compaction keeps, or (a data dir of 0.2) a tar of the database."""
     folder, kept = tmp_path / "p0", tmp_path / "journal-at-the-cut"
 
     async def run(keys: list[bytes], cut_after: int | None = None) -> dict[bytes, bytes | None]:
@@ -49,6 +62,8 @@ def test_a_database_a_power_cut_left_past_the_log_is_rolled_back_and_applied_fro
 
     async def scenario():
         await run(KEYS[:15], cut_after=9)
+        if snapshot == "tar of 0.2":
+            as_a_tar_of_0_2(folder)
         shutil.rmtree(folder / "journal")
         shutil.copytree(kept, folder / "journal")  # the database kept everything, the journal up to k09
         with caplog.at_level(logging.WARNING, logger="raftkv.raft.state_repair"):

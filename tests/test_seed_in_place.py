@@ -114,6 +114,12 @@ def test_a_seeded_replica_opens_on_its_database_at_the_seed_or_past_it_by_its_ow
     files.before_load()
 
 
+def _compaction(index: int, term: int) -> snapshot_file.Meta:
+    """The head a compaction's worker returns (`SnapshotFiles._finish`), up to entry `index`."""
+    return snapshot_file.Meta(partition=0, position=Position(index, term), last_entry=(b"\x00c", index, term),
+                              prev_entry=(b"\x00p", index - 1, term), cluster=[], in_place=True, checkpoint="snapshot-test")
+
+
 def test_a_compaction_up_to_the_seed_s_entry_replaces_the_seed_s_file(tmp_path):
     """A moved replica that leads before any entry after its seed compacts up to the seed's entry: its
     full snapshot must replace the seed's file, which holds no database and is never sent. It was
@@ -121,12 +127,12 @@ def test_a_compaction_up_to_the_seed_s_entry_replaces_the_seed_s_file(tmp_path):
     (found by bench_big: a learner waited for one until its timeout)."""
     files = _files(tmp_path, Position(5, 2), [])
     next_file = files.path.with_name(f"{SNAPSHOT_FILE}.next")
-    next_file.write_bytes(b"the compaction's full snapshot")  # what its worker wrote, up to entry 5
+    next_file.write_bytes(b"the compaction's head")  # what its worker wrote, up to entry 5
     job = Future()
-    job.set_result(5)
+    job.set_result(_compaction(5, 2))
     files.job = job
     assert files.state() == SERIALIZER_STATE.SUCCESS
-    assert not files.in_place and files.path.read_bytes() == b"the compaction's full snapshot"
+    assert not files.seeded and files.kept == "snapshot-test" and files.path.read_bytes() == b"the compaction's head"
 
 
 def test_a_compaction_up_to_the_entry_of_a_leader_s_installed_snapshot_is_dropped(tmp_path):
@@ -143,7 +149,7 @@ def test_a_compaction_up_to_the_entry_of_a_leader_s_installed_snapshot_is_droppe
     files = SnapshotFiles(0, folder, SimpleNamespace(position=Position(5, 3)))
     folder.joinpath(f"{SNAPSHOT_FILE}.next").write_bytes(b"this replica's compaction up to entry 5")
     job = Future()
-    job.set_result(5)
+    job.set_result(_compaction(5, 5))
     files.job = job
     assert files.state() == SERIALIZER_STATE.FAILED
     assert snapshot_file.read_meta(files.path).last_entry == (b"\x00l", 5, 3)  # the leader's stays

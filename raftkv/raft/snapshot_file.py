@@ -9,12 +9,17 @@ An uncompressed tar (RocksDB's SST files are compressed already):
     digests.json   the SHA-256 of each file under db/ (absent from files of 0.1)
 
 pysyncobj hands the file to other replicas byte by byte, so it must be one
-self-contained file. One kind never leaves its node: a replica seeded in place
-(`syncobj_seed`) has its database already, and its snapshot file holds the head
-and the entries only, `"in_place": true` in meta.json, no db/ (`write_in_place`).
-It is the record of where the seed left the database, until the replica's first
-compaction replaces it with a full one; until then the replica sends no snapshot
-(`syncobj_snapshots.SnapshotHooks`).
+self-contained file. Two kinds never leave their node, both the head and the
+entries only, `"in_place": true` in meta.json, no db/ (`write_head`):
+
+- a replica seeded in place (`syncobj_seed`) has its database already: the file
+  is the record of where the seed left it, until the replica's first compaction;
+- a compaction's (docs/durability.md): `"checkpoint": "snapshot-XXXX"` names the
+  folder beside the file that holds the checkpoint; `extract_db` copies it by
+  hard links, and the tar is built from it only when a member needs it.
+
+Neither is sent (`syncobj_snapshots.SnapshotHooks`). A node of 0.2 reads both as
+a seed's.
 
 A tar checks its headers only: a damaged byte in a table
 file used to travel to the replica that installed the snapshot (a chaos run:
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raftkv.storage.engine import Position
+from raftkv.storage.rocks_engine import link_checkpoint
 from raftkv.core.errors import CorruptData, StorageFull
 from raftkv.core.durable import fsync_path
 
@@ -52,7 +58,13 @@ class Meta:
     last_entry: Entry
     prev_entry: Entry
     cluster: list[str]
-    in_place: bool = False  # the database is the replica's own, not in the file (`write_in_place`)
+    in_place: bool = False  # the database is not in the file (`write_head`)
+    checkpoint: str | None = None  # ... but in this folder beside it, a compaction's (`write_head`)
+
+    @property
+    def seeded(self) -> bool:
+        """The database is the replica's own live one: nothing here can rebuild this snapshot."""
+        return self.in_place and self.checkpoint is None
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -98,9 +110,10 @@ def write(filename: str | Path, checkpoint_dir: Path, meta: Meta, fsync: bool = 
         fsync_path(Path(filename))
 
 
-def write_in_place(filename: str | Path, meta: Meta) -> None:
-    """The snapshot file of a replica whose database is already where it opens it (`meta.in_place`): the
-    head and the entries, no database. Never to be sent or unpacked."""
+def write_head(filename: str | Path, meta: Meta) -> None:
+    """A snapshot file of the head and the entries, no database (`meta.in_place`): a seed's, whose database
+    is where the replica opens it, or a compaction's, whose checkpoint is the folder `meta.checkpoint`
+    beside the file. Never sent."""
     with tarfile.open(filename, "w") as tar:
         _add_head(tar, meta)
     fsync_path(Path(filename))
@@ -116,6 +129,8 @@ def _add_head(tar: tarfile.TarFile, meta: Meta) -> None:
     }
     if meta.in_place:  # only then: the head of every other file is as a node of 0.1 reads it
         head["in_place"] = True
+    if meta.checkpoint is not None:
+        head["checkpoint"] = meta.checkpoint
     _add_bytes(tar, "meta.json", json.dumps(head).encode())
     _add_bytes(tar, "prev.entry", _encode_entry(meta.prev_entry))
     _add_bytes(tar, "last.entry", _encode_entry(meta.last_entry))
@@ -139,15 +154,36 @@ def read_meta(filename: str | Path) -> Meta:
             prev_entry=_decode_entry(members["prev.entry"]),
             cluster=head["cluster"],
             in_place=head.get("in_place") is True,
+            checkpoint=_checkpoint_name(head.get("checkpoint")),
         )
     except (tarfile.TarError, KeyError, ValueError, struct.error, OSError) as exc:
         raise CorruptData(f"snapshot {filename} is corrupt or unreadable ({exc})") from None
 
 
+def _checkpoint_name(name) -> str | None:
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.startswith(KEPT_PREFIX) or "/" in name:
+        raise ValueError(f"checkpoint {name!r} is not a folder beside the file")
+    return name
+
+
+KEPT_PREFIX = "snapshot-"  # a compaction's checkpoint folder, beside its snapshot file
+
+
+def kept_checkpoint(filename: str | Path, meta: Meta) -> Path | None:
+    """The folder holding the database of the file's snapshot, if the file names one (a compaction's)."""
+    return Path(filename).parent / meta.checkpoint if meta.checkpoint is not None else None
+
+
 def extract_db(filename: str | Path, dest: Path) -> Path:
     """Unpack the checkpoint into dest/db and return that path; CorruptData if a file of it does not match
-    its digest."""
+    its digest. A compaction's file (`write_head`) names its checkpoint: that is copied by hard links."""
+    kept = kept_checkpoint(filename, read_meta(filename))
     try:
+        if kept is not None:
+            link_checkpoint(kept / "db", dest / "db")
+            return dest / "db"
         with tarfile.open(filename, "r") as tar:
             members = [m for m in tar.getmembers() if m.name == "db" or m.name.startswith("db/")]
             if not members:
@@ -187,7 +223,9 @@ def check(path: Path) -> None:
     if not path.exists() or path.stat().st_size == 0:
         return
     try:
-        read_meta(path)
+        kept = kept_checkpoint(path, read_meta(path))
+        if kept is not None and not (kept / "db").is_dir():
+            raise CorruptData(f"snapshot {path} names the checkpoint {kept.name}, which is missing")
     except CorruptData as exc:
         raise CorruptData(f"{exc}; stop the node, move {path.parent} away and restart it so the partition "
                           "re-syncs from its peers") from None

@@ -390,7 +390,7 @@ class SyncObjGroup:
             member._SyncObj__loadDumpFile(clearJournal=False)
         member._SyncObj__needLoadDumpFile = False
         self.repair.after_load()
-        if self.snapshots.in_place and self.config.self_address is not None:
+        if self.snapshots.seeded and self.config.self_address is not None:
             self.compact()  # a seeded voter's snapshot holds no database: a full one, so that it can send one
 
     def _apply_committed(self, payload: bytes):

@@ -2,7 +2,7 @@
 
 The checkpoint becomes the replica's database where it lies, with no copy: `seed` turns a staging
 folder holding it (`<staging>/db`) into the replica's folder, beside a snapshot file that holds
-only the position and the log's base (`snapshot_file.write_in_place`). The replica starts as if it
+only the position and the log's base (`snapshot_file.write_head`). The replica starts as if it
 had just installed that snapshot from the leader: its state is the checkpoint's, its log ends at
 the checkpoint's entry (and the one before, both copied from a member's log), and the leader sends
 it only the entries after that one. If the leader's log no longer holds them (it compacted past
@@ -62,7 +62,7 @@ def seed(staging: Path, folder: Path, partition: int, position: Position, base: 
         raise FileExistsError(f"{folder} is not empty: a replica is seeded into an empty folder only")
     meta = snapshot_file.Meta(partition=partition, position=position, last_entry=last, prev_entry=prev,
                               cluster=sorted(members), in_place=True)
-    snapshot_file.write_in_place(staging / SNAPSHOT_FILE, meta)
+    snapshot_file.write_head(staging / SNAPSHOT_FILE, meta)
     fsync_tree(staging)  # the files were streamed or downloaded, never synced
     failpoints.hit("seed-rename-before")
     os.replace(staging, folder)  # over an empty folder too: one rename, so a crash leaves all or nothing

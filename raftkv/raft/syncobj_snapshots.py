@@ -1,18 +1,23 @@
 """A group's snapshot file, as pysyncobj's serializer, serializeChecker and deserializer.
 
-A snapshot is a RocksDB checkpoint of the state machine in a tar with its metadata
-(`snapshot_file`), never pysyncobj's pickle of the whole object, and never written by a fork:
+A snapshot is a RocksDB checkpoint of the state machine with its metadata (`snapshot_file`), never
+pysyncobj's pickle of the whole object, and never written by a fork:
 
-- `write` (the serializer) checkpoints on the loop (hard links, milliseconds) and writes the tar on
-  one worker thread per process, so a large snapshot does not stall every partition's heartbeats;
+- `write` (the serializer) checkpoints on the loop (hard links, milliseconds) into a folder it keeps
+  beside the snapshot file, and writes a file of the head only, naming that folder, on one worker
+  thread per process: a compaction costs the same whatever the size of the database
+  (docs/durability.md);
 - `state` (the serializeChecker) answers SERIALIZING until the worker is done, then renames the new
-  file into place and answers SUCCESS, after which pysyncobj compacts the journal to it;
-- `read` (the deserializer) installs a snapshot into the state machine.
+  file into place, deletes the previous snapshot's folder and answers SUCCESS, after which
+  pysyncobj compacts the journal to it;
+- `read` (the deserializer) installs a snapshot into the state machine;
+- `sendable` (asked before pysyncobj sends) answers whether the file holds its database: a head is
+  withheld from every member that needs a snapshot (`SnapshotHooks`), and `withheld` has the worker
+  pack the kept checkpoint into a full tar, which replaces the head once it is written.
 
-A replica seeded in place (`syncobj_seed`) starts with a snapshot file that holds no database: it
-is read as the record of where the seed left the database, and withheld from every member that
-needs a snapshot (`SnapshotHooks`) until a compaction replaces it (a voter compacts when it opens,
-`SyncObjGroup.load_state`).
+A replica seeded in place (`syncobj_seed`) starts with a head too, whose database is the live one:
+it is read as the record of where the seed left the database, and withheld until a compaction
+replaces it (a voter compacts when it opens, `SyncObjGroup.load_state`).
 
 The rest keeps the journal and the snapshot consistent across crashes (docs/pysyncobj.md, and the
 rewound log in docs/chaos.md).
@@ -26,6 +31,7 @@ import os
 import shutil
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Callable
@@ -34,7 +40,7 @@ from pysyncobj import SERIALIZER_STATE, SyncObj
 from pysyncobj.node import TCPNode
 
 from raftkv import failpoints
-from raftkv.core.durable import fsync_directory, fsync_path
+from raftkv.core.durable import fsync_directory, fsync_path, fsync_tree
 from raftkv.core.errors import CorruptData, DiskFailed
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import Snapshot, StateMachine
@@ -68,11 +74,17 @@ class SnapshotFiles:
         # group is ticked only by events, so the group asks for one (`SyncObjGroup`).
         self.on_written: Callable[[], None] = lambda: None
         self._next = folder / f"{SNAPSHOT_FILE}.next"
+        self._full = folder / f"{SNAPSHOT_FILE}.full"  # a head's tar, packed for a member that needs it
         self._sm = state_machine
         self._drop_placeholder()
         snapshot_file.check(self.path)
-        # the file holds no database (a seed's, `syncobj_seed`): it is never sent, so it is known without a read
-        self.in_place = self.path.exists() and snapshot_file.read_meta(self.path).in_place
+        meta = snapshot_file.read_meta(self.path) if self.path.exists() else None
+        # the file holds no database (a head: `snapshot_file.write_head`): it is never sent, so it is known
+        # without a read; `kept` is the checkpoint folder it names (a compaction's), None for a seed's
+        self.in_place = meta is not None and meta.in_place
+        self.kept = meta.checkpoint if meta is not None else None
+        self.packing: Future | None = None  # the tar of `kept` being written on the worker (`withheld`)
+        self._sweep()
         self.withheld_count = 0  # snapshots this file kept from members that needed one (`withheld`)
         self._withheld_from: set[str] = set()  # ... logged once a member
 
@@ -84,6 +96,28 @@ class SnapshotFiles:
             self.path.unlink()
             log.info("partition %d: the last run stopped while writing its first snapshot (an empty %s is "
                      "left); expected after a crash: the replica starts from its log", self.partition, SNAPSHOT_FILE)
+
+    @property
+    def seeded(self) -> bool:
+        """The file is a seed's head: its database is the live one, and only a compaction gives it one to send."""
+        return self.in_place and self.kept is None
+
+    def _sweep(self) -> None:
+        """At start-up: the checkpoint folders no snapshot file names (a crash came before the new file was
+        renamed in, or before the old folder was deleted), and a tar packed to be sent, deleted. Also the
+        work folders of the tar writer of 0.2, which a crash left behind."""
+        named = {self.kept}
+        with contextlib.suppress(CorruptData, FileNotFoundError):  # the one kept aside may go back (`settle_kept_aside`)
+            named.add(snapshot_file.read_meta(f"{self.path}{KEPT_ASIDE}").checkpoint)
+        for folder in [*self.folder.glob(snapshot_file.KEPT_PREFIX + "*"), *self.folder.glob("checkpoint-*")]:
+            if folder.is_dir() and folder.name not in named:
+                shutil.rmtree(folder)
+        self._full.unlink(missing_ok=True)
+
+    def _retire(self, kept: str | None) -> None:
+        """Delete checkpoint folder `kept`, which no snapshot file names any longer (that made durable first)."""
+        if kept is not None:
+            shutil.rmtree(self.folder / kept, ignore_errors=True)
 
     @property
     def bytes_received(self) -> int:
@@ -108,7 +142,7 @@ class SnapshotFiles:
             raise
 
     def _start(self, tmp_filename: str, data) -> Future:
-        """Checkpoint now; write the file on the worker.
+        """Checkpoint now, into a folder the snapshot keeps; sync it and write the head on the worker.
 
         pysyncobj renames `tmp_filename` over the snapshot file as soon as this returns, so it gets a
         hard link of the current snapshot (or an empty file) and the new file replaces the snapshot
@@ -121,14 +155,16 @@ class SnapshotFiles:
         # journal first: a database durable past the log's end contradicts the log after a cut.
         self.journal.sync()
         self._sm.flush()
-        work = Path(tempfile.mkdtemp(dir=self.folder, prefix="checkpoint-"))
+        kept = Path(tempfile.mkdtemp(dir=self.folder, prefix=snapshot_file.KEPT_PREFIX))
         try:
             meta = snapshot_file.Meta(
                 partition=self.partition,
-                position=self._sm.checkpoint(work / "db", Position(last_entry[1], last_entry[2])),
+                position=self._sm.checkpoint(kept / "db", Position(last_entry[1], last_entry[2])),
                 last_entry=last_entry,
                 prev_entry=prev_entry,
                 cluster=self._members_at(last_entry[1], cluster),
+                in_place=True,
+                checkpoint=kept.name,
             )
             # Renaming a hard link over its own inode is a no-op that leaves the link behind.
             Path(tmp_filename).unlink(missing_ok=True)
@@ -137,9 +173,9 @@ class SnapshotFiles:
             else:
                 open(tmp_filename, "wb").close()
         except BaseException:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(kept, ignore_errors=True)
             raise
-        job = snapshot_writer().submit(self._finish, work, meta)
+        job = snapshot_writer().submit(self._finish, kept, meta)
         job.add_done_callback(lambda _: self.on_written())
         return job
 
@@ -159,14 +195,17 @@ class SnapshotFiles:
                 (members.discard if kind == "add" else members.add)(address)
         return sorted(members)
 
-    def _finish(self, work: Path, meta: snapshot_file.Meta) -> int:
-        """On the worker thread: write the tar beside the snapshot (renamed in `state`); returns the
-        index of the last entry it covers."""
+    def _finish(self, kept: Path, meta: snapshot_file.Meta) -> snapshot_file.Meta:
+        """On the worker thread: the checkpoint made durable (its files are hard links, but MANIFEST, CURRENT
+        and the links themselves are new), then the head written beside the snapshot (renamed in `state`)."""
         try:
-            snapshot_file.write(self._next, work / "db", meta, fsync=True)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-        return meta.last_entry[1]
+            fsync_tree(kept)
+            fsync_directory(self.folder)
+            snapshot_file.write_head(self._next, meta)
+        except BaseException:
+            shutil.rmtree(kept, ignore_errors=True)
+            raise
+        return meta
 
     def state(self) -> int:
         """pysyncobj's serializeChecker."""
@@ -181,18 +220,20 @@ class SnapshotFiles:
                 raise error
             log.warning("partition %d: no snapshot this time: %s", self.partition, error)
             return SERIALIZER_STATE.FAILED
+        meta = job.result()
         installed = self.last_index()
-        if installed is not None and (installed > job.result() or installed == job.result() and not self.in_place):
+        if installed is not None and (installed > meta.last_entry[1] or installed == meta.last_entry[1] and not self.seeded):
             # A leader's snapshot, as new or newer, was installed while this one was written. Renamed
             # over it, this one would begin before the journal, which pysyncobj then clears down to it
             # at the next start: the entries between them gone from the log, though the database holds
             # them (the rewound log, docs/chaos.md); and after a whole-cluster power cut, one up to the
-            # same index may hold other entries than ours. A seed's file (in place, no database) is the
-            # exception: a moved replica that led before any entry after its seed compacted up to the
-            # seed's entry, kept the seed's file, and withheld snapshots for good.
+            # same index may hold other entries than ours. A seed's file (no database) is the exception:
+            # a moved replica that led before any entry after its seed compacted up to the seed's entry,
+            # kept the seed's file, and withheld snapshots for good.
             self._next.unlink(missing_ok=True)
+            self._retire(meta.checkpoint)
             log.info("partition %d: the snapshot up to entry %d is dropped: one up to entry %d was installed "
-                     "meanwhile", self.partition, job.result(), installed)
+                     "meanwhile", self.partition, meta.last_entry[1], installed)
             return SERIALIZER_STATE.FAILED
         # Here, not on the worker: pysyncobj renames its placeholder over the snapshot file right
         # after the serializer returns, and a fast worker finishing first would see its new file
@@ -200,9 +241,10 @@ class SnapshotFiles:
         # snapshot would then get the old one again and again, and never catch up.
         failpoints.hit("snapshot-rename-before")
         os.replace(self._next, self.path)
-        self.in_place = False
+        previous, self.in_place, self.kept = self.kept, True, meta.checkpoint
         fsync_directory(self.folder)  # durable before pysyncobj compacts the journal past the old one
         failpoints.hit("snapshot-rename-after")
+        self._retire(previous)
         return SERIALIZER_STATE.SUCCESS
 
     def read(self, filename: str):
@@ -211,11 +253,13 @@ class SnapshotFiles:
         if meta.partition != self.partition:
             raise ValueError(f"snapshot {filename} is of partition {meta.partition}, not {self.partition}")
         last = Position(meta.last_entry[1], meta.last_entry[2])
-        self.in_place = meta.in_place
-        if meta.in_place:  # the database is this replica's own already
+        if meta.seeded:  # the database is this replica's own already
             self._check_in_place(meta)
         else:
             self._sm.restore(Snapshot(Path(filename), meta.position, last))
+        previous, self.in_place, self.kept = self.kept, meta.in_place, meta.checkpoint
+        if previous != self.kept:  # a received snapshot replaced a compaction's (synced: `sync_received`)
+            self._retire(previous)
         # As nodes: with membership changes on, pysyncobj takes its peers from this list, leaving out
         # the entry equal to its own node, and an address string never equals a node.
         return meta.last_entry, meta.prev_entry, [TCPNode(address) for address in meta.cluster]
@@ -236,12 +280,47 @@ class SnapshotFiles:
                           "restart it so the partition re-syncs from its peers")
 
     def withheld(self, node) -> None:
-        """Member `node` needs a snapshot, and this one holds no database (`SnapshotHooks`): logged once a member."""
+        """Member `node` needs a snapshot, and this one holds no database (`SnapshotHooks`): the kept checkpoint
+        packed into a tar on the worker, if it is not being packed already; logged once a member."""
         self.withheld_count += 1
+        if self.kept is not None and self.packing is None and self.job is None:  # a compaction replaces it anyway
+            full = replace(snapshot_file.read_meta(self.path), in_place=False, checkpoint=None)
+            self.packing = snapshot_writer().submit(self._pack, self.kept, full)
+            self.packing.add_done_callback(lambda _: self.on_written())
         if node.id not in self._withheld_from:
             self._withheld_from.add(node.id)
-            log.info("partition %d: %s needs a snapshot; this replica's holds no database until its first compaction "
-                     "(it was seeded in place), so it is sent one after that", self.partition, node.id)
+            if self.seeded:
+                log.info("partition %d: %s needs a snapshot; this replica's holds no database until its first "
+                         "compaction (it was seeded in place), so it is sent one after that", self.partition, node.id)
+            else:
+                log.info("partition %d: %s needs a snapshot; it is sent one once the snapshot's checkpoint is packed",
+                         self.partition, node.id)
+
+    def _pack(self, kept: str, meta: snapshot_file.Meta) -> str:
+        """On the worker thread: the full tar of checkpoint `kept` (renamed in by `sendable`)."""
+        snapshot_file.write(self._full, self.folder / kept / "db", meta, fsync=True)
+        return kept
+
+    def sendable(self) -> bool:
+        """Whether pysyncobj may send the snapshot file (it holds its database). On the loop: a tar packed
+        meanwhile replaces the head that names its checkpoint first, unless a compaction is under way or
+        replaced the head (the tar is then dropped, and the next member withheld packs the new one)."""
+        packing = self.packing
+        if packing is None or not packing.done() or self.job is not None:
+            return not self.in_place
+        self.packing = None
+        if (error := packing.exception()) is not None:
+            if isinstance(error, DiskFailed):  # the replica stops, as in `state`
+                raise error
+            log.warning("partition %d: no snapshot to send this time: %s", self.partition, error)
+        elif packing.result() == self.kept:
+            os.replace(self._full, self.path)
+            previous, self.in_place, self.kept = self.kept, False, None
+            fsync_directory(self.folder)
+            self._retire(previous)
+            return True
+        self._full.unlink(missing_ok=True)
+        return not self.in_place
 
     def before_load(self) -> None:
         """At start-up, before pysyncobj loads the snapshot file: the journal and the database made to agree
@@ -252,8 +331,8 @@ class SnapshotFiles:
             meta = snapshot_file.read_meta(self.path)
         except (CorruptData, FileNotFoundError):
             return  # pysyncobj's own load decides
-        self.in_place = meta.in_place
-        if meta.in_place:
+        self.in_place, self.kept = meta.in_place, meta.checkpoint
+        if meta.seeded:
             self._check_in_place(meta)
 
     def sync_received(self) -> None:
@@ -293,6 +372,7 @@ class SnapshotFiles:
                      "received one, up to entry %d, that the log had passed)", self.partition, last)
         else:
             aside.unlink()
+            self._sweep()  # the checkpoint folder it named, unless the file on disk names it too
 
     def compact_journal_to_snapshot(self) -> None:
         """At start-up: a journal that begins before the snapshot (the last run ended between the
@@ -324,13 +404,13 @@ class SnapshotHooks(SyncObj):
             return None
 
     def _SyncObj__sendAppendEntries(self) -> None:
-        """pysyncobj's AppendEntries, but while the snapshot file holds no database (`SnapshotFiles.in_place`)
+        """pysyncobj's AppendEntries, but while the snapshot file holds no database (`SnapshotFiles.sendable`)
         a member that needs a snapshot is sent what pysyncobj sends while it compacts, `serialized=None` (it
         keeps the member from campaigning, and installs nothing): pysyncobj's next heartbeat tries again.
         Left to pysyncobj's loop, the member would get the file, or while pysyncobj compacts that empty
         message over and over until a heartbeat period had passed, with the loop blocked."""
         snapshots = self._group.snapshots
-        if not snapshots.in_place:
+        if snapshots.sendable():
             return super()._SyncObj__sendAppendEntries()
         first, next_index = self._SyncObj__raftLog[0][1], self._SyncObj__raftNextIndex
         voters, learners = self._SyncObj__otherNodes, self._SyncObj__readonlyNodes

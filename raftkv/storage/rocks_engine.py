@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import shutil
 import struct
 import tempfile
@@ -129,6 +130,18 @@ def checkpoint_position(db: Path) -> Position:
     finally:
         rdict.close()
     return Position(*_POSITION.unpack(raw)) if raw is not None else ZERO
+
+
+def link_checkpoint(src: Path, dest: Path) -> None:
+    """A copy at `dest` of the checkpoint at `src`, for a database to open while `src` is kept: its table
+    files hard-linked (RocksDB never changes one), the rest copied (MANIFEST, CURRENT, OPTIONS, a WAL:
+    the database that opens them may write them)."""
+    dest.mkdir(parents=True)
+    for path in src.iterdir():
+        if path.suffix in (".sst", ".blob"):
+            os.link(path, dest / path.name)
+        else:
+            shutil.copyfile(path, dest / path.name)
 
 
 def empty_database(path: Path) -> Path:
