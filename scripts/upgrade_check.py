@@ -151,7 +151,7 @@ def _final_checks(run: Run, args, spec, load: WriteLoad, broker: TansuBroker, kv
     run.check(f"every node runs {VERSION}", set(versions.values()) == {VERSION},
               ", ".join(f"{n} {v}" for n, v in sorted(versions.items())))
     run.check(f"cluster version {VERSION}", cluster_version_seconds is not None,
-              f"{kv.topology().meta.cluster_version}" + (f", {cluster_version_seconds:.1f} s after the last node"
+              f"{kv.topology().meta.cluster_version}" + (f", {cluster_version_seconds:.1f} s after the last member it counts"
                                                          if cluster_version_seconds is not None else ""))
     engine = engine_counts(spec)
     run.check("the node engine in use", engine and all(taken and frames for taken, frames in engine.values()),
@@ -226,7 +226,7 @@ def upgrade(args, work: Path, run: Run) -> None:
         stack.callback(learner.stop)
         kv = stack.enter_context(Client(cluster.endpoints, timeout=10.0, tls=client_tls(spec)))
         releases = {s.node_id: s.version for s in kv.status()}
-        if not run.check(f"the cluster runs {args.release}", set(releases.values()) == {""},
+        if not run.check(f"the cluster runs {args.release}", set(releases.values()) == {old.reports},
                          f"releases reported: {releases} (0.1 reports none)"):
             return
 
@@ -241,7 +241,10 @@ def upgrade(args, work: Path, run: Run) -> None:
         time.sleep(args.warmup)
         run.phase("warm-up")
         cluster_version_seconds, early = None, []
-        for name in ["learner", *spec.node_ids] if args.learner_first else [*spec.node_ids, "learner"]:
+        order = ["learner", *spec.node_ids] if args.learner_first else [*spec.node_ids, "learner"]
+        # a learner of 0.2 or later reports its release, and the cluster version waits for it too
+        last_counted = order[-1] if old.reports else spec.node_ids[-1]
+        for name in order:
             if not (upgrade_learner(run, learner, kv, new, args.step_timeout) if name == "learner" else
                     upgrade_node(run, cluster, name, new, args.step_timeout)):
                 return
@@ -253,10 +256,11 @@ def upgrade(args, work: Path, run: Run) -> None:
             if name == spec.node_ids[-1]:
                 run.check("the cluster version waits for every node", not any(e.endswith(f": {VERSION}") for e in early),
                           "; ".join(early))
+            if name == last_counted:
                 last_node = time.monotonic()
                 if until(lambda: kv.topology().meta.cluster_version == VERSION, 60):
                     cluster_version_seconds = time.monotonic() - last_node
-                    if not args.learner_first:
+                    if not args.learner_first and not old.reports:
                         run.notes.append(f"the cluster version reached {VERSION} while the learner still ran "
                                          f"{args.release}: learners are not counted (docs/operations.md)")
         time.sleep(args.warmup)

@@ -91,7 +91,34 @@ class OldRelease:
         if made.returncode != 0:
             raise UsageError(f"git worktree add of {self.commit[:12]} failed: "
                              f"{(made.stderr.strip().splitlines() or ['no output'])[-1]}")
+        self._own_metadata()
         return self
+
+    def _setup(self) -> configparser.ConfigParser:
+        setup = configparser.ConfigParser()
+        setup.read_string((self.tree / "setup.cfg").read_text())
+        return setup
+
+    @property
+    def reports(self) -> str:
+        """The release its nodes report in `Status` ("" before 0.2: no such field)."""
+        release = self._setup().get("metadata", "version", fallback="")
+        return "" if not release or release.startswith("0.1") else release
+
+    def _own_metadata(self) -> None:
+        """The release's own package metadata, first on its PYTHONPATH: a release that reports its version
+        (0.2 and later read it with importlib.metadata) would otherwise report this environment's install;
+        with its own entry points (its sinks)."""
+        if not (release := self.reports):
+            return
+        info = self.tree / f"raftkv-{release}.dist-info"
+        info.mkdir(exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: raftkv\nVersion: {release}\n")
+        entry_points = configparser.ConfigParser()
+        for group, lines in self._setup().items("options.entry_points"):
+            entry_points[group] = dict(line.split("=", 1) for line in lines.strip().splitlines())
+        with open(info / "entry_points.txt", "w") as out:
+            entry_points.write(out)
 
     def __exit__(self, *exc) -> None:
         subprocess.run(["git", "-C", str(self.repo), "worktree", "remove", "--force", str(self.tree)],
