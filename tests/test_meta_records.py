@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields as dataclass_fields, replace
+from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from raftkv.core.errors import ChangeRefused
 from raftkv.core.spec import build_spec
@@ -15,12 +18,15 @@ from raftkv.security.certs import with_certificates
 from raftkv.security.permissions import Identity, Request
 from raftkv.meta.records import (
     META, AddNode, AdvanceMove, BeginMove, ClusterMeta, EndMove, MoveStep, NodeRecord, NodeState, SetNodeState,
-    apply, decode_command, decode_meta, encode_command, encode_meta,
+    _COMMANDS, apply, decode_command, decode_meta, encode_command, encode_meta,
 )
+from raftkv.meta.access import GrantPermission, Permission, PutUser, RemoveUser, RevokePermission, UserRecord
+from raftkv.meta.cluster_version import LearnerRelease, RaiseClusterVersion
 from raftkv.meta.state_machine import MetaStateMachine
 from raftkv.raft.group import Entry
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
+from tests.fuzzing import hypothesis_settings
 
 
 @pytest.fixture
@@ -156,3 +162,52 @@ def test_decommissioning_below_the_replication_factor_needs_force(meta):
     with pytest.raises(ChangeRefused, match="would leave 2 nodes up for replication factor 3"):
         apply(three_up, SetNodeState("n3", NodeState.DRAINING))
     assert apply(three_up, SetNodeState("n3", NodeState.DRAINING, force=True)).node("n3").state == NodeState.DRAINING
+
+
+_SPEC = build_spec(nodes=4, partitions=4, replication=3, base_port=20000, data_dir=Path("/nonexistent"))
+_BOOTSTRAPPED = apply(ClusterMeta(), bootstrap_command(_SPEC))
+_SAMPLES = {type(c).__name__: c for c in (
+    bootstrap_command(_SPEC), AddNode(NodeRecord("n9", "h", 1, 2, 3, 4)), SetNodeState("n2", NodeState.DRAINING),
+    BeginMove(0, "n1", "n4"), AdvanceMove(0, MoveStep.VOTING), EndMove(0, ("n4", "n2", "n3")),
+    RaiseClusterVersion("0.3.0", (("n1", "0.3.0"),)), LearnerRelease("feed", "0.3.0"),
+    PutUser(UserRecord("ann", ("reader",), "ab"), keep_token=False), RemoveUser("ann"),
+    GrantPermission("reader", Permission("read", "00")), RevokePermission("reader", "00"))}
+
+
+def _json_values():
+    scalars = st.none() | st.booleans() | st.integers(-2, 2**40) | st.text(max_size=8)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.text(max_size=8), inner, max_size=3), max_leaves=8)
+
+
+@hypothesis_settings(300)
+@given(kind=st.sampled_from(sorted(_COMMANDS)), data=st.data())
+def test_a_command_of_wrong_fields_is_a_clear_value_error(kind, data):
+    """The fuzz finding of stop 36: `ChangeTopology` of b'\\n\\x018' (the int 8) failed with an AttributeError."""
+    sample = json.loads(encode_command(_SAMPLES[kind]))
+    fields = {f.name: data.draw(_json_values() | st.just(sample[f.name]), label=f.name)
+              for f in dataclass_fields(_COMMANDS[kind])}
+    for doc in ({"kind": kind, **fields}, fields.get("node_id", 8)):
+        try:
+            command = decode_command(json.dumps(doc).encode())
+        except ValueError as malformed:
+            assert "\n" not in str(malformed)
+        else:
+            _applies_or_refuses(command)
+
+
+@hypothesis_settings(300)
+@given(command=st.one_of(*(st.builds(cls) for cls in _COMMANDS.values())))
+def test_apply_refuses_any_well_typed_command_in_one_line_or_takes_it(command):
+    assert decode_command(encode_command(command)) == command
+    _applies_or_refuses(command)
+
+
+def _applies_or_refuses(command) -> None:
+    meta = apply(apply(_BOOTSTRAPPED, BeginMove(0, "n1", "n4")), AdvanceMove(0, MoveStep.VOTING))
+    try:
+        after = apply(meta, command)
+    except ChangeRefused as refused:
+        assert "\n" not in str(refused)
+    else:
+        assert after.epoch == meta.epoch + 1

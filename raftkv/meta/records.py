@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass, replace
+import typing
+from dataclasses import asdict, dataclass, is_dataclass, replace
 from typing import Union
 
 from raftkv.core.errors import ChangeRefused
@@ -337,7 +338,19 @@ def encode_command(command: MetaCommand) -> bytes:
 
 
 def decode_command(data: bytes) -> MetaCommand:
-    doc = json.loads(data)
+    """The command `data` encodes; ValueError when it is not one, field types included: a command arrives
+    from callers, and a well-formed one of wrong types would fail the metadata group's apply on every node."""
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str) or doc["kind"] not in _COMMANDS:
+            raise ValueError(f"a JSON object whose \"kind\" is one of {', '.join(_COMMANDS)}")
+        command = _decoded(doc)
+    except (KeyError, TypeError, AttributeError, RecursionError) as exc:
+        raise ValueError(f"{type(exc).__name__}: {exc}") from None
+    return _typed(command, type(command), type(command).__name__)
+
+
+def _decoded(doc: dict) -> MetaCommand:
     kind = _COMMANDS[doc.pop("kind")]
     if kind is Bootstrap:
         return Bootstrap(doc["replication"], _nodes(doc["nodes"]), _placement(doc["placement"]),
@@ -358,6 +371,24 @@ def decode_command(data: bytes) -> MetaCommand:
         return GrantPermission(str(doc["role"]), Permission(str(doc["permission"]["access"]),
                                                             str(doc["permission"]["prefix"])))
     return kind(**doc)
+
+
+def _typed(value, hint, where: str):
+    """`value` when it is of the type `hint` (the types the records use); ValueError naming `where` otherwise."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple:
+        if not isinstance(value, tuple) or (args[-1] is not Ellipsis and len(value) != len(args)):
+            raise ValueError(f"{where} is not a {hint}")
+        for i, item in enumerate(value):
+            _typed(item, args[0] if args[-1] is Ellipsis else args[i], f"{where}[{i}]")
+    elif is_dataclass(hint):
+        if type(value) is not hint:
+            raise ValueError(f"{where} is not a {hint.__name__}")
+        for name, field_hint in typing.get_type_hints(hint).items():
+            _typed(getattr(value, name), field_hint, f"{where}.{name}")
+    elif type(value) is not hint:  # exactly: a bool is not an int here
+        raise ValueError(f"{where} is {type(value).__name__}, not {hint.__name__}")
+    return value
 
 
 def encode_access(users: tuple[UserRecord, ...], roles: tuple[RoleRecord, ...]) -> bytes:

@@ -51,7 +51,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
     async def ChangeTopology(self, request: pb.ChangeTopologyRequest, context) -> pb.TopologyResponse:
         try:
             command, malformed = decode_command(request.command), None
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError as exc:
             command, malformed = None, exc
         # A learner reports its own release (its only metadata command); everything else is an admin's.
         await self._gate.admit(context, Request.admin("report_release" if isinstance(command, LearnerRelease)
