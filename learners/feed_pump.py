@@ -19,8 +19,14 @@ the copies untouched; the step is retried with backoff, and the journal
 holds the entries meanwhile. A sink that refuses one event for good
 (`Undeliverable`: retrying cannot help) stops that partition's feed only: it
 is logged once, kept in `stopped` with its reason (`raftkv learner list` shows
-it), and the other partitions' step is retried at once. A restarted learner
-tries the partition again.
+it), and the other partitions' step is retried at once. The partition is tried
+again after RETRY_STOPPED_SECONDS, twice as long after each refusal (up to
+MAX_RETRY_STOPPED_SECONDS): once the sink takes the event (its limit raised),
+the partition flows again without a restart.
+
+A partition whose log contradicted its copy is rebuilt silently, then its
+difference from the copy set aside is delivered as one re-sync
+(learners/partition_heal.py).
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
+from learners import partition_heal
 from learners.change_capture import EntryContext, capture_entry, capture_snapshot, pending_view
 from learners.entry_events import EntryEvents, EventRows
 from learners.learner_replica import LearnerReplica
@@ -48,6 +55,16 @@ from raftkv.storage.rocks_engine import RocksEngine
 log = logging.getLogger(__name__)
 
 COMPACT_AFTER_ENTRIES = 5000
+RETRY_STOPPED_SECONDS = 30.0
+MAX_RETRY_STOPPED_SECONDS = 600.0
+
+
+@dataclass
+class Rebuild:
+    """A partition re-syncing after its log contradicted its copy (learners/partition_heal.py)."""
+
+    aside: RocksEngine  # the old copy: what the sink has, the base of the difference delivered at the end
+    why: str
 
 
 @dataclass
@@ -71,6 +88,9 @@ class FeedPump:
         self.failures = 0
         self.resyncs = 0
         self.stopped: dict[int, str] = {}  # partitions no longer fed, and why
+        self._retry_stopped: dict[int, tuple[float, float]] = {}  # partition -> (when, the wait after that)
+        self.rebuilding: dict[int, Rebuild] = {}  # partitions re-syncing after their log contradicted the copy
+        self._between_steps: list[Callable[[], None]] = []
         self._caught_up_at = {p: clock() for p in replicas}
         self._news = asyncio.Event()
 
@@ -96,8 +116,7 @@ class FeedPump:
                 backoff = 0.1
             except Undeliverable as exc:
                 self.failures += 1
-                self.stopped[exc.partition] = str(exc)
-                log.error("stopped feeding %s; the other partitions go on", exc)
+                self._stop(exc)
                 continue
             except Exception as exc:  # the sink is down or refused: retry, the journal holds the entries
                 self.failures += 1
@@ -108,11 +127,36 @@ class FeedPump:
             if not progressed:
                 await _either(self._news, stop, idle_wait)
 
+    def _stop(self, exc: Undeliverable) -> None:
+        _, wait = self._retry_stopped.get(exc.partition, (0.0, RETRY_STOPPED_SECONDS / 2))
+        wait = min(wait * 2, MAX_RETRY_STOPPED_SECONDS)
+        self._retry_stopped[exc.partition] = (self.clock() + wait, wait)
+        if exc.partition not in self.stopped:
+            log.error("stopped feeding %s; the other partitions go on, and this one is tried again in %.0fs",
+                      exc, wait)
+        self.stopped[exc.partition] = str(exc)
+
+    def _flowing_again(self, partition: int) -> None:
+        if self.stopped.pop(partition, None) is not None:
+            log.info("partition %d: the sink took what it refused; its feed goes on", partition)
+        self._retry_stopped.pop(partition, None)
+
     def add(self, replica: LearnerReplica) -> None:
         """Feed one more partition (the learner adds each replica as its database opens)."""
         self.replicas[replica.partition] = replica
         self._caught_up_at[replica.partition] = self.clock()
         self.wake()
+
+    def rebuild(self, partition: int, aside: RocksEngine, why: str) -> None:
+        """Re-sync `partition`, whose replica started over, from the cluster; `aside` is its old copy
+        (partition_heal.py). Its events are held back until the difference can be delivered."""
+        self.rebuilding[partition] = Rebuild(aside, why)
+        self.wake()
+
+    def close(self) -> None:
+        """The copies set aside for re-syncs, closed (their folders stay: a restart resumes the re-syncs)."""
+        for rebuild in self.rebuilding.values():
+            rebuild.aside.close()
 
     def lag(self) -> dict[int, int]:
         """Committed entries not yet delivered, per partition."""
@@ -126,9 +170,19 @@ class FeedPump:
                 self._caught_up_at[p] = now
         return {p: now - t for p, t in self._caught_up_at.items()}
 
+    def between_steps(self, action: Callable[[], None]) -> None:
+        """Run `action` before the next step: a step in flight holds replicas it writes when its delivery ends."""
+        self._between_steps.append(action)
+        self.wake()
+
     async def step(self) -> bool:
+        while self._between_steps:
+            self._between_steps.pop(0)()
         for replica in self._fed():
-            if replica.pending_snapshot is not None:
+            if replica.partition in self.rebuilding:
+                if await self._rebuild_step(replica, self.rebuilding[replica.partition]):
+                    return True
+            elif replica.pending_snapshot is not None:
                 await self._resync(replica)
                 return True
         prepared, entries = self._prepare()
@@ -140,12 +194,15 @@ class FeedPump:
             p.replica.compact_when_longer_than(COMPACT_AFTER_ENTRIES)
             if p.last_data:
                 self.last_data_delivered[p.replica.partition] = p.last_data
+            self._flowing_again(p.replica.partition)
         return True
 
     def _prepare(self) -> tuple[list[_Prepared], list[EntryEvents]]:
         prepared, captured = [], []
         now_ms = int(self.clock() * 1000)
         for replica in self._fed():
+            if replica.partition in self.rebuilding:
+                continue
             partition, position = replica.partition, replica.engine.position
             entries = replica.committed_entries(position.index, self.max_entries)
             if not entries:
@@ -164,7 +221,47 @@ class FeedPump:
         return prepared, captured
 
     def _fed(self) -> list[LearnerReplica]:
-        return [r for p, r in self.replicas.items() if p not in self.stopped]
+        """The partitions to step: all but the stopped ones, which are tried again when their wait is over."""
+        now = self.clock()
+        return [r for p, r in self.replicas.items() if p not in self.stopped or now >= self._retry_stopped[p][0]]
+
+    async def _rebuild_step(self, replica: LearnerReplica, rebuild: Rebuild) -> bool:
+        """One step of a re-sync: the copy rebuilt from what the leader sent, delivering nothing, until it
+        is past the copy set aside and has every entry the group committed; then the difference between
+        the two delivered as one re-sync, and the copy set aside dropped. Whether it did anything."""
+        partition, base = replica.partition, rebuild.aside.position
+        sink_has = self.delivered_before_start.get(partition, 0)
+        if base.index < sink_has and sink_has == replica.engine.position.index:
+            self._rebuilt(partition, "its difference was delivered before the learner restarted")
+            return True  # the sink moved past the copy set aside, which only the difference does
+        if replica.pending_snapshot is not None:
+            await self._install(replica)
+            return True
+        entries = replica.committed_entries(replica.engine.position.index, self.max_entries)
+        if entries:
+            view = pending_view(replica.engine)
+            for index, term, commands in entries:
+                capture_entry(view, commands, EntryContext(self.cluster, partition, index, term, 0))
+            last_index, last_term, _ = entries[-1]
+            replica.engine.write(view.mutations, Position(last_index, last_term))
+            replica.compact_when_longer_than(COMPACT_AFTER_ENTRIES)
+            return True
+        position = replica.engine.position
+        if position.index <= max(base.index, sink_has) or replica.group.last_applied > position.index:
+            return False  # the cluster's log has not passed what the sink has yet, or more is on its way
+        ctx = EntryContext(self.cluster, partition, position.index, position.term, int(self.clock() * 1000))
+        events = capture_snapshot(rebuild.aside, replica.engine, ctx)
+        await self._deliver([events], {partition: position}, resyncs={partition: base.index})
+        self.last_data_delivered[partition] = position.index
+        self._rebuilt(partition, f"{len(events)} events at index {position.index}, from index {base.index}")
+        return True
+
+    def _rebuilt(self, partition: int, how: str) -> None:
+        rebuild = self.rebuilding.pop(partition)
+        rebuild.aside.close()
+        partition_heal.discard(rebuild.aside.folder)
+        self.resyncs += 1
+        log.info("partition %d re-synced from the cluster after its log contradicted its copy: %s", partition, how)
 
     async def _resync(self, replica: LearnerReplica) -> None:
         """Install the snapshot the leader sent; the sink gets its differences from the copy as `r`
@@ -174,27 +271,41 @@ class FeedPump:
         snapshot = replica.pending_snapshot
         index, term = snapshot.last.index, snapshot.last.term
         delivered = self.delivered_before_start.get(replica.partition, 0)
-        with tempfile.TemporaryDirectory(dir=replica.engine.folder, prefix="resync-") as tmp:
-            checkpoint = await asyncio.to_thread(snapshot_file.extract_db, snapshot.path, Path(tmp))
-            if index > delivered:
-                theirs = RocksEngine(checkpoint.parent)  # opens <tmp>/db
-                try:
-                    ctx = EntryContext(self.cluster, replica.partition, index, term, int(self.clock() * 1000))
-                    events = capture_snapshot(replica.engine, theirs, ctx)
-                finally:
-                    theirs.close()
+        if index > delivered:
+            async def deliver_difference(theirs: RocksEngine) -> int:
+                ctx = EntryContext(self.cluster, replica.partition, index, term, int(self.clock() * 1000))
+                events = capture_snapshot(replica.engine, theirs, ctx)
                 await self._deliver([events], {replica.partition: snapshot.last},
                                     resyncs={replica.partition: replica.engine.position.index})
-            replica.engine.install(checkpoint)
-        replica.mark_snapshot_installed(snapshot)
-        self.last_data_delivered[replica.partition] = max(self.last_data_delivered.get(replica.partition, 0), index)
-        self.resyncs += 1
-        if index > delivered:
+                return len(events)
+
+            events = await self._install(replica, deliver_difference)
             log.info("partition %d re-synced from a snapshot at index %d (%d events)", replica.partition, index,
-                     len(events))
+                     events)
         else:
+            await self._install(replica)
             log.info("partition %d: installed a snapshot at index %d; the sink has up to %d already", replica.partition,
                      index, delivered)
+        self.last_data_delivered[replica.partition] = max(self.last_data_delivered.get(replica.partition, 0), index)
+        self.resyncs += 1
+
+    @staticmethod
+    async def _install(replica: LearnerReplica, before: Callable[[RocksEngine], Awaitable[int]] | None = None) -> int:
+        """Install the snapshot the leader sent in the copy; `before(snapshot's database)` first, if given
+        (what it returns is returned)."""
+        snapshot = replica.pending_snapshot
+        with tempfile.TemporaryDirectory(dir=replica.engine.folder, prefix="resync-") as tmp:
+            checkpoint = await asyncio.to_thread(snapshot_file.extract_db, snapshot.path, Path(tmp))
+            result = 0
+            if before is not None:
+                theirs = RocksEngine(checkpoint.parent)  # opens <tmp>/db
+                try:
+                    result = await before(theirs)
+                finally:
+                    theirs.close()
+            replica.engine.install(checkpoint)
+        replica.mark_snapshot_installed(snapshot)
+        return result
 
     async def _deliver(self, entries: list[EntryEvents], positions: dict[int, Position],
                        resyncs: dict[int, int] | None = None) -> None:

@@ -20,7 +20,7 @@ from typing import Callable, Mapping
 
 from prometheus_client import Counter, Gauge
 
-from learners import learner_status
+from learners import learner_status, partition_heal
 from learners.feed_pump import FeedPump
 from learners.learner_replica import LearnerReplica
 from learners.release_report import check_release, report_release
@@ -30,10 +30,11 @@ from raftkv.core import metrics
 from raftkv.node.closing import close_reporting
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.client.async_client import AsyncClient, LearnerView
-from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
+from raftkv.core.errors import ConfigError, CorruptData, LogContradiction, RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec
 from raftkv.meta.bootstrap import spec_meta
 from raftkv.meta.records import ClusterMeta, raft_directory
+from raftkv.raft.group import RaftGroup, StateMachine
 from raftkv.raft.hub import RaftHub
 from raftkv.security.tls import Tls, learner_tls
 from raftkv.storage import rocks_memory
@@ -45,7 +46,11 @@ LAG_ENTRIES = Gauge("raftkv_learner_lag_entries", "Committed entries not yet del
 LAG_SECONDS = Gauge("raftkv_learner_lag_seconds", "Seconds since the feed last had every committed entry",
                     ["partition"])
 DELIVERY_FAILURES = Counter("raftkv_learner_delivery_failures_total", "Failed sink deliveries (each retried)")
-RESYNCS = Counter("raftkv_learner_resyncs_total", "Re-syncs through a snapshot (emitted as op=r events)")
+RESYNCS = Counter("raftkv_learner_resyncs_total", "Re-syncs through a snapshot or, after a partition's log "
+                  "contradicted its copy, from the cluster (emitted as op=r events)")
+TROUBLED = Gauge("raftkv_learner_partitions_not_flowing", "Partitions the learner feeds no events from: stopped "
+                 "(the sink refused an event; tried again later) or re-syncing (their log contradicted the copy)",
+                 ["state"])
 # Replicas' databases opened at the same time, in worker threads. One: rocksdict holds the GIL for most of
 # an open (~25 ms here), so more at once only contend with the loop, and the first replica, which the feed
 # starts with, opened later (first delivery 0.48 against 0.56 s with 4 at once: docs/learners.md).
@@ -93,8 +98,29 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
             failure.append(error)
             stop.set()
 
+    def on_corrupt_data(error: CorruptData) -> None:
+        if isinstance(error, LogContradiction) and error.partition in replicas and not stop.is_set():
+            pump.between_steps(lambda: heal(error))
+        else:
+            stop_on(error)
+
     def corrupt(error: CorruptData) -> None:  # from a group's tick, or from RocksDB on any thread
-        loop.call_soon_threadsafe(stop_on, error)
+        loop.call_soon_threadsafe(on_corrupt_data, error)
+
+    def heal(error: LogContradiction) -> None:
+        p, replica = error.partition, replicas[error.partition]
+        log.warning("partition %d re-syncs from the cluster; the other partitions flow on (docs/learners.md)", p)
+        part = replica.engine.folder
+        replica.close()
+        rebuilding = p in pump.rebuilding
+        try:
+            aside = partition_heal.set_aside(part)
+            replica.reopen(RocksEngine(part, on_corrupt=corrupt), open_group(p))
+        except OSError as exc:
+            stop_on(CorruptData(f"partition {p}: could not start its copy over ({exc}); {error}"))
+            return
+        if not rebuilding:
+            pump.rebuild(p, RocksEngine(aside, on_corrupt=corrupt), str(error))
     rocks_memory.configure(spec.tuning.rocksdb_block_cache_mb, spec.tuning.rocksdb_memtables_mb)
     folder = folder or learner_folder(spec, name)
     tls = learner_tls(spec)  # one for the process: its timer takes up renewed files (`_publish`)
@@ -104,6 +130,7 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
     opening: list[asyncio.Future] = []
     sink_open: asyncio.Future | None = None
     pumping: asyncio.Task | None = None
+    pump: FeedPump | None = None
     served = None  # with --api-port: learner_reads' gRPC server and its KV service
     tasks: list[asyncio.Task] = []
     hub: RaftHub | None = None
@@ -123,17 +150,23 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
             "learner": name, "cluster_id": topology.cluster_id, **registered.options, **(sink_overrides or {}),
             **limits(spec.name, spec.max_key_bytes, spec.max_value_bytes)}, stop))
         pump = FeedPump(spec.name, {}, sink)
+
+        def open_group(p: int) -> Callable[[StateMachine], RaftGroup]:
+            return lambda copy: SyncObjGroup(GroupConfig(
+                partition=p, hub=hub, self_address=None, folder=folder / f"p{p:04d}",
+                peers=tuple(current[0].node(n).raft_address(p) for n in current[0].group_voters(p)),
+                fsync=False,  # a learner can fetch again from the voters
+                tuning=spec.tuning, on_corrupt=corrupt, after_apply=lambda: pump.wake(p), resyncs_itself=True),
+                copy, loop)
+
+        partition_heal.remove_leftovers(folder)
         opening = _open_engines(loop, partitions, folder, corrupt)
-        replicas_open = loop.create_task(_add_replicas(opening, replicas, pump, stop, lambda p: GroupConfig(
-            partition=p, hub=hub, self_address=None, folder=folder / f"p{p:04d}",
-            peers=tuple(topology.node(n).raft_address(p) for n in topology.group_voters(p)),
-            fsync=False,  # a learner can fetch again from the voters
-            tuning=spec.tuning, on_corrupt=corrupt, after_apply=lambda: pump.wake(p))))
+        replicas_open = loop.create_task(_add_replicas(opening, replicas, pump, stop, open_group, corrupt))
         tasks.append(replicas_open)
         await sink_open
         if metrics_port:
             metrics.serve(host, metrics_port)
-        learner_status.write(folder, {})
+        learner_status.write(folder, {}, {})
         pumping = loop.create_task(pump.run(stop))
         await replicas_open
         if api_port:
@@ -157,6 +190,8 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
             await served[0].stop(grace=1.0)
         for p, replica in replicas.items():
             close_reporting(f"partition {p}", replica.close)
+        if pump is not None:
+            pump.close()
         await asyncio.gather(*opening, return_exceptions=True)
         for p, engine in _unused(opening, replicas):
             close_reporting(f"partition {p}", engine.close)
@@ -181,16 +216,19 @@ def _open_engines(loop: asyncio.AbstractEventLoop, partitions: list[int], folder
 
 
 async def _add_replicas(opening: list[asyncio.Future], replicas: dict[int, LearnerReplica], pump: FeedPump,
-                        stop: asyncio.Event, config: Callable[[int], GroupConfig]) -> None:
+                        stop: asyncio.Event, open_group: Callable[[int], Callable[[StateMachine], RaftGroup]],
+                        corrupt: Callable[[CorruptData], None]) -> None:
     """Each database, as it opens, joins its Raft group and the pump: the first partition's entries
-    are fed while the others still open."""
-    loop = asyncio.get_running_loop()
+    are fed while the others still open. A re-sync a stop cut short goes on (partition_heal.py)."""
     for opened in asyncio.as_completed(opening):
         p, engine = await opened
         if stop.is_set():
             return
-        replicas[p] = LearnerReplica(p, engine, open_group=lambda copy, c=config(p): SyncObjGroup(c, copy, loop))
+        replicas[p] = LearnerReplica(p, engine, open_group=open_group(p))
         pump.add(replicas[p])
+        aside = partition_heal.aside_of(engine.folder)
+        if aside.exists():
+            pump.rebuild(p, RocksEngine(aside, on_corrupt=corrupt), "a re-sync the learner's stop cut short")
         await asyncio.sleep(0)  # what arrived for the replicas opened so far, before the next one joins
 
 
@@ -246,11 +284,14 @@ async def _open_sink(sink: Sink, options: dict[str, str], stop: asyncio.Event) -
 async def _publish(pump: FeedPump, folder: Path, tls: Tls | None, stop: asyncio.Event) -> None:
     """Once a second: the feed's state to the status file and the metrics, and renewed TLS files taken up."""
     failures = resyncs = 0
-    stopped: dict[int, str] = {}
+    written: tuple[dict[int, str], dict[int, str]] = ({}, {})
     while not stop.is_set():
-        if pump.stopped != stopped:
-            stopped = dict(pump.stopped)
-            learner_status.write(folder, stopped)
+        now = (dict(pump.stopped), {p: r.why for p, r in pump.rebuilding.items()})
+        if now != written:
+            written = now
+            learner_status.write(folder, *now)
+        for state, partitions in zip(learner_status.STATES, now):
+            TROUBLED.labels(state).set(len(partitions))
         for p, lag in pump.lag().items():
             LAG_ENTRIES.labels(p).set(lag)
         for p, seconds in pump.lag_seconds().items():
@@ -274,7 +315,7 @@ async def _report_progress(client: AsyncClient, name: str, pump: FeedPump, stop:
     reported: dict[int, int] = {}
     failing = False
     while not stop.is_set():
-        delivered = {p: r.engine.position.index for p, r in pump.replicas.items()}
+        delivered = {p: r.engine.position.index for p, r in pump.replicas.items() if p not in pump.rebuilding}
         changed = {p: i for p, i in delivered.items()
                    if i > reported.get(p, 0) and (p not in reported or pump.last_data_delivered.get(p, 0) > reported[p])}
         if changed:

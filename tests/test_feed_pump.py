@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from pathlib import Path
 
 import pytest
 
-from learners.feed_pump import FeedPump
+from learners import partition_heal
+from learners.feed_pump import RETRY_STOPPED_SECONDS, FeedPump
 from learners.learner_replica import LearnerReplica
 from learners.sinks.memory_sink import MemorySink
 from raftkv.core.commands import Delete, DeleteRange, Put, PutMany
@@ -18,7 +20,7 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.memory_group import Disk, MemoryGroup
 from raftkv.raft.memory_network import MemoryNetwork
-from raftkv.storage.engine import KeyRange
+from raftkv.storage.engine import KeyRange, Position
 from raftkv.storage.rocks_engine import RocksEngine
 
 
@@ -158,9 +160,11 @@ def test_a_learner_restarted_with_an_empty_disk_skips_a_snapshot_its_sink_is_pas
 class RefusingSink(MemorySink):
     """Refuses every event of one key for good, as Kafka refuses a record over its size limit."""
 
+    refused = b"too-big"
+
     def deliver(self, batch):
         for event in batch.events:
-            if event.key == b"too-big":
+            if event.key == self.refused:
                 self._pending = []
                 raise Undeliverable(event.partition, event.index, "Broker: Message size too large")
         super().deliver(batch)
@@ -172,7 +176,8 @@ def test_an_undeliverable_event_stops_its_partition_once_and_the_others_keep_flo
     a, b = Feed(tmp_path / "a", partition=0), Feed(tmp_path / "b", partition=1)
     sink = RefusingSink()
     sink.open({"learner": "l1"})
-    pump = FeedPump("test", {0: a.learner, 1: b.learner}, sink, clock=lambda: 1.0)
+    now = [1.0]
+    pump = FeedPump("test", {0: a.learner, 1: b.learner}, sink, clock=lambda: now[0])
     a.write(Put(b"too-big", b"x"))
     a.write(Put(b"after", b"1"))
     b.write(Put(b"b1", b"1"))
@@ -193,6 +198,14 @@ def test_an_undeliverable_event_stops_its_partition_once_and_the_others_keep_flo
         await run_until(lambda: 0 in pump.stopped and sink.positions.get(1) == b.learner.engine.position.index > 0)
         b.write(Put(b"b2", b"2"))   # partition 1 goes on after partition 0 stopped
         await run_until(lambda: b"b2" in {e.key for e in sink.events})
+        now[0] += RETRY_STOPPED_SECONDS  # tried again: refused again, and the next try waits twice as long
+        failures = pump.failures
+        await run_until(lambda: pump.failures > failures)
+        now[0] += RETRY_STOPPED_SECONDS
+        assert 0 in pump.stopped and a.learner not in pump._fed()
+        sink.refused = None  # the limit raised: the next try delivers, and partition 0 flows again
+        now[0] += RETRY_STOPPED_SECONDS
+        await run_until(lambda: 0 not in pump.stopped and pump.lag()[0] == 0)
 
     caplog.set_level("ERROR", logger="learners.feed_pump")
     try:
@@ -200,7 +213,67 @@ def test_an_undeliverable_event_stops_its_partition_once_and_the_others_keep_flo
     finally:
         a.close()
         b.close()
-    assert [(e.key, e.after) for e in sink.events] == [(b"b1", b"1"), (b"b2", b"2")]
-    assert "cannot be delivered: Broker: Message size too large" in pump.stopped[0]
-    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
-    assert pump.lag()[0] > 0
+    assert [(e.partition, e.key) for e in sink.events] == [(0, b"too-big"), (0, b"after"), (1, b"b1"), (1, b"b2")]
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1  # when it stopped, not at each try
+
+
+def test_a_partition_whose_log_contradicted_its_copy_is_rebuilt_silently_then_delivered_as_one_resync(feed):
+    """learners/partition_heal.py. The copy set aside holds what the cluster lost (`lost`, at an index
+    past the cluster's): the re-sync waits until the cluster's log passes it, then turns the sink's
+    state into the cluster's, `d lost` included, in one batch."""
+    feed.write(Put(b"a", b"1"), Put(b"b", b"1"), Put(b"c", b"1"))
+    feed.pump_all()
+    copy = feed.learner.engine
+    lost_at = Position(copy.position.index + 3, copy.position.term)
+    copy.write([Put(b"lost", b"1")], lost_at)
+    feed.sink.positions[0] = lost_at.index  # the sink had it too, before the cluster lost it
+    feed.write(Put(b"b", b"2"))
+    feed.write(Delete(b"c"))
+    feed.voter.group.compact()  # the rebuild starts from a snapshot
+    delivered = len(feed.sink.events)
+
+    aside = _start_over(feed)
+    feed.pump_all()
+    assert len(feed.sink.events) == delivered and 0 in feed.pump.rebuilding  # its log is not past `lost` yet
+    assert feed.learner.engine.get(b"b") == b"2"  # rebuilt meanwhile: follower reads see a state the cluster had
+
+    for i in range(3):
+        feed.write(Put(b"d", b"%d" % i))
+    feed.pump_all()
+    assert 0 not in feed.pump.rebuilding and not aside.exists() and feed.pump.resyncs == 1
+    resync = [(e.op, e.key, e.before, e.after) for e in feed.sink.events[delivered:]]
+    assert sorted(resync) == [("d", b"c", b"1", None), ("d", b"lost", b"1", None), ("r", b"b", b"1", b"2"),
+                              ("r", b"d", None, b"2")]
+    assert feed.sink.resyncs == {0: [(lost_at.index, feed.learner.engine.position.index)]}
+    feed.write(Put(b"e", b"1"))  # the live feed goes on
+    feed.pump_all()
+    assert ops(feed.sink)[-1] == ("c", b"e", None, b"1")
+
+
+def test_a_resync_whose_difference_was_delivered_before_a_restart_only_drops_the_copy_set_aside(feed):
+    feed.write(Put(b"a", b"1"))
+    feed.pump_all()
+    aside = _start_over(feed)
+    feed.write(Put(b"a", b"2"))
+    feed.pump_all()
+    assert not aside.exists()
+    delivered = list(feed.sink.events)
+
+    feed.learner.close()  # as if it stopped after the delivery and before the drop
+    aside.mkdir()
+    feed.open_learner()
+    feed.pump.rebuild(0, RocksEngine(aside), "a re-sync the learner's stop cut short")
+    feed.pump_all()
+    assert feed.sink.events == delivered and not aside.exists() and feed.pump.resyncs == 1
+
+
+def _start_over(feed) -> Path:
+    """What the learner process does when the partition's log contradicts its copy."""
+    folder = feed.learner.engine.folder
+    feed.learner.close()
+    aside = partition_heal.set_aside(folder)
+    feed.disks["l1"] = Disk(folder, voters=frozenset({"n1"}))
+    folder.mkdir()
+    feed.open_learner()
+    feed.pump.rebuild(0, RocksEngine(aside), "the Raft log contradicts the database")
+    return aside

@@ -18,9 +18,12 @@ import pytest
 
 from learners.change_event import SCHEMA_PATH, ChangeEvent
 from raftkv import Client, Timeout, Unavailable, Undetermined, failpoints
+from raftkv.core.commands import Put
 from raftkv.core.partitioning import partition_for_key
 from raftkv.dev.local_cluster import free_port_block
 from raftkv.dev.metrics_scrape import samples
+from raftkv.storage.engine import Position
+from raftkv.storage.rocks_engine import RocksEngine
 from tests.conftest import random_write, wait_for_compaction, wait_until
 from tests.test_cli import assert_one_line_error, run
 
@@ -414,3 +417,49 @@ def test_a_learner_is_not_started_without_the_partitions_that_have_no_leader(mak
 def _hosts(cluster, node_id: str) -> list[int]:
     with Client(cluster.endpoints, timeout=10) as kv:
         return kv.topology().meta.voter_partitions(node_id)
+
+
+def test_a_partition_whose_log_contradicts_the_learners_copy_resyncs_while_the_others_flow(
+        make_cluster, learner_factory):
+    """Issue 30: it stopped the whole learner. Here partition 0's copy says it holds entry X of another
+    term than the log's, and a key the cluster does not have (as after a whole-cluster power cut that
+    lost entries the learner had delivered): the learner re-syncs partition 0 from the cluster, feeds
+    partition 1 meanwhile, says so in `learner list` and its metrics, and the feed ends equal to the store."""
+    cluster = make_cluster(nodes=3, partitions=2)
+    learner = learner_factory(cluster)
+    keys = {p: [k for k in (b"k%d" % i for i in range(200)) if partition_for_key(k, 2) == p][:20] for p in (0, 1)}
+    with Client(cluster.endpoints) as kv:
+        for key in keys[0] + keys[1]:
+            kv.put(key, b"1")
+        wait_until(lambda: len(replay(learner.events())) == 40, 30, "the learner to deliver the writes")
+        learner.stop()
+        ghost = next(k for k in (b"ghost%d" % i for i in range(100)) if partition_for_key(k, 2) == 0)
+        copy = RocksEngine(cluster.spec_path.parent / "learners" / learner.name / "p0000")
+        at = copy.position
+        copy.write([Put(ghost, b"lost")], Position(at.index, at.term + 7))
+        copy.close()
+        metrics_port = free_port_block(1)
+        learner.start("--metrics-port", str(metrics_port))
+
+        def listed() -> dict:
+            out = run("learner", "list", "--config", str(cluster.spec_path), "--json")
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)[learner.name]["partitions"]
+
+        def not_flowing(state: str) -> float:
+            return next(s.value for s in samples(f"127.0.0.1:{metrics_port}")
+                        if s.name == "raftkv_learner_partitions_not_flowing" and s.labels["state"] == state)
+
+        wait_until(lambda: "resyncing" in listed()["0"], 30, "learner list to show partition 0 re-syncing")
+        assert "the Raft log contradicts the database" in listed()["0"]["resyncing"]
+        wait_until(lambda: not_flowing("resyncing") == 1, 10, "the metric to count it")
+        kv.put(keys[1][0], b"2")  # partition 1 flows meanwhile
+        wait_until(lambda: replay(learner.events())[keys[1][0]] == b"2", 30, "partition 1 to flow")
+        kv.put(keys[0][0], b"2")  # partition 0's log passes its copy's position: the difference goes out
+        wait_until(lambda: "resyncing" not in listed()["0"], 30, "partition 0 to finish its re-sync")
+        store = dict(kv.scan())
+    assert replay(learner.events()) == store and ghost not in store
+    resync = [e for e in learner.events() if e.snapshot]
+    assert {(e.op, e.key) for e in resync} == {("d", ghost), ("r", keys[0][0])}
+    assert not_flowing("resyncing") == 0 and learner.proc.poll() is None
+    assert next(s.value for s in samples(f"127.0.0.1:{metrics_port}") if s.name == "raftkv_learner_resyncs_total") == 1

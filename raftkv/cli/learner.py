@@ -82,29 +82,32 @@ def _check_sink(name: str, sink_name: str, options: dict[str, str], spec) -> Non
 def list_(config, endpoints, as_json) -> None:
     """Registered learners, their sinks and how far each partition's feed has got.
 
-    A partition a learner stopped feeding shows why, when the learner runs here (its folder is next to
-    the spec in --config)."""
+    A partition a learner feeds no events from shows why, when the learner runs here (its folder is next
+    to the spec in --config): stopped (its sink refused an event; tried again later) or resyncing (its log
+    contradicted the learner's copy)."""
     with open_client(config, endpoints) as kv:
         learners = kv.learners()
     spec = load_spec(config) if Path(config).exists() else None
-    stopped = {name: learner_status.read(learner_process.learner_folder(spec, name)) if spec else {}
-               for name in learners}
+    troubles = {name: learner_status.read(learner_process.learner_folder(spec, name)) if spec else {}
+                for name in learners}
     if as_json:
         output.console.print_json(json.dumps({
             name: {"sink": v.sink, "options": v.options,
                    "partitions": {p: {"delivered": v.progress[p], "lag": v.lag(p),
-                                      **({"stopped": stopped[name][p]} if p in stopped[name] else {})}
+                                      **(dict([troubles[name][p]]) if p in troubles[name] else {})}
                                   for p in sorted(v.progress)}}
             for name, v in learners.items()}))
         return
     from rich.table import Table  # not at the top: `learner start` prints no table
 
     table = Table(title="raftkv learners")
-    for column in ("learner", "sink", "partition", "delivered", "lag (entries)", "stopped"):
+    for column in ("learner", "sink", "partition", "delivered", "lag (entries)", "not flowing"):
         table.add_column(column)
     for name, v in learners.items():
         for p in sorted(v.progress):
-            table.add_row(name, v.sink, str(p), str(v.progress[p]), str(v.lag(p)), stopped[name].get(p, ""))
+            trouble = troubles[name].get(p)
+            table.add_row(name, v.sink, str(p), str(v.progress[p]), str(v.lag(p)),
+                          f"{trouble[0]}: {trouble[1]}" if trouble else "")
     output.console.print(table)
 
 

@@ -82,6 +82,16 @@ class DiskFailed(CorruptData):
     trusted; the node stops rather than serve or acknowledge what may be lost."""
 
 
+class LogContradiction(CorruptData):
+    """A replica's Raft log holds a committed entry its state cannot have come after: the log was
+    rewound and refilled with other entries. A node stops; a learner re-syncs the partition from the
+    cluster (learners/partition_heal.py)."""
+
+    def __init__(self, partition: int, message: str):
+        self.partition = partition
+        super().__init__(message)
+
+
 class StorageFull(RaftKVError):
     """The disk holding a node's data is full; nothing was acknowledged."""
 

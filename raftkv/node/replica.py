@@ -64,9 +64,15 @@ class Replica(Generic[E]):
     def __init__(self, partition: int, engine: E, open_group: Callable[[StateMachine], RaftGroup],
                  state_machine: Callable[[E], StateMachine]):
         self.partition = partition
+        self._new_state_machine = state_machine
+        self.reopen(engine, open_group)
+
+    def reopen(self, engine: E, open_group: Callable[[StateMachine], RaftGroup]) -> None:
+        """Drive `engine` with a new group: at the start, or after `close` (a learner's partition starting
+        over, learners/partition_heal.py)."""
         self.engine = engine
         try:
-            self.state_machine = state_machine(engine)
+            self.state_machine = self._new_state_machine(engine)
             self.group = open_group(self.state_machine)
         except BaseException:
             self.engine.close()

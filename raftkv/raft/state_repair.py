@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from raftkv.core.errors import CorruptData
+from raftkv.core.errors import LogContradiction
 from raftkv.raft.group import Snapshot, StateMachine, contradicts
 from raftkv.raft.syncobj_snapshots import SnapshotFiles
 
@@ -23,8 +23,9 @@ class StateRepair:
     """Checks one member's state against its log: `member` is the pysyncobj SyncObj."""
 
     def __init__(self, partition: int, folder, fsync: bool, state_machine: StateMachine, snapshots: SnapshotFiles,
-                 member):
+                 member, resyncs_itself: bool = False):
         self._partition = partition
+        self._resyncs_itself = resyncs_itself  # a learner process (learners/partition_heal.py)
         self._folder = folder
         self._fsync = fsync
         self._sm = state_machine
@@ -93,10 +94,11 @@ class StateRepair:
             return
         term = self._term_at(index)
         if contradicts(index, term, position):
-            raise CorruptData(
+            remedy = ("the learner re-syncs the partition from the cluster" if self._resyncs_itself else
+                      f"stop the node, move {self._folder} away and restart it so the partition re-syncs from its peers")
+            raise LogContradiction(self._partition,
                 f"partition {self._partition}: the Raft log contradicts the database: committed entry {index} "
-                f"(term {term}) cannot come before its position {position.index} (term {position.term}); stop "
-                f"the node, move {self._folder} away and restart it so the partition re-syncs from its peers")
+                f"(term {term}) cannot come before its position {position.index} (term {position.term}); {remedy}")
 
 
 def _named(snapshot: Snapshot | None) -> str:

@@ -67,6 +67,7 @@ class GroupConfig:
     engine: NodeEngine | None = None  # the node's engine, which may drive the group's steady state (raft_engine)
     clock: Callable[[], float] = time.monotonic  # pysyncobj's (core/clock.py): it compares our deadlines with it
     after_apply: Callable[[], None] = lambda: None  # after every apply step (a learner's feed pump wakes on it)
+    resyncs_itself: bool = False  # a learner process's: a log that contradicts the copy is no reason to stop
 
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
@@ -214,7 +215,8 @@ class SyncObjGroup:
         self._journal: RaftJournal | GroupLog = self._member._SyncObj__raftLog
         self._apply_id = self._member._methodToID[self._member._getFuncName("_apply")]
         self.snapshots.journal = self._journal
-        self.repair = StateRepair(config.partition, folder, config.fsync, state_machine, self.snapshots, self._member)
+        self.repair = StateRepair(config.partition, folder, config.fsync, state_machine, self.snapshots, self._member,
+                                  config.resyncs_itself)
         self._ticker = Ticker(self._member, poller, loop, period=min(0.05, tuning.heartbeat_period / 2),
                              on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election,
                              next_timer=self._member.next_timer, clock=config.clock)
