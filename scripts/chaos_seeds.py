@@ -21,7 +21,7 @@ from rich.table import Table
 from raftkv.chaos.config import LEARNERS, ChaosConfig
 from raftkv.chaos.nemesis import FAULTS, parse_faults
 from raftkv.chaos.runner import run_chaos
-from raftkv.core.spec import DURABILITY_MODES, FSYNC, RAFT_ENGINES
+from raftkv.core.spec import DURABILITY_MODES, FSYNC, RAFT_ENGINES, NodeSpec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--durability", choices=DURABILITY_MODES, default=FSYNC)
     parser.add_argument("--learner", choices=LEARNERS, default=None)
-    parser.add_argument("--raft-engine", choices=RAFT_ENGINES, default="off")
+    parser.add_argument("--raft-engine", choices=RAFT_ENGINES, default=NodeSpec.raft_engine)
     args = parser.parse_args(argv)
     try:
         faults = parse_faults(args.faults)

@@ -11,7 +11,7 @@ from typing import Iterable
 from raftkv.chaos import netcut, small_disk
 from raftkv.chaos.nemesis import FAULTS, POWER_LOSS_DISK_FAULTS, FaultChoice
 from raftkv.api.convert import CONSISTENCY_BY_NAME
-from raftkv.core.spec import FSYNC, RAFT_ENGINES, Tuning
+from raftkv.core.spec import FSYNC, RAFT_ENGINES, NodeSpec, Tuning
 from raftkv.powerloss import disk as power_loss_disk
 
 LEARNERS = ("kafka",)
@@ -33,7 +33,7 @@ class ChaosConfig:
     out: Path | None = None  # where the run's files go; None: a temporary folder, kept only on a violation
     read_consistency: str = "linearizable"  # of the register workload's reads
     durability: str = FSYNC  # the cluster's (core/spec.py's DURABILITY_MODES)
-    raft_engine: str = "off"  # every node's: "off" or "steady" (docs/raft-engine.md)
+    raft_engine: str = NodeSpec.raft_engine  # every node's (docs/raft-engine.md): the engine that ships
     client_timeout: float = 3.0
     tuning: Tuning = field(default_factory=lambda: CHAOS_TUNING)
     disk_mb: int = 256  # the tmpfs of the diskfull node

@@ -21,7 +21,7 @@ from raftkv.chaos.runner import ChaosReport, RunStatus, run_chaos
 from raftkv.cli.output import console, err_console
 from raftkv.api.convert import CONSISTENCY_BY_NAME
 from raftkv.core.errors import ConfigError
-from raftkv.core.spec import DURABILITY_MODES, FSYNC, RAFT_ENGINES
+from raftkv.core.spec import DURABILITY_MODES, FSYNC, RAFT_ENGINES, NodeSpec
 
 
 
@@ -53,8 +53,8 @@ _FAULT_HELP = "Comma-separated faults, each KIND or KIND:VARIANT. " + "; ".join(
                                       "should then report violations).")
 @click.option("--durability", type=click.Choice(DURABILITY_MODES), default=FSYNC, show_default=True,
               help="The cluster's durability mode (docs/durability.md).")
-@click.option("--raft-engine", type=click.Choice(RAFT_ENGINES), default="off", show_default=True,
-              help="Every node's Raft engine (docs/raft-engine.md).")
+@click.option("--raft-engine", type=click.Choice(RAFT_ENGINES), default=NodeSpec.raft_engine, show_default=True,
+              help="Every node's Raft engine (docs/raft-engine.md); the default is a node's.")
 @click.option("--hosts", is_flag=True, default=False,
               help="Each node on a host of its own: a network namespace with its own address (needs root); "
                    "partitions are then cut by address in each namespace.")
