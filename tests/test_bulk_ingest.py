@@ -13,7 +13,8 @@ import pytest
 from learners.change_capture import EntryContext, capture_entry, pending_view
 from raftkv import failpoints
 from raftkv.chaos.small_disk import SmallDisk
-from raftkv.core.bulk_ingest import INGEST_MIN_BYTES, ingest_wanted
+from raftkv.core.bulk_ingest import INGEST_MIN_BYTES, SST_INGEST_SINCE, ingest_wanted
+from raftkv.meta.cluster_version import FIRST_RELEASE
 from raftkv.core.command_kinds import check_command
 from raftkv.core.commands import IngestSst, Limits, Put, PutMany
 from raftkv.core.errors import CorruptData, InvalidRequest, StorageFull
@@ -178,7 +179,8 @@ def submit_all(twins: Twins, leader, may_ingest: bool, *commands) -> list:
     async def run() -> list:
         frontend = PartitionFrontend(leader, asyncio.get_running_loop(), max_batch_ops=100,
                                      max_batch_bytes=2 << 20, request_timeout=10.0,
-                                     leader_id_of=lambda address: None, may_ingest=lambda: may_ingest)
+                                     leader_id_of=lambda address: None,
+                                     cluster_version=lambda: SST_INGEST_SINCE if may_ingest else FIRST_RELEASE)
         futures = [frontend.submit(c) for c in commands]
         for _ in range(20):
             if all(f.done() for f in futures):

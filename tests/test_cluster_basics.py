@@ -64,6 +64,21 @@ def test_put_get_delete_scan_cas_batch(cluster):
         assert kv.get(b"b", consistency="leader") == b"2"
 
 
+def test_a_guarded_batch_applies_only_while_its_guards_hold(cluster):
+    """What a transfer between two accounts of one partition needs (the chaos bank workload)."""
+    with Client(cluster.endpoints) as kv:
+        a = b"acct/a"
+        b = next(k for k in (b"acct/b%d" % i for i in range(1000)) if partition_for_key(k, 4) == partition_for_key(a, 4))
+        kv.batch([Put(a, b"10"), Put(b, b"0")])
+        assert kv.guarded_batch({a: b"10", b: b"0"}, [Put(a, b"7"), Put(b, b"3")])
+        assert not kv.guarded_batch({a: b"10", b: b"0"}, [Put(a, b"4"), Put(b, b"6")])  # a changed meanwhile
+        assert not kv.guarded_batch({a: b"7", b: None}, [Delete(a)])  # b is not absent
+        assert (kv.get(a), kv.get(b)) == (b"7", b"3")
+        other = next(k for k in (b"x%d" % i for i in range(100)) if partition_for_key(k, 4) != partition_for_key(a, 4))
+        with pytest.raises(InvalidRequest, match="one partition"):
+            kv.guarded_batch({other: None}, [Put(a, b"1")])
+
+
 def test_batch_across_partitions_is_rejected(cluster):
     with Client(cluster.endpoints) as kv:
         keys = [b"k%d" % i for i in range(20)]

@@ -13,6 +13,8 @@ from raftkv.core.commands import (
     Cas,
     Delete,
     DeleteRange,
+    Guard,
+    GuardedBatch,
     Limits,
     Put,
     PutMany,
@@ -35,7 +37,9 @@ mutations = st.one_of(puts, deletes, ranges)
 batches = st.builds(Batch, st.lists(mutations, max_size=5).map(tuple))
 put_manys = st.lists(st.tuples(keys, values), min_size=1, max_size=6).map(
     lambda rows: PutMany.of([k for k, _ in rows], [v for _, v in rows]))
-commands = st.one_of(puts, deletes, ranges, cases, batches, put_manys)
+guarded = st.builds(GuardedBatch, st.lists(st.builds(Guard, keys, optional_values), max_size=3).map(tuple),
+                    st.lists(mutations, max_size=4).map(tuple))
+commands = st.one_of(puts, deletes, ranges, cases, batches, put_manys, guarded)
 command_lists = st.lists(commands, max_size=8)
 
 
@@ -165,7 +169,7 @@ def test_decode_rejects_trailing_garbage_after_valid_commands(garbage):
         decode_proposal(encoded + garbage)
 
 
-@pytest.mark.parametrize("tag", [0, 11, 12, 0x7F, 0xFF])
+@pytest.mark.parametrize("tag", [0, 12, 13, 0x7F, 0xFF])
 def test_decode_rejects_unknown_tags(tag):
     with pytest.raises(DecodeError, match=f"unknown command tag {tag}"):
         decode_proposal(bytes([VERSION, tag]) + b"\x00" * 16)
@@ -368,3 +372,23 @@ def test_put_many_checks_its_columns_and_routes_by_every_key():
             check_command(bad, Limits())
     with pytest.raises(ValueError, match="only put, delete and delete_range"):
         encode_proposal([Batch((command,))])
+
+
+def test_a_guarded_batch_is_tag_11_its_guards_then_a_batchs_fields():
+    encoded = encode_proposal([GuardedBatch((Guard(b"a", b"1"), Guard(b"b", None)), (Put(b"a", b"0"),))])
+    assert encoded == (
+        b"\x01\x0b" + struct.pack("<I", 2)
+        + struct.pack("<BII", 1, 1, 1) + b"a1" + struct.pack("<BII", 0, 1, 0) + b"b"
+        + struct.pack("<I", 1) + b"\x01" + struct.pack("<II", 1, 1) + b"a0"
+    )
+    assert decode_proposal(encoded)[0].guards[1].expected is None  # absent, not empty
+
+
+def test_check_command_wants_a_guarded_batch_to_have_a_guard_and_an_operation():
+    with pytest.raises(InvalidRequest, match="at least one guard"):
+        check_command(GuardedBatch((), (Put(b"k", b"v"),)), Limits())
+    with pytest.raises(InvalidRequest, match="at least one operation"):
+        check_command(GuardedBatch((Guard(b"k", None),), ()), Limits())
+    with pytest.raises(InvalidRequest, match="key is 5 bytes; the limit is 4"):
+        check_command(GuardedBatch((Guard(b"kkkkk", None),), (Put(b"k", b"v"),)), Limits(max_key_bytes=4))
+    assert routing_keys(GuardedBatch((Guard(b"g", None),), (Put(b"k", b"v"),))) == [b"g", b"k"]

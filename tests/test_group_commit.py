@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from raftkv.core.commands import Put
-from raftkv.core.errors import StorageFull
+from raftkv.core.command_kinds import GUARDED_BATCH_SINCE
+from raftkv.core.commands import Guard, GuardedBatch, Put
+from raftkv.core.errors import StorageFull, Unavailable
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.raft.group import Role
 
@@ -46,3 +47,28 @@ def test_a_leader_with_a_full_disk_refuses_at_once_and_steps_aside():
     replica = FullLeader()
     asyncio.run(scenario(replica))
     assert replica.stepped_aside == 2 and replica.proposed == 0
+
+
+def test_a_guarded_batch_is_not_logged_before_every_node_can_apply_it():
+    """A 0.2 node fails on the log tag of a guarded batch: the leader must not log one during an upgrade."""
+
+    class Leader(FullLeader):
+        storage_full = False
+
+    async def scenario(replica: Leader, cluster_version: str) -> None:
+        frontend = PartitionFrontend(replica, asyncio.get_running_loop(), max_batch_ops=10, max_batch_bytes=1 << 20,
+                                     request_timeout=10.0, leader_id_of=lambda address: None,
+                                     cluster_version=lambda: cluster_version)
+        command = GuardedBatch((Guard(b"k", None),), (Put(b"k", b"v"),))
+        if cluster_version == "0.2.0":
+            with pytest.raises(Unavailable, match=r"needs every node at 0\.3\.0\.dev0 or later, and the cluster "
+                                                  r"version is 0\.2\.0"):
+                await frontend.submit(command)
+        else:
+            frontend.submit(command)
+            await asyncio.sleep(0)
+
+    before, after = Leader(), Leader()
+    asyncio.run(scenario(before, "0.2.0"))
+    asyncio.run(scenario(after, GUARDED_BATCH_SINCE))
+    assert (before.proposed, after.proposed) == (0, 1)

@@ -5,15 +5,20 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from raftkv.core.commands import Batch, Cas, CasResult, Delete, DeleteRange, Put, PutMany
+from raftkv.core.commands import Batch, Cas, CasResult, Delete, DeleteRange, Guard, GuardedBatch, Put, PutMany
 from raftkv.storage.engine import KeyRange, MemoryEngine, Position
 from raftkv.core.state_machine import Applied, apply_proposal
 
 # --- the naive model ---------------------------------------------------------
 
 
-def model_apply(data: dict[bytes, bytes], command) -> CasResult | None:
+def model_apply(data: dict[bytes, bytes], command) -> CasResult | bool | None:
     """Apply one command to a plain dict, the obvious way."""
+    if isinstance(command, GuardedBatch):
+        if any(data.get(g.key) != g.expected for g in command.guards):
+            return False
+        model_apply(data, Batch(command.ops))
+        return True
     if isinstance(command, Put):
         data[command.key] = command.value
     elif isinstance(command, Delete):
@@ -53,6 +58,8 @@ commands = st.one_of(
     mutations,
     st.builds(Cas, keys, optional_values, optional_values),
     st.builds(Batch, st.lists(mutations, min_size=1, max_size=4).map(tuple)),
+    st.builds(GuardedBatch, st.lists(st.builds(Guard, keys, optional_values), min_size=1, max_size=2).map(tuple),
+              st.lists(mutations, min_size=1, max_size=3).map(tuple)),
     st.lists(st.tuples(keys, values), min_size=1, max_size=4).map(
         lambda rows: PutMany.of([k for k, _ in rows], [v for _, v in rows])),
 )

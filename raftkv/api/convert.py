@@ -8,7 +8,8 @@ from dataclasses import fields
 from typing import Any, Callable
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.core.commands import Batch, CasResult, Command, Delete, DeleteRange, Limits, Put, RegisterLearner
+from raftkv.core.commands import (Batch, CasResult, Command, Delete, DeleteRange, Guard, GuardedBatch, Limits, Put,
+                                  RegisterLearner)
 from raftkv.core.command_kinds import Kind, by_proto_field, check_command, kind_of, routing_keys
 from raftkv.core.errors import (InvalidRequest, NotLeader, PermissionDenied, RaftKVError, ResourceExhausted,
                                 StorageFull, Timeout, Unauthenticated, Unavailable, Undetermined)
@@ -37,6 +38,10 @@ def consistency_from_name(name: str) -> int:
 _SHAPED: dict[type, tuple[Callable[[Any], Any], Callable[[Any], Command]]] = {
     Batch: (lambda c: pb.Batch(ops=[_mutation_message(op) for op in c.ops]),
             lambda m: Batch(tuple(_mutation(op) for op in m.ops))),
+    GuardedBatch: (lambda c: pb.GuardedBatch(guards=[pb.Guard(key=g.key, expected=g.expected) for g in c.guards],
+                                             ops=[_mutation_message(op) for op in c.ops]),
+                   lambda m: GuardedBatch(tuple(Guard(g.key, g.expected if g.HasField("expected") else None)
+                                                for g in m.guards), tuple(_mutation(op) for op in m.ops))),
     RegisterLearner: (lambda c: pb.RegisterLearner(name=c.name, sink=c.sink, options=dict(c.options)),
                       lambda m: RegisterLearner(m.name, m.sink, tuple(sorted(m.options.items())))),
 }
@@ -159,7 +164,9 @@ def error_from_result(result: pb.Result, partition: int) -> RaftKVError | None:
     return Unavailable(result.message or f"unknown result code {code}")
 
 
-def result_from_write(value: CasResult | None) -> pb.Result:
+def result_from_write(value: CasResult | bool | None) -> pb.Result:
     if isinstance(value, CasResult):
         return pb.Result(cas_succeeded=value.succeeded, found=value.current is not None, value=value.current or b"")
+    if isinstance(value, bool):  # a guarded batch's
+        return pb.Result(cas_succeeded=value)
     return pb.Result()

@@ -87,6 +87,22 @@ class Batch(_message.Message):
     ops: _containers.RepeatedCompositeFieldContainer[Mutation]
     def __init__(self, ops: _Optional[_Iterable[_Union[Mutation, _Mapping]]] = ...) -> None: ...
 
+class Guard(_message.Message):
+    __slots__ = ("key", "expected")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    expected: bytes
+    def __init__(self, key: _Optional[bytes] = ..., expected: _Optional[bytes] = ...) -> None: ...
+
+class GuardedBatch(_message.Message):
+    __slots__ = ("guards", "ops")
+    GUARDS_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    guards: _containers.RepeatedCompositeFieldContainer[Guard]
+    ops: _containers.RepeatedCompositeFieldContainer[Mutation]
+    def __init__(self, guards: _Optional[_Iterable[_Union[Guard, _Mapping]]] = ..., ops: _Optional[_Iterable[_Union[Mutation, _Mapping]]] = ...) -> None: ...
+
 class Get(_message.Message):
     __slots__ = ("key",)
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -125,7 +141,7 @@ class LearnerProgress(_message.Message):
     def __init__(self, name: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class Op(_message.Message):
-    __slots__ = ("partition", "put", "delete", "delete_range", "cas", "batch", "get", "register_learner", "remove_learner", "learner_progress", "put_many")
+    __slots__ = ("partition", "put", "delete", "delete_range", "cas", "batch", "get", "register_learner", "remove_learner", "learner_progress", "put_many", "guarded_batch")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     PUT_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +153,7 @@ class Op(_message.Message):
     REMOVE_LEARNER_FIELD_NUMBER: _ClassVar[int]
     LEARNER_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     PUT_MANY_FIELD_NUMBER: _ClassVar[int]
+    GUARDED_BATCH_FIELD_NUMBER: _ClassVar[int]
     partition: int
     put: Put
     delete: Delete
@@ -148,7 +165,8 @@ class Op(_message.Message):
     remove_learner: RemoveLearner
     learner_progress: LearnerProgress
     put_many: Columns
-    def __init__(self, partition: _Optional[int] = ..., put: _Optional[_Union[Put, _Mapping]] = ..., delete: _Optional[_Union[Delete, _Mapping]] = ..., delete_range: _Optional[_Union[DeleteRange, _Mapping]] = ..., cas: _Optional[_Union[Cas, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ..., register_learner: _Optional[_Union[RegisterLearner, _Mapping]] = ..., remove_learner: _Optional[_Union[RemoveLearner, _Mapping]] = ..., learner_progress: _Optional[_Union[LearnerProgress, _Mapping]] = ..., put_many: _Optional[_Union[Columns, _Mapping]] = ...) -> None: ...
+    guarded_batch: GuardedBatch
+    def __init__(self, partition: _Optional[int] = ..., put: _Optional[_Union[Put, _Mapping]] = ..., delete: _Optional[_Union[Delete, _Mapping]] = ..., delete_range: _Optional[_Union[DeleteRange, _Mapping]] = ..., cas: _Optional[_Union[Cas, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., get: _Optional[_Union[Get, _Mapping]] = ..., register_learner: _Optional[_Union[RegisterLearner, _Mapping]] = ..., remove_learner: _Optional[_Union[RemoveLearner, _Mapping]] = ..., learner_progress: _Optional[_Union[LearnerProgress, _Mapping]] = ..., put_many: _Optional[_Union[Columns, _Mapping]] = ..., guarded_batch: _Optional[_Union[GuardedBatch, _Mapping]] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
     __slots__ = ("ops", "consistency", "forwarded", "id", "timeout_ms")

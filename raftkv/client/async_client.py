@@ -19,14 +19,14 @@ import asyncio
 import heapq
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Callable, Iterable, Sequence, TypedDict
+from typing import AsyncIterator, Callable, Iterable, Mapping, Sequence, TypedDict
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api.checkpoint_stream import ListedFile
 from raftkv.client.core import ClientCore, NodeStatus
 from raftkv.api.convert import consistency_from_name, op_from_command
 from raftkv.core.commands import (
-    Batch, Cas, CasResult, Command, DeleteRange, LearnerProgress, Limits, Mutation, PutMany,
+    Batch, Cas, CasResult, Command, DeleteRange, Guard, GuardedBatch, LearnerProgress, Limits, Mutation, PutMany,
     RegisterLearner, RemoveLearner,
 )
 from raftkv.core.command_kinds import check_command, routing_keys
@@ -167,6 +167,15 @@ class AsyncClient:
         if not ops:
             raise InvalidRequest("a batch needs at least one operation")
         await self._write(Batch(ops))
+
+    async def guarded_batch(self, guards: Mapping[Bytes, Bytes | None], ops: Iterable[Mutation]) -> bool:
+        """Apply puts, deletes and delete_ranges atomically if every key of `guards` holds its value (None:
+        is absent) when they are applied, else none; whether they were. All keys must be in one partition."""
+        ops = tuple(ops)
+        if not ops:
+            raise InvalidRequest("a guarded batch needs at least one operation")
+        command = GuardedBatch(tuple(Guard(_b(k), None if v is None else _b(v)) for k, v in guards.items()), ops)
+        return (await self._write(command)).cas_succeeded
 
     async def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         """Put every key to its value atomically; all keys must be in one partition.

@@ -23,7 +23,7 @@ import asyncio
 import heapq
 import threading
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence, Unpack
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, Unpack
 
 import uvloop
 
@@ -85,6 +85,11 @@ class Client:
     def batch(self, ops: Iterable[Mutation]) -> None:
         """Apply puts, deletes and delete_ranges atomically; all keys must be in one partition."""
         self._run(self._async.batch(ops))
+
+    def guarded_batch(self, guards: Mapping[Bytes, Bytes | None], ops: Iterable[Mutation]) -> bool:
+        """Apply puts, deletes and delete_ranges atomically if every key of `guards` holds its value (None:
+        is absent) when they are applied, else none; whether they were. All keys must be in one partition."""
+        return self._run(self._async.guarded_batch(guards, ops))
 
     def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         """Put every key to its value atomically; all keys must be in one partition (the bulk-load batch)."""

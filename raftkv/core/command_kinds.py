@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Protocol
 
 from raftkv.core.commands import (
-    Batch, Cas, CasResult, Command, Delete, DeleteRange, IngestSst, LearnerCommand, LearnerProgress, Limits, Mutation,
-    Put, PutMany, RegisterLearner, RemoveLearner,
+    Batch, Cas, CasResult, Command, Delete, DeleteRange, Guard, GuardedBatch, IngestSst, LearnerCommand, LearnerProgress,
+    Limits, Mutation, Put, PutMany, RegisterLearner, RemoveLearner,
 )
 from raftkv.core.errors import InvalidRequest
 from raftkv.core.learner_registry import progress_updates, register_updates, remove_updates
@@ -36,6 +36,7 @@ _U32x2 = struct.Struct("<II")
 _U32x3 = struct.Struct("<III")
 _U32x4 = struct.Struct("<IIII")
 _CAS_HEAD = struct.Struct("<BIII")
+_GUARD_HEAD = struct.Struct("<BII")
 _PROGRESS_HEAD = struct.Struct("<IQ")
 _INGEST_HEAD = struct.Struct("<I32sI")
 ALL_KEYS_END = b"\xff" * 4097  # past every key a cluster accepts (cluster.max_key_bytes is at most 4096)
@@ -91,6 +92,7 @@ class Kind:
     rows: Callable[[Any], tuple[list[bytes], list[bytes | None]]] | None = None  # point mutations: the keys
     #   written and each one's value after (None: deleted), as the change feed reports them (learners/change_capture.py)
     in_batch: bool = False  # may appear inside a Batch
+    since: str = ""  # the cluster version from which every member applies it ("": every release does)
 
     tag_byte: bytes = b""  # set when registered
 
@@ -323,6 +325,56 @@ register(Kind(5, Batch, _encode_batch, _decode_batch, _check_batch,
               lambda c: [k for op in c.ops for k in routing_keys(op)],
               ranges_written=lambda c: [r for op in c.ops for r in kind_of(op).ranges_written(op)],
               apply=_apply_batch, proto_field="batch"))
+
+
+# -- GuardedBatch 0x0b: u32 count, each guard (u8 flags: bit0 expected present, u32 klen u32 elen, key
+#    expected), then a Batch's fields ----------------------------------------------------------------
+
+GUARDED_BATCH_SINCE = "0.3.0.dev0"
+
+
+def _encode_guarded(c: GuardedBatch) -> tuple[bytes, ...]:
+    guards = [part for g in c.guards for part in (
+        _GUARD_HEAD.pack(g.expected is not None, len(g.key), len(g.expected or b"")), g.key, g.expected or b"")]
+    return (_U32.pack(len(c.guards)), *guards, *_encode_batch(Batch(c.ops)))
+
+
+def _decode_guarded(buf: bytes, pos: int) -> tuple[GuardedBatch, int]:
+    (count,) = _U32.unpack_from(buf, pos)
+    pos += 4
+    guards = []
+    for _ in range(count):
+        present, _, elen = _GUARD_HEAD.unpack_from(buf, pos)
+        if present > 1 or (not present and elen):
+            raise DecodeError(f"malformed guard at byte {pos}")
+        (key, expected), pos = _fields(buf, pos + 1, _U32x2)
+        guards.append(Guard(key, expected if present else None))
+    batch, pos = _decode_batch(buf, pos)
+    return GuardedBatch(tuple(guards), batch.ops), pos
+
+
+def _check_guarded(c: GuardedBatch, limits: Limits) -> None:
+    if not c.guards:
+        raise InvalidRequest("a guarded batch needs at least one guard (without one, send a batch)")
+    for guard in c.guards:
+        _check_key(guard.key, limits)
+        _check_value(guard.expected, limits)
+    _check_batch(Batch(c.ops), limits)
+
+
+def _apply_guarded(c: GuardedBatch, state: State) -> bool:
+    if any(state.get(g.key) != g.expected for g in c.guards):
+        return False
+    _apply_batch(Batch(c.ops), state)
+    return True
+
+
+register(Kind(11, GuardedBatch, _encode_guarded, _decode_guarded, _check_guarded,
+              lambda c: [g.key for g in c.guards] + [k for op in c.ops for k in routing_keys(op)],
+              # like a cas: whoever learns whether a key holds a value must be allowed to write it
+              ranges_written=lambda c: [point(g.key) for g in c.guards] + [
+                  r for op in c.ops for r in kind_of(op).ranges_written(op)],
+              apply=_apply_guarded, proto_field="guarded_batch", since=GUARDED_BATCH_SINCE))
 
 
 # -- PutMany 0x09: u32 klen u32 kolen u32 vlen u32 volen keys key-offsets values value-offsets -----

@@ -90,6 +90,24 @@ class Batch:
 
 
 @dataclass(frozen=True, slots=True)
+class Guard:
+    """`key` holds `expected` (None: the key is absent)."""
+
+    key: bytes
+    expected: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class GuardedBatch:
+    """Mutations of one partition applied atomically if every guard holds when the entry is applied;
+    otherwise none. A transfer between two accounts reads both balances, then writes both only if
+    neither changed meanwhile. Its result says whether it applied (`bool`)."""
+
+    guards: tuple[Guard, ...]
+    ops: tuple[Put | Delete | DeleteRange, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class RegisterLearner:
     """Make `name` a learner of this partition, feeding `sink` configured by `options`."""
 
@@ -112,8 +130,8 @@ class LearnerProgress:
 
 
 LearnerCommand = Union[RegisterLearner, RemoveLearner, LearnerProgress]
-Command = Union[Put, Delete, DeleteRange, Cas, Batch, PutMany, IngestSst, RegisterLearner, RemoveLearner,
-                LearnerProgress]
+Command = Union[Put, Delete, DeleteRange, Cas, Batch, GuardedBatch, PutMany, IngestSst, RegisterLearner,
+                RemoveLearner, LearnerProgress]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,14 +19,16 @@ import asyncio
 import itertools
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from raftkv.core import metrics
 from raftkv.core.batching import GroupCommit
-from raftkv.core.bulk_ingest import ingest_wanted
-from raftkv.core.command_kinds import encode_command
+from raftkv.core.bulk_ingest import SST_INGEST_SINCE, ingest_wanted
+from raftkv.core.command_kinds import encode_command, kind_of
 from raftkv.core.commands import Command, PutMany
 from raftkv.core.errors import NotLeader, StorageFull, Undetermined, Unavailable
 from raftkv.core.log_codec import join_proposal
+from raftkv.meta.cluster_version import FIRST_RELEASE, at_least
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
 from raftkv.storage import rocks_sst
@@ -52,16 +54,17 @@ class PartitionFrontend:
         max_batch_bytes: int,
         request_timeout: float,
         leader_id_of: callable,
-        may_ingest: callable = lambda: False,
+        cluster_version: Callable[[], str] = lambda: FIRST_RELEASE,
     ):
-        """`may_ingest()`: whether every member can apply a bulk-load file (the cluster version)."""
+        """`cluster_version()`: the lowest release every member runs; a command only a later one applies
+        (a bulk-load file, a guarded batch) is not logged before."""
         self.replica = replica
         self.partition = replica.partition
         self._loop = loop
         self._policy: GroupCommit[_Pending] = GroupCommit(max_batch_ops, max_batch_bytes, max_in_flight=1)
         self._timeout = request_timeout
         self._leader_id_of = leader_id_of
-        self._may_ingest = may_ingest
+        self._cluster_version = cluster_version
         self._ids = itertools.count()
         self._in_flight: dict[int, tuple[list[_Pending], asyncio.TimerHandle]] = {}
 
@@ -73,8 +76,15 @@ class PartitionFrontend:
         return NotLeader(self.partition, self._leader_id_of(self.replica.leader_address))
 
     def submit(self, command: Command) -> asyncio.Future:
+        since = kind_of(command).since
+        if since and self.is_leader and not at_least(self._cluster_version(), since):  # a follower forwards it
+            future = self._loop.create_future()
+            future.set_exception(Unavailable(  # retried: a new cluster raises its version in its first seconds
+                f"a {type(command).__name__} needs every node at {since} or later, and the cluster version is "
+                f"{self._cluster_version()}: it is raised once every node runs {since} (docs/operations.md)"))
+            return future
         if (type(command) is PutMany and self.is_leader and ingest_wanted(command, self._policy.max_bytes)
-                and self._may_ingest()):  # a follower refuses it in `_enqueue`: no file built for nothing
+                and at_least(self._cluster_version(), SST_INGEST_SINCE)):  # a follower refuses it in `_enqueue`
             file = rocks_sst.build(command)
             metrics.INGEST_FILES.labels(self.partition).inc()
             return self._enqueue(_Pending(encode_command(file), self._loop.create_future()), self._policy.max_bytes)

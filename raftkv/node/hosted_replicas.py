@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from raftkv.core import metrics
-from raftkv.core.bulk_ingest import SST_INGEST_SINCE
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.core.spec import ClusterSpec, NodeSpec
-from raftkv.meta.cluster_version import at_least
 from raftkv.meta.records import ClusterMeta, NodeState
 from raftkv.node.backup_seed import BackupCatalog, seed_from_backup
 from raftkv.node.group_commit import PartitionFrontend
@@ -214,7 +212,7 @@ class HostedReplicas:
             replica, self._loop, max_batch_ops=tuning.max_batch_ops, max_batch_bytes=tuning.max_batch_bytes,
             request_timeout=tuning.request_timeout,
             leader_id_of=lambda address: self.node_at(replica.partition, address),
-            may_ingest=lambda: at_least(self._topology().cluster_version, SST_INGEST_SINCE),
+            cluster_version=lambda: self._topology().cluster_version,
         )
 
 
