@@ -96,7 +96,7 @@ def check_every_variant_ran(report, faults: tuple[str, ...], learner: str | None
     for fault in faults:
         assert {r.variant for r in report.faults if r.fault == fault} == set(VARIANTS[fault])
     assert report.ops >= MIN_OPS // 2, report.op_counts  # 15 to 40 s of workload
-    assert all(c.ok for c in report.checks) and len(checks_of(report)) == (4 if learner else 3)
+    assert all(c.ok for c in report.checks) and len(checks_of(report)) == (5 if learner else 4)
     if {"disk", "diskfull"} & set(faults):  # the node log is where an operator learns of a bad disk: one line each
         tracebacks = [log for log in tmp_path.glob("**/node.log") if "Traceback" in log.read_text(errors="replace")]
         assert not tracebacks, failure_summary(report, tmp_path)
@@ -116,7 +116,7 @@ def test_power_cuts_in_fsync_mode_lose_no_acknowledged_write(tmp_path):
                                    out=tmp_path), steps=cuts)
     assert report.ok, failure_summary(report, tmp_path)
     assert len([r for r in report.faults if r.fault == "powerloss"]) == POWER_CUTS
-    assert all(c.ok for c in report.checks) and len(checks_of(report)) == 4
+    assert all(c.ok for c in report.checks) and len(checks_of(report)) == 5
     assert report.ops >= MIN_OPS // 2, report.op_counts  # each cut stops every node for a while
 
 
@@ -127,7 +127,7 @@ def test_power_cuts_in_lose_last_second_mode_lose_only_writes_acknowledged_withi
     assert losses.explained, "no power cut took an acknowledged write: the cuts did not cut"
     assert not losses.unexplained and losses.worst_seconds <= LOSS_BOUND_SECONDS
     assert checks_of(report) == ["lost to power cuts (default mode)", "set: no lost or phantom adds",
-                                               "replicas equal"]
+                                 "bank: money kept, no half transfer, transfers kept", "replicas equal"]
     assert "harness" in report.memory_kib and len(report.memory_kib) >= 2  # and the nodes up at both ends
     assert all(start > 0 and end > 0 for start, end in report.memory_kib.values())
 

@@ -13,6 +13,7 @@ from typing import Iterable
 
 REGISTER_FUNCTIONS = frozenset({"read", "write", "cas"})
 SET_FUNCTIONS = frozenset({"add", "read_all"})
+BANK_FUNCTIONS = frozenset({"bank_read", "transfer", "bank_final"})  # raftkv/chaos/bank.py
 STATUSES = frozenset({"ok", "fail", "info"})
 
 
@@ -24,8 +25,10 @@ class Op:
     and "info" when it may or may not have been applied (a timeout,
     `Undetermined`, a crash); an info op has no completion time.
     `value` is the write's int, the cas's `(expected, new)`, the add's int,
-    None for reads. `result` is what a read saw (None: the key is absent),
-    whether an acknowledged cas swapped, the frozenset a read_all saw, else None.
+    the transfer's `(id, from, to, amount)`, None for reads. `result` is what a
+    read saw (None: the key is absent), whether an acknowledged cas or transfer
+    applied, the frozenset a read_all saw, the balances a bank_read saw, the
+    balances and the recorded transfers a bank_final saw, else None.
     Times are `time.monotonic_ns()`.
     """
 
@@ -45,7 +48,7 @@ class Op:
 
 
 def _problem(op: Op) -> str | None:
-    if op.f not in REGISTER_FUNCTIONS | SET_FUNCTIONS:
+    if op.f not in REGISTER_FUNCTIONS | SET_FUNCTIONS | BANK_FUNCTIONS:
         return f"unknown f {op.f!r}"
     if op.status not in STATUSES:
         return f"unknown status {op.status!r}"
@@ -61,6 +64,14 @@ def _problem(op: Op) -> str | None:
         return "an acknowledged cas result is a bool"
     if op.f == "read_all" and op.status == "ok" and not isinstance(op.result, frozenset):
         return "an acknowledged read_all result is a frozenset"
+    if op.f == "transfer" and not (isinstance(op.value, tuple) and len(op.value) == 4):
+        return "a transfer value is (id, from, to, amount)"
+    if op.f == "transfer" and op.status == "ok" and not isinstance(op.result, bool):
+        return "an acknowledged transfer result is a bool"
+    if op.f == "bank_read" and op.status == "ok" and not isinstance(op.result, tuple):
+        return "an acknowledged bank_read result is a tuple of balances"
+    if op.f == "bank_final" and op.status == "ok" and not (isinstance(op.result, tuple) and len(op.result) == 2):
+        return "an acknowledged bank_final result is (balances, transfers)"
     return None
 
 
@@ -104,7 +115,7 @@ def _to_json(value: object) -> object:
     if isinstance(value, tuple):
         return {"tuple": [_to_json(item) for item in value]}
     if isinstance(value, frozenset):
-        return {"frozenset": sorted(_to_json(item) for item in value)}
+        return {"frozenset": [_to_json(item) for item in sorted(value)]}
     return value
 
 

@@ -30,7 +30,9 @@ from raftkv.chaos.config import ChaosConfig
 from raftkv.chaos.convergence import replica_differences, scan_any
 from raftkv.chaos.engine_use import engine_counts
 from raftkv.chaos.faults import FaultInjector, placement_of
-from raftkv.chaos.history import SET_FUNCTIONS, Op, Violation, dump_history
+from raftkv.chaos.bank import ACCOUNTS, OPENING_BALANCE
+from raftkv.chaos.bank_check import check_bank
+from raftkv.chaos.history import BANK_FUNCTIONS, REGISTER_FUNCTIONS, SET_FUNCTIONS, Op, Violation, dump_history
 from raftkv.chaos.linearizability import check_register
 from raftkv.chaos.nemesis import POWER_LOSS_DISK_FAULTS, FaultStep, choose_disk_node, schedule
 from raftkv.chaos.hostcut import HostCut
@@ -40,7 +42,7 @@ from raftkv.chaos.recovery import WRITE_DEADLINE, lagging_replicas, writes_resum
 from raftkv.chaos.set_check import check_set
 from raftkv.chaos.small_disk import SmallDisk
 from raftkv.chaos.timeline import FaultRecord, Timeline
-from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_set
+from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_banks, read_set
 from raftkv.core.errors import ConfigError
 from raftkv.dev.local_cluster import LocalCluster, free_port_block, process_rss_kib
 from raftkv.dev.local_feed import LocalFeed
@@ -144,6 +146,7 @@ class _Run:
         self.violations: list[Violation] = []
         self.unknown: tuple[str, ...] = ()
         self.final_read: Op | None = None
+        self.final_banks: list[Op] = []
         self.power_cut_losses: PowerCutLosses | None = None
         self.memory_start: dict[str, int] = {}
         self.memory_end: dict[str, int] = {}
@@ -190,6 +193,8 @@ class _Run:
         injector = FaultInjector(cluster, self.timeline, netcut, disk, self.disk_node, disks)
         workload = Workload(WorkloadConfig(endpoints=tuple(cluster.endpoints), clients=self.config.clients,
                                            set_clients=max(1, self.config.clients // 4),
+                                           bank_clients=max(1, self.config.clients // 4),
+                                           partitions=self.config.partitions,
                                            read_consistency=self.config.read_consistency,
                                            timeout=self.config.client_timeout, seed=self.config.seed),
                             self.history)
@@ -264,7 +269,11 @@ class _Run:
         self.final_read, error = asyncio.run(read_set([n.api_address for n in spec.nodes],
                                                       client_id=FINAL_READ_CLIENT, timeout=30.0))
         set_ops = [op for op in ops if op.f in SET_FUNCTIONS] + [self.final_read]
-        register_ops = [op for op in ops if op.f not in SET_FUNCTIONS]
+        register_ops = [op for op in ops if op.f in REGISTER_FUNCTIONS]
+        endpoints = [n.api_address for n in spec.nodes]
+        self.final_banks = [op for op, _ in asyncio.run(read_banks(endpoints, spec.partitions,
+                                                                   client_id=FINAL_READ_CLIENT, timeout=30.0))]
+        bank_ops = [op for op in ops if op.f in BANK_FUNCTIONS] + self.final_banks
 
         cuts = self._power_cuts_that_may_lose_writes()
         if not cuts:
@@ -280,6 +289,12 @@ class _Run:
         if cuts:
             set_violations = self._explain_power_cut_losses(set_violations, cuts)
         self._checked("set: no lost or phantom adds", set_violations, f"{sets.ops_checked} ops; {read_note}")
+
+        banks = check_bank(bank_ops, ACCOUNTS, OPENING_BALANCE, may_lose=bool(cuts))
+        transfers = sum(op.f == "transfer" and op.status == "ok" and op.result for op in bank_ops)
+        self._checked("bank: money kept, no half transfer, transfers kept", banks.violations,
+                      f"{banks.keys_checked} banks, {banks.ops_checked} ops, {transfers} transfers acknowledged"
+                      + ("; acknowledged transfers a power cut may take not checked" if cuts else ""))
 
         placement = placement_of(spec)
         differences = replica_differences(spec, placement,
@@ -361,7 +376,7 @@ class _Run:
             shutil.copytree(data_dir, data_dir.with_name(f"{self.disk_node}-tmpfs-copy"), dirs_exist_ok=True)
 
     def write_files(self) -> None:
-        ops = self.history.ops() + ([self.final_read] if self.final_read else [])
+        ops = self.history.ops() + ([self.final_read] if self.final_read else []) + self.final_banks
         dump_history(ops, self.run_dir / "history.jsonl")
         self.timeline.dump(self.run_dir / "timeline.json")
         (self.run_dir / "violations.json").write_text(json.dumps(

@@ -9,6 +9,8 @@
   exponential in concurrent info ops, so every key's history stays small.
 - set: adds of unique ints to one set (a key per element, under `SET_PREFIX`);
   the runner reads the whole set back after healing (`read_all`).
+- bank: reads of a bank's accounts and transfers between them in guarded
+  batches (raftkv/chaos/bank.py); the runner reads each bank's final contents.
 
 Every client runs as an asyncio task with an `AsyncClient` of its own, so
 requests really are independent. An op whose outcome is unknown is recorded
@@ -28,9 +30,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Sequence
 
+from raftkv.chaos.bank import BANKS, Bank
 from raftkv.client.async_client import AsyncClient
 from raftkv.chaos.history import Op
-from raftkv.core.errors import InvalidRequest, NotLeader, StorageFull, Unavailable
+from raftkv.core.errors import InvalidRequest, NotLeader, RaftKVError, StorageFull, Unavailable
 
 SET_NAME = "set"
 SET_PREFIX = b"s/"
@@ -42,7 +45,9 @@ READER_MIX = (("read", 1.0),)  # every third register client only reads: it stay
 class WorkloadConfig:
     endpoints: tuple[str, ...]
     clients: int = 8
-    set_clients: int = 2  # of `clients`; the rest run the register workload
+    set_clients: int = 2  # of `clients`
+    bank_clients: int = 0  # of `clients`; the rest run the register workload
+    partitions: int = 1  # the cluster's: where the banks' keys go
     register_keys: int = 4  # keys in use at a time
     ops_per_key: int = 200
     infos_per_key: int = 3  # maybe-applied writes before a key is retired
@@ -140,6 +145,7 @@ class Workload:
         self._counter = itertools.count(1)  # unique values for writes, cas and adds
         self._client_ids = itertools.count()
         self._keys = RegisterKeys(config.register_keys, config.ops_per_key, config.infos_per_key)
+        self._banks = [Bank(b, config.partitions) for b in range(min(BANKS, config.partitions))]
         self._latest: dict[str, int | None] = {}  # register key -> the latest value an acknowledged op showed
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-workload", daemon=True)
@@ -168,9 +174,13 @@ class Workload:
 
     async def _main(self) -> None:
         c = self.config
-        register_clients = c.clients - c.set_clients
+        register_clients = c.clients - c.set_clients - c.bank_clients
+        if c.bank_clients:
+            await self._open_banks()
 
         def op_maker(i: int) -> Callable[..., Awaitable[Recorded]]:
+            if i >= register_clients + c.set_clients:
+                return self._bank_op
             if i >= register_clients:
                 return self._add_op
             mix = READER_MIX if i % 3 == 2 else REGISTER_MIX
@@ -225,6 +235,32 @@ class Workload:
         elif op.f == "write" or (op.f == "cas" and op.result):
             self._latest[op.key] = op.value if op.f == "write" else op.value[1]
 
+    async def _open_banks(self) -> None:
+        """Every bank's accounts, before its clients start (a guarded batch: a retry opens nothing twice)."""
+        async with AsyncClient(list(self.config.endpoints), timeout=self.config.timeout) as kv:
+            for bank in self._banks:
+                while not self._stopping.is_set():
+                    try:
+                        await kv.guarded_batch(*bank.opening())
+                        if None not in await bank.balances(kv):
+                            break
+                    except RaftKVError:
+                        await asyncio.sleep(0.2)
+
+    async def _bank_op(self, kv: AsyncClient, client_id: int, rng: random.Random) -> Recorded:
+        """A read of a bank; half the time, a transfer the read allows follows it (recorded as its own op)."""
+        bank = rng.choice(self._banks)
+        read = await _timed(client_id, "bank_read", bank.name, None, lambda: bank.balances(kv), lambda r: r)
+        op, _ = read
+        planned = bank.transfer(op.result, next(self._counter), rng) if (
+            op.status == "ok" and None not in op.result and rng.random() < 0.5) else None
+        if planned is None:
+            return read
+        self.history.add(*read)
+        value, guards, writes = planned
+        return await _timed(client_id, "transfer", bank.name, value, lambda: kv.guarded_batch(guards, writes),
+                            lambda applied: applied)
+
     async def _add_op(self, kv: AsyncClient, client_id: int, rng: random.Random) -> Recorded:
         element = next(self._counter)
         return await _timed(client_id, "add", SET_NAME, element, lambda: kv.put(set_key(element), b""),
@@ -254,3 +290,10 @@ async def read_set(endpoints: Sequence[str], client_id: int, timeout: float) -> 
             return frozenset([int(key[len(SET_PREFIX):]) async for key, _ in kv.scan(prefix=SET_PREFIX)])
 
     return await _timed(client_id, "read_all", SET_NAME, None, scan, lambda elements: elements)
+
+
+async def read_banks(endpoints: Sequence[str], partitions: int, client_id: int, timeout: float) -> list[Recorded]:
+    """The final read of every bank: its balances and the transfers recorded, from one view each."""
+    async with AsyncClient(list(endpoints), timeout=timeout) as kv:
+        return [await _timed(client_id, "bank_final", bank.name, None, lambda bank=bank: bank.contents(kv),
+                             lambda r: r) for bank in (Bank(b, partitions) for b in range(min(BANKS, partitions)))]
