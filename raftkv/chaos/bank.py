@@ -18,6 +18,7 @@ the bank's partition.
 from __future__ import annotations
 
 import random
+from contextlib import aclosing
 from typing import Sequence
 
 from raftkv.client.async_client import AsyncClient
@@ -59,20 +60,22 @@ class Bank:
         """Every account's balance (None: missing), from one view of the partition."""
         found = {}
         end = self.prefix + b"a0"  # past every account key ("a/" < "a0")
-        async for chunk in kv.scan_partition(self.partition, self.prefix + b"a/", end):
-            found.update((item.key, int(item.value)) for item in chunk.items)
+        async with aclosing(kv.scan_partition(self.partition, self.prefix + b"a/", end)) as chunks:
+            async for chunk in chunks:
+                found.update((item.key, int(item.value)) for item in chunk.items)
         return tuple(found.get(a) for a in self.accounts)
 
     async def contents(self, kv: AsyncClient) -> tuple[tuple[int | None, ...], frozenset]:
         """The balances and the transfers recorded, `(id, from, to, amount)`, from one view of the partition."""
         found, transfers = {}, set()
-        async for chunk in kv.scan_partition(self.partition, self.prefix, self.prefix + b"\xff"):
-            for item in chunk.items:
-                if item.key.startswith(self.prefix + b"t/"):
-                    transfer_id = int(item.key[len(self.prefix) + 2:].split(b"/")[0])
-                    transfers.add((transfer_id, *map(int, item.value.split(b","))))
-                else:
-                    found[item.key] = int(item.value)
+        async with aclosing(kv.scan_partition(self.partition, self.prefix, self.prefix + b"\xff")) as chunks:
+            async for chunk in chunks:
+                for item in chunk.items:
+                    if item.key.startswith(self.prefix + b"t/"):
+                        transfer_id = int(item.key[len(self.prefix) + 2:].split(b"/")[0])
+                        transfers.add((transfer_id, *map(int, item.value.split(b","))))
+                    else:
+                        found[item.key] = int(item.value)
         return tuple(found.get(a) for a in self.accounts), frozenset(transfers)
 
     def transfer(self, balances: Sequence[int], transfer_id: int,

@@ -10,6 +10,7 @@ from typing import Iterable
 
 from raftkv.chaos import netcut, small_disk
 from raftkv.chaos.nemesis import FAULTS, POWER_LOSS_DISK_FAULTS, FaultChoice
+from raftkv.chaos.resources import SAMPLE_SECONDS
 from raftkv.api.convert import CONSISTENCY_BY_NAME
 from raftkv.core.spec import FSYNC, RAFT_ENGINES, NodeSpec, Tuning
 from raftkv.powerloss import disk as power_loss_disk
@@ -38,6 +39,7 @@ class ChaosConfig:
     tuning: Tuning = field(default_factory=lambda: CHAOS_TUNING)
     disk_mb: int = 256  # the tmpfs of the diskfull node
     hosts: bool = False  # each node on a host of its own (a network namespace, raftkv.dev.netns)
+    sample_seconds: float = SAMPLE_SECONDS  # how often each process's memory, descriptors and threads are noted
 
     @property
     def fault_kinds(self) -> frozenset[str]:
@@ -62,6 +64,8 @@ class ChaosConfig:
             problems.append(f"--raft-engine: {self.raft_engine!r} is not one of {', '.join(RAFT_ENGINES)}")
         if self.client_timeout <= 0:
             problems.append("client_timeout: must be positive")
+        if self.sample_seconds <= 0:
+            problems.append("sample_seconds: must be positive")
         problems += self.tuning.problems()
         if self.hosts and os.geteuid() != 0:
             problems.append("--hosts: network namespaces need root")

@@ -102,7 +102,12 @@ class CheckResult:
 def dump_history(ops: Iterable[Op], path: str | Path) -> None:
     with open(path, "w", encoding="utf-8") as out:
         for op in ops:
-            out.write(json.dumps({f.name: _to_json(getattr(op, f.name)) for f in fields(Op)}) + "\n")
+            out.write(op_line(op))
+
+
+def op_line(op: Op) -> str:
+    """The op as one JSON line of a history file."""
+    return json.dumps({f.name: _to_json(getattr(op, f.name)) for f in fields(Op)}) + "\n"
 
 
 def load_history(path: str | Path) -> list[Op]:

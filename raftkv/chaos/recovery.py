@@ -40,8 +40,11 @@ async def _write_until(endpoints: list[str], key: bytes, deadline: float) -> flo
     return None
 
 
-def writes_resume(spec: ClusterSpec, healed_at: float, deadline: float = WRITE_DEADLINE) -> dict[int, float | None]:
-    """Per partition: seconds from `healed_at` (a time.monotonic()) until a write was acknowledged, or None."""
+def writes_resume(spec: ClusterSpec, healed_at: float, loop: asyncio.AbstractEventLoop,
+                  deadline: float = WRITE_DEADLINE) -> dict[int, float | None]:
+    """Per partition: seconds from `healed_at` (a time.monotonic()) until a write was acknowledged, or None.
+    On the run's `loop`: gRPC's poller delivers a closed call's last events after a loop of its own has
+    closed, and logs a traceback for each."""
     endpoints = [n.api_address for n in spec.nodes]
     keys = probe_keys(spec.partitions)
 
@@ -50,7 +53,7 @@ def writes_resume(spec: ClusterSpec, healed_at: float, deadline: float = WRITE_D
                                       for p in range(spec.partitions)))
 
     started = time.monotonic()
-    took = asyncio.run(probe_all())
+    took = loop.run_until_complete(probe_all())
     return {p: None if t is None else t + started - healed_at for p, t in enumerate(took)}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import random
 import shutil
 import signal
@@ -38,13 +39,14 @@ from raftkv.chaos.nemesis import POWER_LOSS_DISK_FAULTS, FaultStep, choose_disk_
 from raftkv.chaos.hostcut import HostCut
 from raftkv.chaos.netcut import NetCut
 from raftkv.chaos.power_cuts import LOSS_BOUND_SECONDS, Cut, PowerCutLosses, explain_losses
+from raftkv.chaos.resources import SETTLE_SECONDS, ResourceWatch, grown
 from raftkv.chaos.recovery import WRITE_DEADLINE, lagging_replicas, writes_resume
 from raftkv.chaos.set_check import check_set
 from raftkv.chaos.small_disk import SmallDisk
 from raftkv.chaos.timeline import FaultRecord, Timeline
 from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_banks, read_set
 from raftkv.core.errors import ConfigError
-from raftkv.dev.local_cluster import LocalCluster, free_port_block, process_rss_kib
+from raftkv.dev.local_cluster import LocalCluster, free_port_block
 from raftkv.dev.local_feed import LocalFeed
 from raftkv.dev.netns import Hosts
 from raftkv.core.spec import FSYNC, build_spec, ports_per_node
@@ -85,6 +87,9 @@ class ChaosReport:
     @property
     def ops(self) -> int:
         return sum(self.op_counts.values())
+
+
+SPILLED_OPS = "ops.jsonl"  # the workload's ops as they come, while the run lasts
 
 
 class RunStatus:
@@ -138,7 +143,7 @@ class _Run:
         self.until_duration = until_duration  # else the run ends after the last step
         self.run_dir = run_dir
         self.status = status
-        self.history = status.history = History()
+        self.history = status.history = History(spill=run_dir / SPILLED_OPS)
         self.timeline = status.timeline = Timeline()
         self.rng = rng
         self.disk_node: str | None = None  # the node whose data dir is a small tmpfs, for diskfull
@@ -147,6 +152,8 @@ class _Run:
         self.unknown: tuple[str, ...] = ()
         self.final_read: Op | None = None
         self.final_banks: list[Op] = []
+        self.resources: ResourceWatch | None = None
+        self.loop = asyncio.new_event_loop()  # for the harness's own requests, the whole run (recovery.writes_resume)
         self.power_cut_losses: PowerCutLosses | None = None
         self.memory_start: dict[str, int] = {}
         self.memory_end: dict[str, int] = {}
@@ -154,6 +161,7 @@ class _Run:
     # -- the run -----------------------------------------------------------
 
     def execute(self, cleanup: ExitStack) -> None:
+        cleanup.callback(self.loop.close)
         hosts = None
         if self.config.hosts:  # removed last: after every process on them ended
             hosts = Hosts(self.config.nodes)
@@ -183,13 +191,20 @@ class _Run:
         self.status.phase = "starting the cluster"
         cluster.start_all()
         cluster.wait_ready(timeout=60)
-        self.memory_start = {**cluster.rss_kib(), "harness": process_rss_kib()}
         feed = None
         if self.config.learner == "kafka":
             feed = LocalFeed(spec, FEED_NAME, FEED_NAME, sink_options={"timeout.ms": "5000"}).start()
             cleanup.callback(feed.stop)
-            if rss := process_rss_kib(feed.learner.pid):  # one process for the whole run: no fault restarts it
-                self.memory_start["learner"] = rss
+
+        def processes() -> dict[str, int | str]:
+            running = {node_id: proc.pid for node_id, proc in cluster.procs.items() if proc.poll() is None}
+            learner = {"learner": feed.learner.pid} if feed is not None else {}
+            return {**running, **learner, "harness": os.getpid()}
+
+        self.resources = ResourceWatch(processes, self.config.sample_seconds)
+        self.memory_start = {name: u.rss_kib for name, u in self.resources.sample().items()}
+        self.resources.start()
+        cleanup.callback(self.resources.stop)
         injector = FaultInjector(cluster, self.timeline, netcut, disk, self.disk_node, disks)
         workload = Workload(WorkloadConfig(endpoints=tuple(cluster.endpoints), clients=self.config.clients,
                                            set_clients=max(1, self.config.clients // 4),
@@ -204,9 +219,7 @@ class _Run:
         workload.start()
         self._nemesis(injector, spec)
         self.status.phase = "healing"
-        self.memory_end = {**cluster.rss_kib(), "harness": process_rss_kib()}
-        if feed is not None:
-            self.memory_end["learner"] = process_rss_kib(feed.learner.pid)
+        self.memory_end = {name: u.rss_kib for name, u in self.resources.sample().items()}
         injector.heal_everything()
         self._after_heal(injector, spec, None, time.monotonic())
         workload.stop()
@@ -245,7 +258,7 @@ class _Run:
         WRITE_DEADLINE seconds of the heal, and every replica catch up."""
         where = record.name if record else "the end of the run"
         self._restart_crashed(injector, where)
-        took = writes_resume(spec, healed_at)
+        took = writes_resume(spec, healed_at, self.loop)
         if slow := {p: t for p, t in took.items() if t is None}:
             self.violations.append(Violation(
                 "recovery", where, f"partitions {sorted(slow)} took no write within {WRITE_DEADLINE:.0f}s "
@@ -266,13 +279,16 @@ class _Run:
 
     def _final_checks(self, spec, injector: FaultInjector, feed: LocalFeed | None) -> None:
         ops = self.history.ops()
-        self.final_read, error = asyncio.run(read_set([n.api_address for n in spec.nodes],
-                                                      client_id=FINAL_READ_CLIENT, timeout=30.0))
+        endpoints = [n.api_address for n in spec.nodes]
+
+        async def final_reads():
+            return (await read_set(endpoints, client_id=FINAL_READ_CLIENT, timeout=30.0),
+                    await read_banks(endpoints, spec.partitions, client_id=FINAL_READ_CLIENT, timeout=30.0))
+
+        (self.final_read, error), banks_read = self.loop.run_until_complete(final_reads())
+        self.final_banks = [op for op, _ in banks_read]
         set_ops = [op for op in ops if op.f in SET_FUNCTIONS] + [self.final_read]
         register_ops = [op for op in ops if op.f in REGISTER_FUNCTIONS]
-        endpoints = [n.api_address for n in spec.nodes]
-        self.final_banks = [op for op, _ in asyncio.run(read_banks(endpoints, spec.partitions,
-                                                                   client_id=FINAL_READ_CLIENT, timeout=30.0))]
         bank_ops = [op for op in ops if op.f in BANK_FUNCTIONS] + self.final_banks
 
         cuts = self._power_cuts_that_may_lose_writes()
@@ -306,6 +322,11 @@ class _Run:
                 self.violations.append(Violation("fault-handling", record.name, problem, ()))
         if feed is not None:
             self._checked("learner feed", self._feed_violations(spec, placement, feed), f"topic {feed.topic}")
+        if self.config.duration >= SETTLE_SECONDS + 2 * self.config.sample_seconds:
+            growth = grown(self.resources.series)
+            self._checked("resources steady", [Violation("resource-growth", line.split(":")[0], line, ())
+                                               for line in growth],
+                          f"{len(self.resources.series)} processes sampled every {self.config.sample_seconds:.0f} s")
         if self.config.raft_engine != "off":  # with a learner too: the engine feeds it (docs/raft-engine.md)
             counts = engine_counts(spec)
             # the cluster's: a node restarted near the end may not have been handed a group since
@@ -378,7 +399,12 @@ class _Run:
     def write_files(self) -> None:
         ops = self.history.ops() + ([self.final_read] if self.final_read else []) + self.final_banks
         dump_history(ops, self.run_dir / "history.jsonl")
+        self.history.close()
+        (self.run_dir / SPILLED_OPS).unlink(missing_ok=True)  # all in history.jsonl now
         self.timeline.dump(self.run_dir / "timeline.json")
+        if self.resources is not None:
+            (self.run_dir / "resources.json").write_text(json.dumps(
+                {name: [dataclasses.asdict(u) for u in samples] for name, samples in self.resources.series.items()}))
         (self.run_dir / "violations.json").write_text(json.dumps(
             [{"check": v.check, "where": v.key, "detail": v.detail} for v in self.violations], indent=1))
 

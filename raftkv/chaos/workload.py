@@ -28,11 +28,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
 from raftkv.chaos.bank import BANKS, Bank
 from raftkv.client.async_client import AsyncClient
-from raftkv.chaos.history import Op
+from raftkv.chaos.history import Op, load_history, op_line
 from raftkv.core.errors import InvalidRequest, NotLeader, RaftKVError, StorageFull, Unavailable
 
 SET_NAME = "set"
@@ -74,17 +75,23 @@ def _int(value: bytes | None) -> int | None:
 
 
 class History:
-    """Every op recorded so far (thread-safe), with counts for a live display."""
+    """Every op recorded so far (thread-safe), with counts for a live display. With `spill`, the ops go
+    to that file as they come instead of memory (~300 bytes an op: an hour's run would grow the harness
+    by hundreds of MiB), and `ops()` reads them back."""
 
-    def __init__(self):
+    def __init__(self, spill: Path | None = None):
         self._lock = threading.Lock()
         self._ops: list[Op] = []
+        self._spill = open(spill, "w", encoding="utf-8") if spill is not None else None
         self._counts: Counter[tuple[str, str]] = Counter()  # (f, status) -> ops
         self._errors: Counter[str] = Counter()  # error class -> requests that raised it
 
     def add(self, op: Op, error: BaseException | None = None) -> None:
         with self._lock:
-            self._ops.append(op)
+            if self._spill is not None:
+                self._spill.write(op_line(op))
+            else:
+                self._ops.append(op)
             self._counts[op.f, op.status] += 1
             if error is not None:
                 self._errors[type(error).__name__] += 1
@@ -103,10 +110,17 @@ class History:
 
     def ops(self) -> list[Op]:
         with self._lock:
-            return list(self._ops)
+            if self._spill is None:
+                return list(self._ops)
+            self._spill.flush()
+            return load_history(self._spill.name)
+
+    def close(self) -> None:
+        if self._spill is not None:
+            self._spill.close()
 
     def __len__(self) -> int:
-        return len(self._ops)
+        return sum(self._counts.values())
 
 
 class RegisterKeys:

@@ -358,15 +358,23 @@ class ClientCore:
                 return address, call, await call.read()
             except grpc.aio.AioRpcError as exc:
                 raise error_of(exc, partition) or refusal_error(exc) or Unavailable(f"{address}: {exc.details()}") from None
+            except BaseException:
+                call.cancel()  # this attempt is given up (a deadline): its call must not outlive it
+                raise
 
         address, call, chunk = await self._retrying(partition, request.consistency, False,
                                                     f"scan of partition {partition}", at)
-        while chunk is not grpc.aio.EOF:
-            yield chunk
-            try:
-                chunk = await call.read()
-            except grpc.aio.AioRpcError as exc:
-                raise Unavailable(f"scan of partition {partition} broke off at {address}: {exc.details()}") from None
+        try:
+            while chunk is not grpc.aio.EOF:
+                yield chunk
+                try:
+                    chunk = await call.read()
+                except grpc.aio.AioRpcError as exc:
+                    raise Unavailable(f"scan of partition {partition} broke off at {address}: {exc.details()}") from None
+        finally:
+            # A caller that stopped early, or a stream that broke: a call left open outlives the loop it
+            # belongs to, and gRPC's poller then calls into that closed loop (the chaos bank workload).
+            call.cancel()
 
 
 class _ChoiceFailed(Exception):

@@ -1,0 +1,26 @@
+"""Resource growth of a chaos run's processes (raftkv/chaos/resources.py): the judgement is pure."""
+
+from __future__ import annotations
+
+import os
+
+from raftkv.chaos.resources import Usage, grown, usage
+
+
+def series(*points: tuple[float, int, int, int]) -> list[Usage]:
+    return [Usage(*p) for p in points]
+
+
+def test_growth_counts_only_after_the_process_settled_and_past_the_floors():
+    steady = series((0, 50_000, 10, 5), (600, 80_000, 40, 20), (3600, 90_000, 44, 21))  # +12.5% RSS after 600 s
+    leaking = series((0, 50_000, 10, 5), (600, 80_000, 40, 20), (3600, 120_000, 40, 20))
+    few_fds = series((0, 1, 10, 5), (600, 80_000, 10, 5), (3600, 80_000, 14, 5))  # +40%, but 4 descriptors
+    young = series((3000, 50_000, 10, 5), (3600, 500_000, 10, 5))  # restarted late: not settled yet
+    problems = grown({"n1 (pid 1)": steady, "n2 (pid 2)": leaking, "n3 (pid 3)": few_fds, "n4 (pid 4)": young})
+    assert problems == ["n2 (pid 2): rss_kib grew from 80,000 to 120,000 (+50%) between 600 s and 3600 s into the run"]
+
+
+def test_usage_reads_this_process_and_none_for_one_gone():
+    mine = usage(os.getpid(), 1.0)
+    assert mine.rss_kib > 1000 and mine.fds >= 3 and mine.threads >= 1
+    assert usage(2**22 + 12345, 1.0) is None
