@@ -180,7 +180,7 @@ def _json_values():
         st.text(max_size=8), inner, max_size=3), max_leaves=8)
 
 
-@hypothesis_settings(300)
+@hypothesis_settings(120)
 @given(kind=st.sampled_from(sorted(_COMMANDS)), data=st.data())
 def test_a_command_of_wrong_fields_is_a_clear_value_error(kind, data):
     """The fuzz finding of stop 36: `ChangeTopology` of b'\\n\\x018' (the int 8) failed with an AttributeError."""
