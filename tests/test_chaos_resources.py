@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
+from pathlib import Path
 
 from raftkv.chaos.resources import Usage, grown, usage
 
@@ -24,3 +27,15 @@ def test_usage_reads_this_process_and_none_for_one_gone():
     mine = usage(os.getpid(), 1.0)
     assert mine.rss_kib > 1000 and mine.fds >= 3 and mine.threads >= 1
     assert usage(2**22 + 12345, 1.0) is None
+
+
+def test_usage_of_a_zombie_is_none():
+    child = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while "Z" not in Path(f"/proc/{child.pid}/stat").read_text().split(")")[1].split()[0]:
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.01)
+    try:
+        assert usage(child.pid, 1.0) is None
+    finally:
+        child.wait()

@@ -39,6 +39,8 @@ def usage(pid: int | str, at: float) -> Usage | None:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except (FileNotFoundError, ProcessLookupError):
         return None
+    if "VmRSS" not in fields:  # a zombie: exited, not reaped yet
+        return None
     return Usage(at, int(fields["VmRSS"].split()[0]), fds, int(fields["Threads"]))
 
 

@@ -197,7 +197,7 @@ class _Run:
             cleanup.callback(feed.stop)
 
         def processes() -> dict[str, int | str]:
-            running = {node_id: proc.pid for node_id, proc in cluster.procs.items() if proc.poll() is None}
+            running = {node_id: proc.pid for node_id, proc in list(cluster.procs.items()) if proc.poll() is None}
             learner = {"learner": feed.learner.pid} if feed is not None else {}
             return {**running, **learner, "harness": os.getpid()}
 
