@@ -19,7 +19,9 @@ LEARNERS = ("kafka",)
 
 # Short request deadlines keep clients moving through faults; frequent compaction puts
 # snapshots on disk (to corrupt, and to install on wiped or lagging replicas) within a minute.
-CHAOS_TUNING = Tuning(request_timeout=3.0, compaction_min_entries=500)
+# dead_after: a replaced node is marked dead, and its replicas re-created, within a fault's heal; longer
+# than any other fault keeps a node away (8 s at most).
+CHAOS_TUNING = Tuning(request_timeout=3.0, compaction_min_entries=500, dead_after=20.0)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,10 @@ Faults and their variants (`kind:variant` on the command line):
     diskfull   fill                                   the disk node's tmpfs filled by a ballast file, then freed
     corrupt    journal | snapshot | rocksdb           bytes flipped in a stopped node's file (journal: its node log), then started
     membership move | transfer | kill-source          a replica moved to a node without one, or a leadership handed on;
-               | stale-return                         or a move's source killed, then the replica moved back to it; or
-                                                      issue 32's six steps (docs/chaos.md)
+               | stale-return | join                  or a move's source killed, then the replica moved back to it; or
+               | decommission | replace               issue 32's six steps (docs/chaos.md); or a node joins, or one is
+                                                      drained and removed, or one is killed and wiped, marked dead,
+                                                      its replicas re-created and a new node brought in
     failpoint  leader | follower | all                restarted with a random fail point armed to crash there after a
                                                       few passes; started plainly when healed (docs/chaos.md)
     powerloss  cut | torn                             every node killed and its disk's unsynced writes dropped (torn: the
@@ -38,7 +40,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "restart": ("clean", "wipe"),
     "diskfull": ("fill",),
     "corrupt": ("journal", "snapshot", "rocksdb"),
-    "membership": ("move", "transfer", "kill-source", "stale-return"),
+    "membership": ("move", "transfer", "kill-source", "stale-return", "join", "decommission", "replace"),
     "failpoint": ("leader", "follower", "all"),
     "powerloss": ("cut", "torn"),
     "disk": ("fsync-50ms", "fsync-500ms", "fsync-5s", "eio-read", "eio-fsync"),

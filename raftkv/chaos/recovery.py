@@ -77,8 +77,10 @@ def lagging_replicas(spec: ClusterSpec, each_round: Callable[[], None],
                 for ps in s.partitions:
                     if ps.role == "leader":
                         target.setdefault(ps.partition, ps.commit_index)
-            replicas = {(s.node_id, ps.partition): ps for s in statuses if s.reachable for ps in s.partitions}
-            unreachable = [s.node_id for s in statuses if not s.reachable]
+            members = set(spec.node_ids)  # a node the run removed (decommissioned, or dead and wiped) is no one's
+            replicas = {(s.node_id, ps.partition): ps for s in statuses if s.reachable and s.node_id in members
+                        for ps in s.partitions}
+            unreachable = [s.node_id for s in statuses if not s.reachable and s.node_id in members]
             behind = [f"{n} is unreachable" for n in unreachable] + [
                 f"{node_id} partition {p} at {ps.applied_index} < {target[p]} ({_state(ps)})"
                 for (node_id, p), ps in sorted(replicas.items()) if p in target and ps.applied_index < target[p]

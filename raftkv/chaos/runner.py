@@ -49,7 +49,7 @@ from raftkv.core.errors import ConfigError
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
 from raftkv.dev.local_feed import LocalFeed
 from raftkv.dev.netns import Hosts
-from raftkv.core.spec import FSYNC, build_spec, ports_per_node
+from raftkv.core.spec import FSYNC, ClusterSpec, NodeSpec, build_spec, ports_per_node
 from raftkv.core.spec_toml import load_spec, save_spec
 from raftkv.powerloss.disk import PowerLossDisk
 
@@ -89,7 +89,12 @@ class ChaosReport:
         return sum(self.op_counts.values())
 
 
-SPILLED_OPS = "ops.jsonl"  # the workload's ops as they come, while the run lasts
+SPILLED_OPS = "ops.jsonl"
+
+
+def spare_nodes(duration: float) -> int:
+    """Nodes a run of `duration` seconds may join (a join or replace fault each takes one)."""
+    return min(2 + int(duration // 120), 30)  # the workload's ops as they come, while the run lasts
 
 
 class RunStatus:
@@ -166,10 +171,11 @@ class _Run:
         if self.config.hosts:  # removed last: after every process on them ended
             hosts = Hosts(self.config.nodes)
             cleanup.callback(hosts.close)
-        spec = self._new_spec(hosts)
+        spec, spares = self._new_spec(hosts)
+        every_node = dataclasses.replace(spec, nodes=spec.nodes + spares)  # with those that may join
         netcut = None
         if any(s.fault == "partition" for s in self.steps):
-            netcut = HostCut(spec, hosts) if hosts else NetCut(spec)
+            netcut = HostCut(spec, hosts) if hosts else NetCut(every_node)
             cleanup.callback(netcut.close)
         power_loss = any(s.fault in POWER_LOSS_DISK_FAULTS for s in self.steps)
         disk = None
@@ -181,12 +187,12 @@ class _Run:
             cleanup.callback(self._keep_disk_node_data, spec)
         disks = {}
         if power_loss:  # every data dir on a disk whose power can be cut (over the tmpfs, for diskfull)
-            for node_id in spec.node_ids:
-                disks[node_id] = PowerLossDisk(spec.node(node_id).data_dir, self._backing(node_id))
+            for node_id in every_node.node_ids:
+                disks[node_id] = PowerLossDisk(every_node.node(node_id).data_dir, self._backing(node_id))
                 cleanup.callback(disks[node_id].close)
                 disks[node_id].mount()
         cluster = LocalCluster(spec, spec.path, wrap_command=netcut.command_for if netcut else None,
-                               log_dir=self.run_dir / "logs", hosts=hosts)
+                               log_dir=self.run_dir / "logs", hosts=hosts, spares=spares)
         cleanup.callback(_kill_all, cluster)
         self.status.phase = "starting the cluster"
         cluster.start_all()
@@ -212,34 +218,38 @@ class _Run:
                                            partitions=self.config.partitions,
                                            read_consistency=self.config.read_consistency,
                                            timeout=self.config.client_timeout, seed=self.config.seed),
-                            self.history)
+                            self.history, endpoints=lambda: cluster.endpoints)
         cleanup.callback(workload.stop)
         self.status.phase = "running"
         self.status.workload_started = self.timeline.started = time.monotonic()
         workload.start()
-        self._nemesis(injector, spec)
+        self._nemesis(injector)
         self.status.phase = "healing"
         self.memory_end = {name: u.rss_kib for name, u in self.resources.sample().items()}
         injector.heal_everything()
-        self._after_heal(injector, spec, None, time.monotonic())
+        self._after_heal(injector, None, time.monotonic())
         workload.stop()
         self.status.phase = "checking"
-        self._final_checks(spec, injector, feed)
+        self._final_checks(cluster.live_spec, injector, feed)
 
     def _backing(self, node_id: str) -> Path:
         return self.run_dir / "disks" / node_id
 
-    def _new_spec(self, hosts: Hosts | None):
+    def _new_spec(self, hosts: Hosts | None) -> tuple[ClusterSpec, tuple[NodeSpec, ...]]:
+        """The cluster's spec, and the nodes that membership faults may join to it (none on hosts of
+        their own): ports and data dirs of their own, in the spec's pattern."""
         c = self.config
-        base = free_port_block(c.nodes * ports_per_node(c.partitions))
-        spec = build_spec(nodes=c.nodes, partitions=c.partitions, replication=3, base_port=base,
-                          data_dir=self.run_dir / "cluster", durability=c.durability,
-                          hosts=hosts.addresses if hosts else None)
-        spec = dataclasses.replace(spec, tuning=c.tuning, nodes=tuple(
-            dataclasses.replace(n, raft_engine=c.raft_engine) for n in spec.nodes))
-        return load_spec(save_spec(spec, self.run_dir / "cluster" / "cluster.toml"))
+        spares = 0 if hosts else spare_nodes(c.duration)
+        base = free_port_block((c.nodes + spares) * ports_per_node(c.partitions))
+        every = build_spec(nodes=c.nodes + spares, partitions=c.partitions, replication=3, base_port=base,
+                           data_dir=self.run_dir / "cluster", durability=c.durability,
+                           hosts=hosts.addresses if hosts else None)
+        every = dataclasses.replace(every, tuning=c.tuning, nodes=tuple(
+            dataclasses.replace(n, raft_engine=c.raft_engine) for n in every.nodes))
+        spec = dataclasses.replace(every, nodes=every.nodes[:c.nodes])
+        return load_spec(save_spec(spec, self.run_dir / "cluster" / "cluster.toml")), every.nodes[c.nodes:]
 
-    def _nemesis(self, injector: FaultInjector, spec) -> None:
+    def _nemesis(self, injector: FaultInjector) -> None:
         """Each step in turn: wait for its time, inject, hold, heal, check that the cluster recovers."""
         begin = self.status.workload_started
         end = begin + self.config.duration
@@ -249,14 +259,15 @@ class _Run:
             record = injector.inject(step)
             _sleep_until(record.start + step.hold, end)
             injector.heal(record)
-            self._after_heal(injector, spec, record, record.healed)
+            self._after_heal(injector, record, record.healed)
         if self.until_duration:
             _sleep_until(end, end)
 
-    def _after_heal(self, injector: FaultInjector, spec, record: FaultRecord | None, healed_at: float) -> None:
+    def _after_heal(self, injector: FaultInjector, record: FaultRecord | None, healed_at: float) -> None:
         """Nodes that crashed are restarted; every partition must then take a write within
         WRITE_DEADLINE seconds of the heal, and every replica catch up."""
         where = record.name if record else "the end of the run"
+        spec = injector.cluster.live_spec
         self._restart_crashed(injector, where)
         took = writes_resume(spec, healed_at, self.loop)
         if slow := {p: t for p, t in took.items() if t is None}:

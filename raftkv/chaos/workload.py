@@ -153,9 +153,13 @@ class RegisterKeys:
 class Workload:
     """Runs the clients on an event loop thread of their own until `stop()`."""
 
-    def __init__(self, config: WorkloadConfig, history: History):
+    def __init__(self, config: WorkloadConfig, history: History,
+                 endpoints: Callable[[], Sequence[str]] | None = None):
+        """`endpoints()`: the cluster's API addresses now (nodes join and leave under membership faults);
+        each new client starts from them. Default: `config.endpoints`."""
         self.config = config
         self.history = history
+        self._endpoints = endpoints or (lambda: config.endpoints)
         self._counter = itertools.count(1)  # unique values for writes, cas and adds
         self._client_ids = itertools.count()
         self._keys = RegisterKeys(config.register_keys, config.ops_per_key, config.infos_per_key)
@@ -206,7 +210,7 @@ class Workload:
         """One workload client: a request at a time; a new client (id and connection) after an info op."""
         while not self._stopping.is_set():
             client_id = next(self._client_ids)
-            async with AsyncClient(list(self.config.endpoints), timeout=self.config.timeout) as kv:
+            async with AsyncClient(list(self._endpoints()), timeout=self.config.timeout) as kv:
                 while not self._stopping.is_set():
                     op, error = await next_op(kv, client_id, rng)
                     self.history.add(op, error)
@@ -251,7 +255,7 @@ class Workload:
 
     async def _open_banks(self) -> None:
         """Every bank's accounts, before its clients start (a guarded batch: a retry opens nothing twice)."""
-        async with AsyncClient(list(self.config.endpoints), timeout=self.config.timeout) as kv:
+        async with AsyncClient(list(self._endpoints()), timeout=self.config.timeout) as kv:
             for bank in self._banks:
                 while not self._stopping.is_set():
                     try:

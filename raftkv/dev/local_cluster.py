@@ -10,6 +10,7 @@ started them ends, however it ends (dev up closed with its terminal, or kill -9)
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import random
 import signal
@@ -22,7 +23,7 @@ from typing import Callable, Sequence
 
 from raftkv.client.sync_client import Client
 from raftkv.core.errors import RaftKVError, Unavailable
-from raftkv.core.spec import ClusterSpec
+from raftkv.core.spec import ClusterSpec, NodeSpec
 from raftkv.dev.netns import Hosts
 from raftkv.security.tls import client_tls
 
@@ -52,11 +53,15 @@ class LocalCluster:
 
     def __init__(self, spec: ClusterSpec, spec_path: Path, env: dict[str, str] | None = None,
                  wrap_command: CommandWrapper | None = None, log_dir: Path | None = None,
-                 die_with_parent: bool = False, hosts: Hosts | None = None):
+                 die_with_parent: bool = False, hosts: Hosts | None = None, spares: Sequence[NodeSpec] = ()):
+        """`spares`: nodes not in the spec, each with its ports and data dir, that `join` can add (a chaos
+        run's membership faults)."""
         self.spec = spec
         self.tls = client_tls(spec)  # what its clients present: the spec's client certificate
         self.spec_path = Path(spec_path)
         self._log_dir = log_dir
+        self._spares = {n.id: n for n in spares}
+        self.members = list(spec.node_ids)  # the nodes it runs: the spec's, then those joined, less those removed
         self.procs: dict[str, subprocess.Popen] = {}
         self._env = {**os.environ, **(env or {})}
         self.hosts = hosts
@@ -65,18 +70,46 @@ class LocalCluster:
 
     @property
     def endpoints(self) -> list[str]:
-        return [n.api_address for n in self.spec.nodes]
+        return [self.node(n).api_address for n in self.members]
+
+    @property
+    def live_spec(self) -> ClusterSpec:
+        """The spec with the members' nodes: what the cluster is now."""
+        return dataclasses.replace(self.spec, nodes=tuple(self.node(n) for n in self.members))
+
+    def node(self, node_id: str) -> NodeSpec:
+        return self._spares[node_id] if node_id in self._spares else self.spec.node(node_id)
+
+    def unused_spares(self) -> list[str]:
+        return [n for n in self._spares if n not in self.members and n not in self.procs]
 
     def log_path(self, node_id: str) -> Path:
-        folder = self.spec.node(node_id).data_dir if self._log_dir is None else self._log_dir / node_id
+        folder = self.node(node_id).data_dir if self._log_dir is None else self._log_dir / node_id
         return folder / "node.log"
 
+    def join(self, node_id: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start spare `node_id` as a new member: `raftkv node start --join` through a running member."""
+        self.members.append(node_id)
+        return self.start(node_id, env)
+
+    def remove(self, node_id: str) -> None:
+        """`node_id` is no member any more (decommissioned, or dead and wiped): never started again."""
+        self.members.remove(node_id)
+
     def start(self, node_id: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        """Start one node; `env` adds to the cluster's environment for this start only (fail points)."""
-        node = self.spec.node(node_id)
+        """Start one node; `env` adds to the cluster's environment for this start only (fail points). A spare
+        joins through a running member the first time, and restarts from what it was told after that."""
+        node = self.node(node_id)
         node.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path(node_id).parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "raftkv", "node", "start", "--config", str(self.spec_path), "--node", node_id]
+        if node_id in self._spares:
+            seed = next(self.node(n).api_address for n in self.members
+                        if n != node_id and n in self.procs and self.procs[n].poll() is None)
+            command = [sys.executable, "-m", "raftkv", "node", "start", "--join", seed, "--node", node_id,
+                       "--host", node.host, "--base-port", str(node.api_port), "--data-dir", str(node.data_dir)]
+        else:
+            command = [sys.executable, "-m", "raftkv", "node", "start", "--config", str(self.spec_path),
+                       "--node", node_id]
         if self.wrap_command is not None:
             command = self.wrap_command(node_id, command)
         with open(self.log_path(node_id), "ab") as log:
@@ -100,7 +133,7 @@ class LocalCluster:
         return found
 
     def start_all(self) -> None:
-        for node_id in self.spec.node_ids:
+        for node_id in self.members:
             self.start(node_id)
 
     def signal(self, node_id: str, sig: int) -> None:
