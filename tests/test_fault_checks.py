@@ -21,7 +21,7 @@ def test_a_slow_fsync_that_outlasts_its_fault_is_reported_when_it_returns_not_mi
     in a 4 s fault returned, and its node said so, a second after the heal looked."""
     log = tmp_path / "node.log"
     log.write_text("")
-    cluster = SimpleNamespace(spec=SimpleNamespace(durability="fsync"), log_path=lambda node_id: log)
+    cluster = SimpleNamespace(live_spec=SimpleNamespace(durability="fsync"), log_path=lambda node_id: log)
     injector = FaultInjector(cluster, Timeline(), power_loss_disks={"n2": _Disk()})
     record = FaultRecord("disk", "fsync-5s", ("n2",), start=time.monotonic() - 4.0)
 
@@ -40,7 +40,7 @@ def test_a_slow_fsync_that_outlasts_its_fault_is_reported_when_it_returns_not_mi
 def test_a_node_that_never_says_its_fsyncs_are_slow_is_reported(tmp_path: Path):
     log = tmp_path / "node.log"
     log.write_text("INFO raftkv.node.process: node n2 serving\n")
-    cluster = SimpleNamespace(spec=SimpleNamespace(durability="fsync"), log_path=lambda node_id: log)
+    cluster = SimpleNamespace(live_spec=SimpleNamespace(durability="fsync"), log_path=lambda node_id: log)
     injector = FaultInjector(cluster, Timeline(), power_loss_disks={"n2": _Disk()})
     record = FaultRecord("disk", "fsync-500ms", ("n2",), start=time.monotonic() - 5.0)
     injector._heal_disk(record)
