@@ -48,13 +48,15 @@ SLOW_FSYNC_GRACE = 2.0  # s after a slow fsync's delay by which its node has sai
 class FaultInjector:
     def __init__(self, cluster: LocalCluster, timeline: Timeline, netcut: NetCut | None = None,
                  disk: SmallDisk | None = None, disk_node: str | None = None,
-                 power_loss_disks: dict[str, PowerLossDisk] | None = None):
+                 power_loss_disks: dict[str, PowerLossDisk] | None = None,
+                 spare_disks: dict[str, PowerLossDisk] | None = None):
         self.cluster = cluster
         self.timeline = timeline
         self.netcut = netcut
         self.disk = disk
         self.disk_node = disk_node
         self.power_loss_disks = power_loss_disks or {}  # every node's data dir, for powerloss and disk
+        self.spare_disks = spare_disks or {}  # the spares', mounted when they join
         self.down: set[str] = set()  # nodes stopped on purpose
         self.paused: set[str] = set()
         self.damaged: dict[str, FaultRecord] = {}  # nodes running on files a corrupt fault damaged
@@ -329,6 +331,9 @@ class FaultInjector:
         return pick.choice([n for n in candidates if meta.voter_partitions(n)] or candidates)
 
     def _join(self, node_id: str, record: FaultRecord) -> None:
+        if (disk := self.spare_disks.pop(node_id, None)) is not None:
+            disk.mount()
+            self.power_loss_disks[node_id] = disk
         self.logs.mark(node_id)
         self.cluster.join(node_id)
         record.notes.append(f"{node_id} joins")
@@ -542,13 +547,20 @@ class FaultInjector:
         return "silent"
 
 
-def placement_of(spec: ClusterSpec) -> tuple[tuple[str, ...], ...]:
-    """Each partition's voters now, from the cluster's metadata (the membership fault moves them)."""
-    try:
-        with Client([n.api_address for n in spec.nodes], timeout=5.0) as kv:
-            meta = kv.topology().meta
-        if meta.epoch:
-            return meta.placement
-    except RaftKVError:
-        pass
-    return tuple(replicas_for(p, spec.node_ids, spec.replication) for p in range(spec.partitions))
+def placement_of(spec: ClusterSpec, wait: float = 0.0) -> tuple[tuple[str, ...], ...]:
+    """Each partition's voters now, from the cluster's metadata (the membership faults move them), asked
+    again for up to `wait` seconds while no node answers; failing that, the spec's first placement (a
+    guess, good enough to pick a fault's targets; the final checks wait: found when a guess after a
+    replace sent them to a node that no longer held the replica)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with Client([n.api_address for n in spec.nodes], timeout=5.0) as kv:
+                meta = kv.topology().meta
+            if meta.epoch:
+                return meta.placement
+        except RaftKVError:
+            pass
+        if time.monotonic() >= deadline:
+            return tuple(replicas_for(p, spec.node_ids, spec.replication) for p in range(spec.partitions))
+        time.sleep(0.5)

@@ -185,12 +185,16 @@ class _Run:
             disk = SmallDisk(folder, self.config.disk_mb)
             cleanup.callback(disk.close)
             cleanup.callback(self._keep_disk_node_data, spec)
-        disks = {}
+        disks, spare_disks = {}, {}
         if power_loss:  # every data dir on a disk whose power can be cut (over the tmpfs, for diskfull)
-            for node_id in every_node.node_ids:
-                disks[node_id] = PowerLossDisk(every_node.node(node_id).data_dir, self._backing(node_id))
-                cleanup.callback(disks[node_id].close)
-                disks[node_id].mount()
+            for node in every_node.nodes:  # a spare's is mounted when it joins
+                power = PowerLossDisk(node.data_dir, self._backing(node.id))
+                cleanup.callback(power.close)
+                if node.id in spec.node_ids:
+                    power.mount()
+                    disks[node.id] = power
+                else:
+                    spare_disks[node.id] = power
         cluster = LocalCluster(spec, spec.path, wrap_command=netcut.command_for if netcut else None,
                                log_dir=self.run_dir / "logs", hosts=hosts, spares=spares)
         cleanup.callback(_kill_all, cluster)
@@ -211,7 +215,7 @@ class _Run:
         self.memory_start = {name: u.rss_kib for name, u in self.resources.sample().items()}
         self.resources.start()
         cleanup.callback(self.resources.stop)
-        injector = FaultInjector(cluster, self.timeline, netcut, disk, self.disk_node, disks)
+        injector = FaultInjector(cluster, self.timeline, netcut, disk, self.disk_node, disks, spare_disks)
         workload = Workload(WorkloadConfig(endpoints=tuple(cluster.endpoints), clients=self.config.clients,
                                            set_clients=max(1, self.config.clients // 4),
                                            bank_clients=max(1, self.config.clients // 4),
@@ -323,7 +327,7 @@ class _Run:
                       f"{banks.keys_checked} banks, {banks.ops_checked} ops, {transfers} transfers acknowledged"
                       + ("; acknowledged transfers a power cut may take not checked" if cuts else ""))
 
-        placement = placement_of(spec)
+        placement = placement_of(spec, wait=60.0)
         differences = replica_differences(spec, placement,
                                           each_round=lambda: self._restart_crashed(injector, "the final checks"))
         self._checked("replicas equal", [Violation("replicas-equal", line.split(":")[0], line, ())
