@@ -52,14 +52,18 @@ def scan_any(spec: ClusterSpec, partition: int, replicas: tuple[str, ...]) -> di
 
 
 def replica_differences(spec: ClusterSpec, placement: tuple[tuple[str, ...], ...],
-                        each_round: Callable[[], None], timeout: float = 60.0) -> list[str]:
+                        each_round: Callable[[], None], timeout: float = 60.0,
+                        placed: Callable[[], tuple[tuple[str, ...], ...]] | None = None) -> list[str]:
     """One line per partition whose replicas (`placement`: each partition's voters) differ, or never
     reached one applied index before `timeout`. `each_round()` runs before every look: a scan may
-    read a damaged block a node started on and stop that node, which the runner then restarts."""
+    read a damaged block a node started on and stop that node, which the runner then restarts.
+    `placed()`, when given, is read again at every look: the metadata leader's rebalancing may still
+    move a replica (and the node it left deletes its copy) while the check runs."""
     deadline = time.monotonic() + timeout
     problems = []
     for p in range(spec.partitions):
-        views = _views_at_one_index(spec, p, placement[p], each_round, deadline)
+        views = _views_at_one_index(spec, p, lambda p=p: (placed() if placed else placement)[p], each_round,
+                                    deadline)
         if isinstance(views, str):
             problems.append(f"partition {p}: the replicas did not reach one applied index within {timeout:.0f}s "
                             f"(last seen: {views})")
@@ -72,14 +76,16 @@ def replica_differences(spec: ClusterSpec, placement: tuple[tuple[str, ...], ...
     return problems
 
 
-def _views_at_one_index(spec: ClusterSpec, partition: int, replicas: tuple[str, ...],
+def _views_at_one_index(spec: ClusterSpec, partition: int, voters: Callable[[], tuple[str, ...]],
                         each_round: Callable[[], None], deadline: float) -> list[ReplicaView] | str:
     """The replicas' views once they answer at one applied index; else, at the deadline, what each
     said last."""
     last: dict[str, str] = {}
     tls = client_tls(spec)
+    replicas = voters()
     while time.monotonic() < deadline:
         each_round()
+        replicas = voters()
         views = []
         for n in replicas:
             try:

@@ -329,14 +329,16 @@ class _Run:
 
         placement = placement_of(spec, wait=60.0)
         differences = replica_differences(spec, placement,
-                                          each_round=lambda: self._restart_crashed(injector, "the final checks"))
+                                          each_round=lambda: self._restart_crashed(injector, "the final checks"),
+                                          placed=lambda: placement_of(spec, wait=10.0))
         self._checked("replicas equal", [Violation("replicas-equal", line.split(":")[0], line, ())
                                          for line in differences], f"{spec.partitions} partitions")
         for record in self.timeline.records():
             for problem in record.problems:
                 self.violations.append(Violation("fault-handling", record.name, problem, ()))
         if feed is not None:
-            self._checked("learner feed", self._feed_violations(spec, placement, feed), f"topic {feed.topic}")
+            self._checked("learner feed", self._feed_violations(spec, placement_of(spec, wait=60.0), feed),
+                          f"topic {feed.topic}")
         if self.config.duration >= SETTLE_SECONDS + 2 * self.config.sample_seconds:
             growth = grown(self.resources.series)
             self._checked("resources steady", [Violation("resource-growth", line.split(":")[0], line, ())
