@@ -61,6 +61,7 @@ class LocalCluster:
         self.spec_path = Path(spec_path)
         self._log_dir = log_dir
         self._spares = {n.id: n for n in spares}
+        self._joined: set[str] = set()  # spares that joined once: a removed one never comes back under its id
         self.members = list(spec.node_ids)  # the nodes it runs: the spec's, then those joined, less those removed
         self.procs: dict[str, subprocess.Popen] = {}
         self._env = {**os.environ, **(env or {})}
@@ -81,7 +82,7 @@ class LocalCluster:
         return self._spares[node_id] if node_id in self._spares else self.spec.node(node_id)
 
     def unused_spares(self) -> list[str]:
-        return [n for n in self._spares if n not in self.members and n not in self.procs]
+        return [n for n in self._spares if n not in self._joined]
 
     def log_path(self, node_id: str) -> Path:
         folder = self.node(node_id).data_dir if self._log_dir is None else self._log_dir / node_id
@@ -90,6 +91,7 @@ class LocalCluster:
     def join(self, node_id: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start spare `node_id` as a new member: `raftkv node start --join` through a running member."""
         self.members.append(node_id)
+        self._joined.add(node_id)
         return self.start(node_id, env)
 
     def remove(self, node_id: str) -> None:
