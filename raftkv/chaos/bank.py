@@ -31,6 +31,11 @@ OPENING_BALANCE = 100
 MAX_AMOUNT = 5
 
 
+def banks(partitions: int) -> list[Bank]:
+    """The run's banks: one in each of the first BANKS partitions."""
+    return [Bank(b, partitions) for b in range(min(BANKS, partitions))]
+
+
 def bank_name(bank: int) -> str:
     return f"bank{bank}"
 

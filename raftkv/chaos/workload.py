@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Awaitable, Callable, Sequence
 
-from raftkv.chaos.bank import BANKS, Bank
+from raftkv.chaos.bank import banks
 from raftkv.client.async_client import AsyncClient
 from raftkv.chaos.history import Op, load_history, op_line
 from raftkv.core.errors import InvalidRequest, NotLeader, RaftKVError, StorageFull, Unavailable
@@ -163,7 +163,7 @@ class Workload:
         self._counter = itertools.count(1)  # unique values for writes, cas and adds
         self._client_ids = itertools.count()
         self._keys = RegisterKeys(config.register_keys, config.ops_per_key, config.infos_per_key)
-        self._banks = [Bank(b, config.partitions) for b in range(min(BANKS, config.partitions))]
+        self._banks = banks(config.partitions)
         self._latest: dict[str, int | None] = {}  # register key -> the latest value an acknowledged op showed
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chaos-workload", daemon=True)
@@ -314,4 +314,4 @@ async def read_banks(endpoints: Sequence[str], partitions: int, client_id: int, 
     """The final read of every bank: its balances and the transfers recorded, from one view each."""
     async with AsyncClient(list(endpoints), timeout=timeout) as kv:
         return [await _timed(client_id, "bank_final", bank.name, None, lambda bank=bank: bank.contents(kv),
-                             lambda r: r) for bank in (Bank(b, partitions) for b in range(min(BANKS, partitions)))]
+                             lambda r: r) for bank in banks(partitions)]
