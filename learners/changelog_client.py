@@ -7,7 +7,8 @@
 
 gRPC failures become raftkv errors: trimmed history is InvalidRequest (the
 message says how far back the log goes), anything else Unavailable.
-`tail` prints the followed log as v1 ChangeEvent JSON lines (`raftkv feed tail --changelog`).
+`tail` prints the followed log as v1 ChangeEvent JSON lines (`raftkv feed tail --changelog`);
+`read_changelog` reads what it retains (the chaos harness's feed check).
 """
 
 from __future__ import annotations
@@ -128,6 +129,15 @@ def tail(address: str, *, from_beginning: bool = False, out: TextIO | None = Non
                 count += 1
             out.flush()
     return count
+
+
+def read_changelog(address: str, tls: Tls | None = None, token: str | None = None) -> list[ChangeEvent]:
+    """Every retained event, partition by partition in index order (each key's events in order)."""
+    with ChangeLogClient(address, tls=tls, token=token) as log:
+        cluster = log.cluster()
+        return [event_of(change, o.partition, cluster)
+                for o in log.offsets() for chunk in log.read(o.partition, o.earliest, o.latest)
+                for change in chunk.changes]
 
 
 def _pump(chunks: Iterator[pb.ChangesChunk], into: queue.Queue) -> None:

@@ -18,7 +18,8 @@ from collections import Counter
 from rich.console import Console
 from rich.table import Table
 
-from raftkv.chaos.config import LEARNERS, ChaosConfig
+from raftkv.chaos.config import ChaosConfig
+from raftkv.chaos.feeds import LEARNERS
 from raftkv.chaos.nemesis import FAULTS, parse_faults
 from raftkv.chaos.runner import run_chaos
 from raftkv.core.spec import DURABILITY_MODES, FSYNC, RAFT_ENGINES, NodeSpec
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--durability", choices=DURABILITY_MODES, default=FSYNC)
-    parser.add_argument("--learner", choices=LEARNERS, default=None)
+    parser.add_argument("--learner", choices=LEARNERS, action="append", default=[], help="repeat for both")
     parser.add_argument("--raft-engine", choices=RAFT_ENGINES, default=NodeSpec.raft_engine)
     args = parser.parse_args(argv)
     try:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     total_ops = total_violations = 0
     for seed in range(first, first + args.seeds):
         config = ChaosConfig(nodes=args.nodes, partitions=args.partitions, duration=args.duration, faults=faults,
-                             learner=args.learner, seed=seed, durability=args.durability, raft_engine=args.raft_engine)
+                             learners=tuple(args.learner), seed=seed, durability=args.durability, raft_engine=args.raft_engine)
         if problems := config.problems():
             parser.error("; ".join(problems))
         report = run_chaos(config)

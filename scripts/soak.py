@@ -3,7 +3,7 @@
     .venv/bin/python scripts/soak.py --minutes 60                  # an hour per mode: fsync, then lose-last-second
     .venv/bin/python scripts/soak.py --minutes 15 --modes fsync --seed 7
 
-Each run is `raftkv chaos run` on a fresh cluster of `--nodes` (5) with a Kafka learner, every fault
+Each run is `raftkv chaos run` on a fresh cluster of `--nodes` (5) with a Kafka and a changelog learner, every fault
 kind this machine can inject cycling in a shuffled order from the seed (random unless given), the
 bank, register and set workloads, and every check; runs of 12 minutes or more also check that no
 process (node, learner, harness) grew its memory, descriptors or threads by more than 20 % after its
@@ -22,6 +22,7 @@ from collections import Counter
 from rich.console import Console
 
 from raftkv.chaos.config import ChaosConfig, runnable_faults, unavailable_faults
+from raftkv.chaos.feeds import LEARNERS
 from raftkv.chaos.nemesis import FAULTS, FaultChoice
 from raftkv.chaos.runner import run_chaos
 from raftkv.core.spec import DURABILITY_MODES
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     violations = 0
     for offset, mode in enumerate(modes):
         config = ChaosConfig(nodes=args.nodes, partitions=args.partitions, duration=args.minutes * 60, faults=faults,
-                             learner="kafka", seed=seed + offset, durability=mode)
+                             learners=LEARNERS, seed=seed + offset, durability=mode)
         if problems := config.problems():
             parser.error("; ".join(problems))
         console.print(f"[bold]{mode}[/]: {args.minutes:g} min, seed {seed + offset}, {args.nodes} nodes, "

@@ -20,6 +20,7 @@ import pytest
 from raftkv import Client
 from raftkv.chaos.config import CHAOS_TUNING, ChaosConfig, runnable_faults
 from raftkv.chaos.convergence import replica_differences, scan_any, scan_replica
+from raftkv.chaos.feeds import LEARNERS
 from raftkv.chaos.nemesis import FAULTS, GAP_SECONDS, HOLD_SECONDS, VARIANTS, WARMUP_SECONDS, FaultChoice, FaultStep
 from raftkv.chaos.netcut import cgroup2_mount
 from raftkv.chaos.power_cuts import LOSS_BOUND_SECONDS
@@ -76,13 +77,13 @@ assert sorted(f for group in FAULT_GROUPS for f in group) == sorted(set(FAULTS) 
 def test_every_variant_of_each_fault_type_breaks_nothing(faults, tmp_path):
     """Faults back to back, every variant of each type (4 to 9 faults a run). Partitions on hosts of
     their own (network namespaces), cut by address in each; the cgroup cut on loopback has its own tests."""
-    learner = "kafka" if "kill" in faults else None  # the change feed through kill -9 of every node
+    learners = LEARNERS if "kill" in faults else ()  # both change feeds through kill -9 of every node
     nodes = 4 if "membership" in faults else 3  # a replica moves only to a node without one
-    config = chaos_config(nodes=nodes, duration=180, faults=tuple(FaultChoice(f) for f in faults), learner=learner,
+    config = chaos_config(nodes=nodes, duration=180, faults=tuple(FaultChoice(f) for f in faults), learners=learners,
                          seed=1, out=tmp_path, hosts="partition" in faults,
                          **(RESHAPING if "membership" in faults else {}))
     report = run_chaos(config, steps=every_variant(faults, config.partitions))
-    check_every_variant_ran(report, faults, learner, tmp_path)
+    check_every_variant_ran(report, faults, learners, tmp_path)
 
 
 def test_every_variant_of_a_bad_disk_breaks_nothing(tmp_path):
@@ -91,16 +92,16 @@ def test_every_variant_of_a_bad_disk_breaks_nothing(tmp_path):
     at start (issue 32's note; a silent start is now a problem, with the node's stacks in its log)."""
     report = run_chaos(chaos_config(duration=50, faults=(FaultChoice("disk"),), seed=1, out=tmp_path,
                                    durability="fsync"))
-    check_every_variant_ran(report, ("disk",), None, tmp_path)
+    check_every_variant_ran(report, ("disk",), (), tmp_path)
 
 
-def check_every_variant_ran(report, faults: tuple[str, ...], learner: str | None, tmp_path: Path) -> None:
+def check_every_variant_ran(report, faults: tuple[str, ...], learners: tuple[str, ...], tmp_path: Path) -> None:
     assert report.ok, failure_summary(report, tmp_path)
     assert not report.unknown_keys, f"undecided keys: {report.unknown_keys}"
     for fault in faults:
         assert {r.variant for r in report.faults if r.fault == fault} == set(VARIANTS[fault])
     assert report.ops >= MIN_OPS // 2, report.op_counts  # 15 to 40 s of workload
-    assert all(c.ok for c in report.checks) and len(checks_of(report)) == (5 if learner else 4)
+    assert all(c.ok for c in report.checks) and len(checks_of(report)) == 4 + len(learners)
     if {"disk", "diskfull"} & set(faults):  # the node log is where an operator learns of a bad disk: one line each
         tracebacks = [log for log in tmp_path.glob("**/node.log") if "Traceback" in log.read_text(errors="replace")]
         assert not tracebacks, failure_summary(report, tmp_path)
@@ -116,7 +117,7 @@ def test_power_cuts_in_fsync_mode_lose_no_acknowledged_write(tmp_path):
                            partition=0, seed=n) for n in range(POWER_CUTS))
     # A cut and the recovery after it take about 6 s on a quiet machine and 8 to 9 s on a loaded
     # one; the run ends after the last cut, so the duration is only a cap.
-    report = run_chaos(chaos_config(duration=3.0 + 12.0 * POWER_CUTS, durability="fsync", learner="kafka", seed=4,
+    report = run_chaos(chaos_config(duration=3.0 + 12.0 * POWER_CUTS, durability="fsync", learners=("kafka",), seed=4,
                                    out=tmp_path), steps=cuts)
     assert report.ok, failure_summary(report, tmp_path)
     assert len([r for r in report.faults if r.fault == "powerloss"]) == POWER_CUTS

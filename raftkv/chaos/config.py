@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Iterable
 
 from raftkv.chaos import netcut, small_disk
+from raftkv.chaos.feeds import LEARNERS
 from raftkv.chaos.nemesis import FAULTS, POWER_LOSS_DISK_FAULTS, FaultChoice
 from raftkv.chaos.resources import SAMPLE_SECONDS
 from raftkv.api.convert import CONSISTENCY_BY_NAME
 from raftkv.core.spec import FSYNC, RAFT_ENGINES, NodeSpec, Tuning
 from raftkv.powerloss import disk as power_loss_disk
-
-LEARNERS = ("kafka",)
 
 # Short request deadlines keep clients moving through faults; frequent compaction puts
 # snapshots on disk (to corrupt, and to install on wiped or lagging replicas) within a minute.
@@ -31,7 +30,7 @@ class ChaosConfig:
     duration: float = 60.0  # seconds of workload under faults
     clients: int = 8
     faults: tuple[FaultChoice, ...] = tuple(FaultChoice(f) for f in FAULTS)
-    learner: str | None = None  # "kafka": a learner feeds a tansu broker, and the feed is checked
+    learners: tuple[str, ...] = ()  # each feeds its sink (raftkv/chaos/feeds.py), and its feed is checked
     seed: int = 0
     out: Path | None = None  # where the run's files go; None: a temporary folder, kept only on a violation
     read_consistency: str = "linearizable"  # of the register workload's reads
@@ -58,8 +57,9 @@ class ChaosConfig:
             problems.append("--duration: at least 5 seconds")
         if self.clients < 2:
             problems.append("--clients: at least 2 (one register client and one set client)")
-        if self.learner is not None and self.learner not in LEARNERS:
-            problems.append(f"--learner: {self.learner!r} is not one of {', '.join(LEARNERS)}")
+        for learner in self.learners:
+            if learner not in LEARNERS:
+                problems.append(f"--learner: {learner!r} is not one of {', '.join(LEARNERS)}")
         if self.read_consistency not in CONSISTENCY_BY_NAME:
             problems.append(f"read consistency {self.read_consistency!r} is not one of {', '.join(CONSISTENCY_BY_NAME)}")
         if self.raft_engine not in RAFT_ENGINES:

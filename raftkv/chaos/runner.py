@@ -25,12 +25,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from learners.consumer import read_feed
-from learners.feed_check import chain_breaks, replay
 from raftkv.chaos.config import ChaosConfig
 from raftkv.chaos.convergence import replica_differences, scan_any
 from raftkv.chaos.engine_use import engine_counts
 from raftkv.chaos.faults import FaultInjector, placement_of
+from raftkv.chaos.feeds import Feed, feed_violations, start_feeds
 from raftkv.chaos.bank import ACCOUNTS, OPENING_BALANCE
 from raftkv.chaos.bank_check import check_bank
 from raftkv.chaos.history import BANK_FUNCTIONS, REGISTER_FUNCTIONS, SET_FUNCTIONS, Op, Violation, dump_history
@@ -47,15 +46,12 @@ from raftkv.chaos.timeline import FaultRecord, Timeline
 from raftkv.chaos.workload import History, Workload, WorkloadConfig, read_banks, read_set
 from raftkv.core.errors import ConfigError
 from raftkv.dev.local_cluster import LocalCluster, free_port_block
-from raftkv.dev.local_feed import LocalFeed
 from raftkv.dev.netns import Hosts
 from raftkv.core.spec import FSYNC, ClusterSpec, NodeSpec, build_spec, ports_per_node
 from raftkv.core.spec_toml import load_spec, save_spec
 from raftkv.powerloss.disk import PowerLossDisk
 
-FEED_NAME = "chaos-feed"
 FINAL_READ_CLIENT = 1 << 30  # a client id no workload client reaches
-FEED_DEADLINE = 120.0  # for the learner's feed to catch up with the final contents
 ENGINE_CHECK = "raft engine in use"  # with --raft-engine: the engines carried groups
 
 
@@ -201,15 +197,12 @@ class _Run:
         self.status.phase = "starting the cluster"
         cluster.start_all()
         cluster.wait_ready(timeout=60)
-        feed = None
-        if self.config.learner == "kafka":
-            feed = LocalFeed(spec, FEED_NAME, FEED_NAME, sink_options={"timeout.ms": "5000"}).start()
-            cleanup.callback(feed.stop)
+        feeds = start_feeds(spec, self.config.learners, cleanup)
 
         def processes() -> dict[str, int | str]:
             running = {node_id: proc.pid for node_id, proc in list(cluster.procs.items()) if proc.poll() is None}
-            learner = {"learner": feed.learner.pid} if feed is not None else {}
-            return {**running, **learner, "harness": os.getpid()}
+            learners = {f"{feed.kind} learner": feed.process().pid for feed in feeds}
+            return {**running, **learners, "harness": os.getpid()}
 
         self.resources = ResourceWatch(processes, self.config.sample_seconds)
         self.memory_start = {name: u.rss_kib for name, u in self.resources.sample().items()}
@@ -234,7 +227,7 @@ class _Run:
         self._after_heal(injector, None, time.monotonic())
         workload.stop()
         self.status.phase = "checking"
-        self._final_checks(cluster.live_spec, injector, feed)
+        self._final_checks(cluster.live_spec, injector, feeds)
 
     def _backing(self, node_id: str) -> Path:
         return self.run_dir / "disks" / node_id
@@ -292,7 +285,7 @@ class _Run:
 
     # -- checks ------------------------------------------------------------
 
-    def _final_checks(self, spec, injector: FaultInjector, feed: LocalFeed | None) -> None:
+    def _final_checks(self, spec, injector: FaultInjector, feeds: list[Feed]) -> None:
         ops = self.history.ops()
         endpoints = [n.api_address for n in spec.nodes]
 
@@ -336,9 +329,11 @@ class _Run:
         for record in self.timeline.records():
             for problem in record.problems:
                 self.violations.append(Violation("fault-handling", record.name, problem, ()))
-        if feed is not None:
-            self._checked("learner feed", self._feed_violations(spec, placement_of(spec, wait=60.0), feed),
-                          f"topic {feed.topic}")
+        if feeds:
+            final = self._final_contents(spec, placement_of(spec, wait=60.0))
+            for feed in feeds:
+                self._checked(f"{feed.kind} feed", final if isinstance(final, list) else feed_violations(feed, final),
+                              feed.where)
         if self.config.duration >= SETTLE_SECONDS + 2 * self.config.sample_seconds:
             growth = grown(self.resources.series)
             self._checked("resources steady", [Violation("resource-growth", line.split(":")[0], line, ())
@@ -379,31 +374,16 @@ class _Run:
         self.checks.append(CheckOutcome(name, not violations, detail if not violations else
                                         f"{len(violations)} violations; {detail}"))
 
-    def _feed_violations(self, spec, placement, feed: LocalFeed) -> list[Violation]:
-        """The deduplicated feed replays to the voters' final contents, with every key's chain complete."""
+    def _final_contents(self, spec, placement) -> dict[bytes, bytes] | list[Violation]:
+        """Every partition's contents, which the feeds must replay to (or why they cannot be had)."""
         final: dict[bytes, bytes] = {}
         for p in range(spec.partitions):  # the replicas are equal by now: any one that answers will do
             contents = scan_any(spec, p, placement[p])
             if contents is None:
-                return [Violation("feed", feed.topic, f"no replica of partition {p} ({', '.join(placement[p])}) "
-                                                      "answered a scan to check the feed against", ())]
+                return [Violation("feed", f"partition {p}", f"no replica of partition {p} ({', '.join(placement[p])}) "
+                                                            "answered a scan to check the feeds against", ())]
             final.update(contents)
-        deadline = time.monotonic() + FEED_DEADLINE
-        events = read_feed(feed.bootstrap, feed.topic)
-        while replay(events) != final and time.monotonic() < deadline:
-            if feed.learner.poll() is not None:
-                return [Violation("feed", feed.topic, f"the learner exited with {feed.learner.returncode}; "
-                                                      f"see {feed.log_path}", ())]
-            time.sleep(1.0)
-            events = read_feed(feed.bootstrap, feed.topic)
-        violations = [Violation("feed", feed.topic, line, ()) for line in chain_breaks(events)]
-        if (table := replay(events)) != final:
-            missing = len(set(final) - set(table))
-            wrong = sum(1 for k in final if k in table and table[k] != final[k])
-            violations.append(Violation("feed", feed.topic,
-                                        f"after {FEED_DEADLINE:.0f}s the feed replays to {len(table)} keys, not the "
-                                        f"voters' {len(final)}: {missing} missing, {wrong} with another value", ()))
-        return violations
+        return final
 
     # -- files and the report ----------------------------------------------
 

@@ -15,7 +15,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from raftkv.chaos.config import LEARNERS, ChaosConfig, runnable_faults, unavailable_faults
+from raftkv.chaos.config import ChaosConfig, runnable_faults, unavailable_faults
+from raftkv.chaos.feeds import LEARNERS
 from raftkv.chaos.nemesis import FAULTS, VARIANTS, parse_faults
 from raftkv.chaos.runner import ChaosReport, RunStatus, run_chaos
 from raftkv.cli.output import console, err_console
@@ -42,8 +43,9 @@ _FAULT_HELP = "Comma-separated faults, each KIND or KIND:VARIANT. " + "; ".join(
 @click.option("--clients", type=click.IntRange(2, 256), default=8, show_default=True,
               help="Concurrent workload clients, one request each at a time.")
 @click.option("--faults", default=",".join(FAULTS), show_default=True, help=_FAULT_HELP)
-@click.option("--learner", type=click.Choice(LEARNERS), default=None,
-              help="Also run a learner feeding a local tansu broker, and check its feed.")
+@click.option("--learner", "learners", type=click.Choice(LEARNERS), multiple=True,
+              help="Also run a learner of this kind (repeat for both): kafka feeds a local tansu broker, changelog "
+                   "keeps its events on disk; each feed is checked against the final contents.")
 @click.option("--seed", type=int, default=None, help="Replays the same fault schedule (default: a random seed, printed).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the history, the timeline and (on a violation) the data dirs go; default: a temporary "
@@ -58,7 +60,7 @@ _FAULT_HELP = "Comma-separated faults, each KIND or KIND:VARIANT. " + "; ".join(
 @click.option("--hosts", is_flag=True, default=False,
               help="Each node on a host of its own: a network namespace with its own address (needs root); "
                    "partitions are then cut by address in each namespace.")
-def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_consistency, durability,
+def run(nodes, partitions, duration, clients, faults, learners, seed, out, read_consistency, durability,
         raft_engine, hosts) -> None:
     """Run a workload against a fresh local cluster under faults; exit 1 on any violation.
 
@@ -77,7 +79,7 @@ def run(nodes, partitions, duration, clients, faults, learner, seed, out, read_c
                 f"{', '.join(kinds)} ({why})" for why, kinds in skipped.items())
                 + " (README.md, Fault injection, lists what each needs)", soft_wrap=True, markup=False)
     config = ChaosConfig(nodes=nodes, partitions=partitions, duration=duration, clients=clients,
-                         faults=fault_choices, learner=learner,
+                         faults=fault_choices, learners=learners,
                          seed=seed if seed is not None else random.randrange(1 << 31), out=out,
                          read_consistency=read_consistency, durability=durability, raft_engine=raft_engine,
                          hosts=hosts)
