@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
+from raftkv.core.errors import StorageFull
 from raftkv.core.spec import Tuning
 from raftkv.dev.local_cluster import free_port_block
-from raftkv.raft import snapshot_file
+from raftkv.raft import journal, snapshot_file
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from tests.loopback_hubs import LoopbackHubs
@@ -294,6 +295,78 @@ def test_a_proposal_is_journaled_as_bytes_and_an_entry_pickled_by_pysyncobj_stil
             await asyncio.wait_for(old, 10)
             assert len(group._journal[len(group._journal) - 1][0]) > 1.4 * len(value.encode())
             assert state.data == {"new": value, "old": value}
+        finally:
+            group.close()
+            await hubs.close()
+
+    asyncio.run(scenario())
+
+
+class _FullDisk(DictStateMachine):
+    """Its database refuses the first `refusals` applies: the disk is full until then."""
+
+    def __init__(self, refusals: int):
+        super().__init__()
+        self.refusals = refusals
+
+    def apply(self, entry):
+        if self.refusals and entry.payload.startswith(b"full"):
+            self.refusals -= 1
+            raise StorageFull("disk full writing the database; writes resume once space is freed")
+        return super().apply(entry)
+
+
+def _single_voter(tmp_path, machine, hubs, loop) -> SyncObjGroup:
+    address = f"127.0.0.1:{free_port_block(1)}"
+    return SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(address), self_address=address, peers=(),
+                                    folder=tmp_path / "n0", fsync=False, tuning=Tuning()), machine, loop)
+
+
+def test_a_proposal_whose_apply_met_a_full_disk_is_answered_once_it_applies(tmp_path):
+    """pysyncobj takes an entry's waiting proposals before applying it; an apply that raised (a full disk,
+    retried every tick) lost them, and the leader's group commit waited the whole request timeout for an
+    answer that never came, holding every later write and read barrier of the partition behind it
+    (test_disk_full, a read timed out at 3 s once the disk had room)."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        hubs = LoopbackHubs()
+        machine = _FullDisk(refusals=3)
+        group = _single_voter(tmp_path, machine, hubs, loop)
+        try:
+            await until(lambda: group.role == Role.LEADER and group.last_applied >= 1)
+            answered = loop.create_future()
+            group.propose(b"full=1", lambda result, outcome: answered.set_result((result, outcome)))
+            assert await asyncio.wait_for(answered, 5) == ("full", Outcome.APPLIED)
+            assert machine.refusals == 0 and machine.data == {"full": "1"}
+        finally:
+            group.close()
+            await hubs.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_proposal_the_journal_could_not_append_for_a_full_disk_is_refused_at_once(tmp_path, monkeypatch):
+    """pysyncobj takes a queued proposal and then appends it; an append that raised lost its callback the
+    same way, and the writer waited the request timeout for an Undetermined it need not have had."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        hubs = LoopbackHubs()
+        group = _single_voter(tmp_path, DictStateMachine(), hubs, loop)
+        try:
+            await until(lambda: group.role == Role.LEADER and group.last_applied >= 1)
+            appended = journal.append_whole
+
+            def full_once(*args):
+                monkeypatch.setattr(journal, "append_whole", appended)
+                raise StorageFull("disk full while writing the journal; free space on that disk")
+
+            monkeypatch.setattr(journal, "append_whole", full_once)
+            refused = loop.create_future()
+            group.propose(b"k=1", lambda result, outcome: refused.set_result(outcome))
+            assert await asyncio.wait_for(refused, 5) == Outcome.REJECTED
+            applied = loop.create_future()
+            group.propose(b"k=2", lambda result, outcome: applied.set_result(outcome))
+            assert await asyncio.wait_for(applied, 5) == Outcome.APPLIED
         finally:
             group.close()
             await hubs.close()

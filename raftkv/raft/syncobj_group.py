@@ -31,7 +31,7 @@ from pysyncobj import SyncObjConf, replicated
 from raftkv import failpoints
 from raftkv.core import metrics
 from raftkv.core.durable import make_dirs
-from raftkv.core.errors import CorruptData
+from raftkv.core.errors import CorruptData, StorageFull
 from raftkv.core.spec import Tuning
 from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.engine.undriven import steady_part
@@ -39,6 +39,7 @@ from raftkv.raft.group import Entry, Outcome, ProposalCallback, Role, StateMachi
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.node_log import GroupLog
 from raftkv.raft.replica_logs import JOURNAL, ReplicaLogs, log_group
+from raftkv.raft.syncobj_callbacks import Proposals, Waiting, keep_unapplied, refuse_unappended
 from raftkv.raft.syncobj_journal import REGULAR, JournalConfig, apply_call, membership_change, outcome, payload_of
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
@@ -84,6 +85,8 @@ class _Member(SnapshotHooks, PatchedSyncObj):
     def __init__(self, group: SyncObjGroup, self_address, peers, conf):
         self._group = group
         super().__init__(self_address, list(peers), conf, transportClass=GroupTransport)
+        self._SyncObj__commandsQueue = Proposals(conf.commandsQueueSize)
+        self._SyncObj__commandsWaitingCommit = Waiting()
 
     @replicated
     def _apply(self, payload: bytes):
@@ -93,7 +96,11 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         """pysyncobj's apply step (every tick), less its commit notice while a proposal is queued (group commit
         proposes its next batch from the apply callback: this tick sends it with the new commit index; unbatched,
         each entry and each notice cost a message and an answer per replica). Then `after_apply` is told."""
-        need_send = PatchedSyncObj._SyncObj__applyLogEntries(self)
+        try:
+            need_send = PatchedSyncObj._SyncObj__applyLogEntries(self)
+        except StorageFull:
+            keep_unapplied(self._SyncObj__commandsWaitingCommit, self._SyncObj__raftLastApplied)
+            raise
         self._group.config.after_apply()
         return need_send and not self._SyncObj__commandsQueue._FastQueue__queue
 
@@ -128,6 +135,17 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         self._group.quiet.before_tick(now)
         PatchedSyncObj._onTick(self, timeToWait)
         self._group.quiet.after_tick(self._group.config.clock())
+
+    def _checkCommandsToApply(self) -> None:
+        """pysyncobj's loop over queued proposals, less the loss of one whose append met a full disk."""
+        proposals = self._SyncObj__commandsQueue
+        try:
+            PatchedSyncObj._checkCommandsToApply(self)
+        except StorageFull:
+            journal = self._SyncObj__raftLog
+            refuse_unappended(proposals, journal[-1][0] if len(journal) else None)
+            raise
+        proposals.taken = None
 
     def _SyncObj__doApplyCommand(self, command: bytes):
         self._group.repair.check_committed()
