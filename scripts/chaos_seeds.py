@@ -1,4 +1,4 @@
-"""Chaos runs with N seeds back to back, and one table: seed, faults injected (by kind), ops, violations.
+"""Chaos runs with N seeds back to back, and one table: seed, faults injected (by kind), ops, violations, checks.
 
     .venv/bin/python scripts/chaos_seeds.py --seeds 10 --duration 300
     .venv/bin/python scripts/chaos_seeds.py --seeds 3 --faults kill,failpoint --durability fsync --first-seed 7
@@ -44,9 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     first = args.first_seed if args.first_seed is not None else random.randrange(1 << 31)
     console = Console()
     table = Table(title=f"{args.seeds} chaos runs of {args.duration:.0f} s, faults {args.faults}")
-    for column in ("seed", "faults", "by kind", "ops", "violations", "kept in"):
+    for column in ("seed", "faults", "by kind", "ops", "violations", "checks passed", "kept in"):
         table.add_column(column, justify="right" if column in ("faults", "ops", "violations") else "left")
     kinds: Counter = Counter()
+    checks: Counter = Counter()  # by name: the runs it passed in, and the runs it was made in
+    runs_of: Counter = Counter()
     total_ops = total_violations = 0
     for seed in range(first, first + args.seeds):
         config = ChaosConfig(nodes=args.nodes, partitions=args.partitions, duration=args.duration, faults=faults,
@@ -63,11 +65,19 @@ def main(argv: list[str] | None = None) -> int:
         for v in report.violations:  # the table keeps only counts; these lines say what to look at
             console.print(f"  {v.check} {v.key}: {v.detail}", markup=False, highlight=False)
         table.add_row(str(seed), str(len(report.faults)), _kinds(run_kinds), f"{report.ops:,}",
-                      str(len(report.violations)), str(report.run_dir or ""))
-    table.add_row("all", str(sum(kinds.values())), _kinds(kinds), f"{total_ops:,}", str(total_violations), "",
-                  style="bold")
+                      str(len(report.violations)), _checks(report.checks), str(report.run_dir or ""))
+        checks += Counter(c.name for c in report.checks if c.ok)
+        runs_of += Counter(c.name for c in report.checks)
+    table.add_row("all", str(sum(kinds.values())), _kinds(kinds), f"{total_ops:,}", str(total_violations),
+                  f"{sum(checks.values())}/{sum(runs_of.values())}", "", style="bold")
     console.print(table)
     return 1 if total_violations else 0
+
+
+def _checks(checks) -> str:
+    """"7/7", or which failed: the feeds and the replicas are among them."""
+    failed = [c.name for c in checks if not c.ok]
+    return f"{len(checks) - len(failed)}/{len(checks)}" + (f" (failed: {', '.join(failed)})" if failed else "")
 
 
 def _kinds(counts: Counter) -> str:

@@ -311,3 +311,5 @@ def test_the_seeds_script_runs_seeds_back_to_back_and_prints_one_table():
             if line.startswith("│") and line.split("│")[1].strip()]
     assert [row[0] for row in rows] == ["5", "6", "all"]
     assert rows[-1][2].startswith("restart ") and rows[-1][4] == "0"  # 3 s of warm-up, then a restart of 1 to 3 s
+    passed, made = rows[-1][5].split("/")
+    assert passed == made and int(made) >= 2 * 5, rows  # every check of both runs (the replicas, the history's)
