@@ -188,9 +188,9 @@ class SteadyGroup:
             if dynamic and member._SyncObj__parseChangeClusterRequest(command) is not None:
                 self.handback("a membership change was proposed")
                 return
-            index = journal[-1][1] + 1
-            journal.add(command, index, term)  # then taken off: an append that raises (a full disk) loses nothing
             queue.popleft()
+            index = journal[-1][1] + 1
+            journal.add(command, index, term)
             if isinstance(callback, tuple):  # forwarded by a follower: it waits for the index
                 node, request = callback
                 member._SyncObj__transport.send(node, {"type": "apply_command_response", "request_id": request,
