@@ -354,13 +354,7 @@ def test_a_proposal_the_journal_could_not_append_for_a_full_disk_is_refused_at_o
         group = _single_voter(tmp_path, DictStateMachine(), hubs, loop)
         try:
             await until(lambda: group.role == Role.LEADER and group.last_applied >= 1)
-            appended = journal.append_whole
-
-            def full_once(*args):
-                monkeypatch.setattr(journal, "append_whole", appended)
-                raise StorageFull("disk full while writing the journal; free space on that disk")
-
-            monkeypatch.setattr(journal, "append_whole", full_once)
+            _full_once(monkeypatch)
             refused = loop.create_future()
             group.propose(b"k=1", lambda result, outcome: refused.set_result(outcome))
             assert await asyncio.wait_for(refused, 5) == Outcome.REJECTED
@@ -369,6 +363,70 @@ def test_a_proposal_the_journal_could_not_append_for_a_full_disk_is_refused_at_o
             assert await asyncio.wait_for(applied, 5) == Outcome.APPLIED
         finally:
             group.close()
+            await hubs.close()
+
+    asyncio.run(scenario())
+
+
+def _full_once(monkeypatch) -> None:
+    """The journal's next append (any group's in this process) meets a full disk."""
+    appended = journal.append_whole
+
+    def full_once(*args):
+        monkeypatch.setattr(journal, "append_whole", appended)
+        raise StorageFull("disk full while writing the journal; free space on that disk")
+
+    monkeypatch.setattr(journal, "append_whole", full_once)
+
+
+def test_a_membership_change_the_journal_could_not_append_is_refused_and_undone(tmp_path, monkeypatch):
+    """pysyncobj changes its members before it appends the change: refused, the change must be undone too,
+    or the leader counts a member its log never named."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        hubs = LoopbackHubs()
+        port = free_port_block(2)
+        address, newcomer = f"127.0.0.1:{port}", f"127.0.0.1:{port + 1}"
+        hubs.know(address, newcomer)
+        group = SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(address), self_address=address, peers=(),
+                                         folder=tmp_path / "n0", fsync=False, tuning=Tuning(),
+                                         membership_changes=True), DictStateMachine(), loop)
+        try:
+            await until(lambda: group.role == Role.LEADER and group.last_applied == group.last_log_index >= 1)
+            _full_once(monkeypatch)
+            refused = loop.create_future()
+            group.add_member(newcomer, lambda result, outcome: refused.set_result(outcome))
+            assert await asyncio.wait_for(refused, 5) == Outcome.REJECTED
+            assert group.voters == frozenset([address])
+        finally:
+            group.close()
+            await hubs.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_proposal_forwarded_by_a_follower_that_the_leader_could_not_append_is_refused_at_once(tmp_path, monkeypatch):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        port = free_port_block(3)
+        addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
+        hubs = LoopbackHubs()
+        hubs.know(*addresses)
+        groups = [SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(a), self_address=a,
+                                           peers=tuple(p for p in addresses if p != a), folder=tmp_path / f"n{i}",
+                                           fsync=False, tuning=Tuning()), DictStateMachine(), loop)
+                  for i, a in enumerate(addresses)]
+        try:
+            await until(lambda: sum(g.role == Role.LEADER for g in groups) == 1 and
+                        all(g.last_applied == g.commit_index > 0 for g in groups))
+            follower = next(g for g in groups if g.role != Role.LEADER)
+            _full_once(monkeypatch)
+            refused = loop.create_future()
+            follower.propose(b"k=1", lambda result, outcome: refused.set_result(outcome))
+            assert await asyncio.wait_for(refused, 5) == Outcome.REJECTED
+        finally:
+            for g in groups:
+                g.close()
             await hubs.close()
 
     asyncio.run(scenario())

@@ -6,7 +6,7 @@ waiting proposals off their table and then applies the entry. When the append or
 runs, and the leader's group commit waited its whole request timeout for an answer, holding every
 later write and read barrier of the partition behind it (docs/pysyncobj.md).
 
-Each holder remembers what pysyncobj last took from it; `_Member` (syncobj_group.py) answers or puts
+Each holder remembers what pysyncobj last took from it; `_Member` (syncobj_group.py) refuses or puts
 back what a raising tick lost.
 """
 
@@ -16,7 +16,6 @@ from collections import defaultdict
 from typing import Any
 
 from pysyncobj.fast_queue import FastQueue
-from pysyncobj.syncobj import FAIL_REASON
 
 
 class Proposals(FastQueue):
@@ -33,8 +32,9 @@ class Proposals(FastQueue):
 
 
 class Waiting(defaultdict):
-    """pysyncobj's proposals waiting for their entry to apply, by log index; `taken`: the last
-    `(index, [(term, callback), ...])` its apply step took."""
+    """pysyncobj's proposals waiting for their entry to apply, by log index; `taken`: the
+    `(index, [(term, callback), ...])` its apply step took for an entry whose apply has not returned
+    (`_Member` clears it when one does: the callbacks run after it)."""
 
     def __init__(self):
         super().__init__(list)
@@ -45,21 +45,20 @@ class Waiting(defaultdict):
         return self.taken[1]
 
 
-def refuse_unappended(proposals: Proposals, last_command: bytes | None) -> None:
+def unappended(proposals: Proposals, last_command: bytes | None) -> tuple[bytes, Any] | None:
     """After the loop over queued proposals raised: the proposal it took last, unless the log's last entry
-    is it, was never appended and never will be: its writer hears so now."""
-    if proposals.taken is None:
-        return
-    (command, callback), proposals.taken = proposals.taken, None
-    if command is not last_command and callable(callback):
-        callback(None, FAIL_REASON.REQUEST_DENIED)
+    is it, was never appended and never will be."""
+    taken, proposals.taken = proposals.taken, None
+    if taken is None or taken[0] is last_command:
+        return None
+    return taken
 
 
 def keep_unapplied(waiting: Waiting, last_applied: int) -> None:
-    """After an apply step raised: the entry it took the waiting proposals of was not applied (pysyncobj
-    counts an entry applied after its apply and callbacks), so they wait for its next try."""
+    """After an apply step raised: the entry it took the waiting proposals of was not applied, so they wait
+    for its next try."""
     if waiting.taken is None:
         return
     (index, subscribers), waiting.taken = waiting.taken, None
-    if index > last_applied and subscribers:
+    if index > last_applied and subscribers:  # (pysyncobj counts an entry applied after its callbacks)
         waiting[index] = subscribers + waiting.get(index, [])

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from pysyncobj import SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SyncObjConf, replicated
 
 from raftkv import failpoints
 from raftkv.core import metrics
@@ -39,7 +39,7 @@ from raftkv.raft.group import Entry, Outcome, ProposalCallback, Role, StateMachi
 from raftkv.raft.journal import RaftJournal
 from raftkv.raft.node_log import GroupLog
 from raftkv.raft.replica_logs import JOURNAL, ReplicaLogs, log_group
-from raftkv.raft.syncobj_callbacks import Proposals, Waiting, keep_unapplied, refuse_unappended
+from raftkv.raft.syncobj_callbacks import Proposals, Waiting, keep_unapplied, unappended
 from raftkv.raft.syncobj_journal import REGULAR, JournalConfig, apply_call, membership_change, outcome, payload_of
 from raftkv.raft.syncobj_loop import LoopPoller, Ticker
 from raftkv.raft.syncobj_patches import LogEntry, PatchedSyncObj
@@ -96,6 +96,7 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         """pysyncobj's apply step (every tick), less its commit notice while a proposal is queued (group commit
         proposes its next batch from the apply callback: this tick sends it with the new commit index; unbatched,
         each entry and each notice cost a message and an answer per replica). Then `after_apply` is told."""
+        self._SyncObj__commandsWaitingCommit.taken = None
         try:
             need_send = PatchedSyncObj._SyncObj__applyLogEntries(self)
         except StorageFull:
@@ -143,13 +144,20 @@ class _Member(SnapshotHooks, PatchedSyncObj):
             PatchedSyncObj._checkCommandsToApply(self)
         except StorageFull:
             journal = self._SyncObj__raftLog
-            refuse_unappended(proposals, journal[-1][0] if len(journal) else None)
+            if (lost := unappended(proposals, journal[-1][0] if len(journal) else None)) is not None:
+                command, callback = lost
+                if self._SyncObj__conf.dynamicMembershipChange and (
+                        change := self._SyncObj__parseChangeClusterRequest(command)) is not None:
+                    self._SyncObj__doChangeCluster(change, reverse=True)  # pysyncobj made it before the append
+                self._SyncObj__callErrCallback(FAIL_REASON.REQUEST_DENIED, callback)  # a follower's: answered
             raise
         proposals.taken = None
 
     def _SyncObj__doApplyCommand(self, command: bytes):
         self._group.repair.check_committed()
-        return PatchedSyncObj._SyncObj__doApplyCommand(self, command)
+        result = PatchedSyncObj._SyncObj__doApplyCommand(self, command)
+        self._SyncObj__commandsWaitingCommit.taken = None  # applied: its proposals are answered next, once
+        return result
 
     def sync_journal(self) -> None:
         self._group.sync_journal()
