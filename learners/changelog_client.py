@@ -44,9 +44,10 @@ class ChangeLogClient:
         except grpc.RpcError as exc:
             raise self._error(exc) from None
 
-    def read(self, partition: int, after: int, until: int) -> Iterator[pb.ChangesChunk]:
-        """The partition's changes with after < index <= until; a reader that stops early ends the call."""
-        calls = self._stub.Read(pb.ChangesRequest(partition=partition, after=after, until=until))
+    def read(self, partition: int, after: int, until: int, timeout: float | None = None) -> Iterator[pb.ChangesChunk]:
+        """The partition's changes with after < index <= until, all within `timeout` seconds (None: no limit);
+        a reader that stops early ends the call."""
+        calls = self._stub.Read(pb.ChangesRequest(partition=partition, after=after, until=until), timeout=timeout)
         try:
             yield from calls
         except grpc.RpcError as exc:
@@ -131,12 +132,14 @@ def tail(address: str, *, from_beginning: bool = False, out: TextIO | None = Non
     return count
 
 
-def read_changelog(address: str, tls: Tls | None = None, token: str | None = None) -> list[ChangeEvent]:
-    """Every retained event, partition by partition in index order (each key's events in order)."""
+def read_changelog(address: str, tls: Tls | None = None, token: str | None = None,
+                   timeout: float = 60.0) -> list[ChangeEvent]:
+    """Every retained event, partition by partition in index order (each key's events in order), each
+    partition's within `timeout` seconds."""
     with ChangeLogClient(address, tls=tls, token=token) as log:
         cluster = log.cluster()
         return [event_of(change, o.partition, cluster)
-                for o in log.offsets() for chunk in log.read(o.partition, o.earliest, o.latest)
+                for o in log.offsets() for chunk in log.read(o.partition, o.earliest, o.latest, timeout)
                 for change in chunk.changes]
 
 

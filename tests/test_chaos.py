@@ -208,6 +208,8 @@ def test_the_checker_reports_stale_leader_reads_from_an_isolated_leader(tmp_path
 def test_bad_flags_get_one_line_and_exit_2():
     assert_one_line_error(run("chaos", "run", "--faults", "kill,flood"), "--faults", "unknown fault 'flood'")
     assert_one_line_error(run("chaos", "run", "--faults", "pause:all"), "unknown variant 'all' of pause")
+    assert_one_line_error(run("chaos", "run", "--learner", "changelog", "--learner", "changelog"),
+                          "--learner: each kind at most once")
 
 
 def test_the_default_faults_are_the_ones_this_machine_can_inject_and_the_rest_are_named_once():

@@ -51,7 +51,8 @@ def test_a_feed_that_cannot_be_read_says_why(running, monkeypatch):
         raise Unavailable("the changelog at 127.0.0.1:1 did not answer")
 
     [violation] = feed_violations(feed_of(unreadable, running), {b"a": b"1"})
-    assert violation.detail == "the feed could not be read for 0s: the changelog at 127.0.0.1:1 did not answer"
+    assert violation.detail == ("the feed could not be read at the end of 0s of waiting for it to catch up: "
+                                "the changelog at 127.0.0.1:1 did not answer")
 
 
 def test_a_learner_that_exited_is_named_with_its_log():

@@ -60,6 +60,8 @@ class ChaosConfig:
         for learner in self.learners:
             if learner not in LEARNERS:
                 problems.append(f"--learner: {learner!r} is not one of {', '.join(LEARNERS)}")
+        if len(set(self.learners)) < len(self.learners):
+            problems.append("--learner: each kind at most once")
         if self.read_consistency not in CONSISTENCY_BY_NAME:
             problems.append(f"read consistency {self.read_consistency!r} is not one of {', '.join(CONSISTENCY_BY_NAME)}")
         if self.raft_engine not in RAFT_ENGINES:

@@ -10,6 +10,7 @@ voters' final contents with no event missing, repeated or out of order (learners
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from contextlib import ExitStack
@@ -55,11 +56,12 @@ def start_feeds(spec: ClusterSpec, kinds: Iterable[str], cleanup: ExitStack) -> 
         else:
             port = free_port_block(1)
             address = f"127.0.0.1:{port}"
-            changes = LocalLearner(spec, name, "changelog", {"path": str(learner_folder(spec, name).with_name(
-                f"{name}-events"))}, ("--api-port", str(port))).start()
+            events = learner_folder(spec, name).with_name(f"{name}-events")
+            shutil.rmtree(events, ignore_errors=True)  # the sink's own: the learner streams the whole log again
+            changes = LocalLearner(spec, name, "changelog", {"path": str(events)}, ("--api-port", str(port))).start()
             cleanup.callback(changes.stop)
             feeds.append(Feed(kind, f"changelog {address}", lambda changes=changes: changes.process,
-                              changes.log_path, lambda address=address: read_changelog(address, client_tls(spec))))
+                              changes.log_path, lambda address=address: read_changelog(address, client_tls(spec), timeout=FEED_DEADLINE)))
     return feeds
 
 
@@ -74,7 +76,8 @@ def feed_violations(feed: Feed, final: dict[bytes, bytes]) -> list[Violation]:
         time.sleep(1.0)
         events, unread = _read(feed)
     if unread is not None:
-        return [Violation("feed", feed.where, f"the feed could not be read for {FEED_DEADLINE:.0f}s: {unread}", ())]
+        return [Violation("feed", feed.where, f"the feed could not be read at the end of {FEED_DEADLINE:.0f}s of "
+                                              f"waiting for it to catch up: {unread}", ())]
     violations = [Violation("feed", feed.where, line, ()) for line in chain_breaks(events)]
     if (table := replay(events)) != final:
         missing = len(set(final) - set(table))

@@ -331,9 +331,10 @@ class _Run:
                 self.violations.append(Violation("fault-handling", record.name, problem, ()))
         if feeds:
             final = self._final_contents(spec, placement_of(spec, wait=60.0))
-            for feed in feeds:
-                self._checked(f"{feed.kind} feed", final if isinstance(final, list) else feed_violations(feed, final),
-                              feed.where)
+            if isinstance(final, list):  # no replica answered: nothing to check the feeds against
+                self._checked("feeds", final, ", ".join(feed.where for feed in feeds))
+            for feed in feeds if isinstance(final, dict) else ():
+                self._checked(f"{feed.kind} feed", feed_violations(feed, final), feed.where)
         if self.config.duration >= SETTLE_SECONDS + 2 * self.config.sample_seconds:
             growth = grown(self.resources.series)
             self._checked("resources steady", [Violation("resource-growth", line.split(":")[0], line, ())
