@@ -43,7 +43,7 @@ class LocalFeed:
     def start(self) -> LocalFeed:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.broker.start()
-        self._learner.sink_options["bootstrap.servers"] = self.bootstrap
+        self._learner.sink_options.setdefault("bootstrap.servers", self.bootstrap)
         try:
             self._learner.start()
         except BaseException:
