@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from raftkv.chaos.faults import FaultInjector
+from raftkv.chaos.faults import FAILING_DISK_SAYS, FaultInjector
 from raftkv.chaos.timeline import FaultRecord, Timeline
 
 
@@ -45,3 +45,16 @@ def test_a_node_that_never_says_its_fsyncs_are_slow_is_reported(tmp_path: Path):
     record = FaultRecord("disk", "fsync-500ms", ("n2",), start=time.monotonic() - 5.0)
     injector._heal_disk(record)
     assert record.problems == [f"n2 said nothing of its slow fsyncs; see {log}"]
+
+
+def test_a_node_whose_spec_copy_cannot_be_read_on_a_failing_disk_said_so_in_one_line(tmp_path: Path):
+    """A joined node keeps its spec in its data dir: on a disk failing every read, its one line is that
+    file's (a soak run counted it a node that stopped without saying why)."""
+    log = tmp_path / "node.log"
+    log.write_text("error: /data/n8/cluster.toml: cannot read: Input/output error\n")
+    cluster = SimpleNamespace(procs={"n8": SimpleNamespace(returncode=2)}, log_path=lambda node_id: log)
+    injector = FaultInjector(cluster, Timeline())
+    record = FaultRecord("disk", "eio-read", ("n8",), start=time.monotonic())
+    injector._stopped_with_one_line("n8", record, FAILING_DISK_SAYS, "a failing disk")
+    assert record.problems == [] and record.notes == ["n8 stopped: error: /data/n8/cluster.toml: cannot read: "
+                                                      "Input/output error"]

@@ -41,6 +41,10 @@ SNAPSHOT_PASSES = 2  # a snapshot is taken every few seconds only
 SLOW_FSYNC_MS = {"fsync-50ms": 50, "fsync-500ms": 500, "fsync-5s": 5000}
 SLOW_FSYNC_GRACE = 2.0  # s after a slow fsync's delay by which its node has said so
 
+# What a node stopped by a failing disk says: an fsync or a read failed, a file is unreadable, or (a joined
+# node keeps its spec in its data dir) its spec cannot be read.
+FAILING_DISK_SAYS = ("failed", "unreadable", "cannot read")
+
 
 class FaultInjector(MembershipFaults):
     def __init__(self, cluster: LocalCluster, timeline: Timeline, netcut: NetCut | None = None,
@@ -312,7 +316,7 @@ class FaultInjector(MembershipFaults):
             record.problems.append(f"{node_id} said it stops on a failing disk but did not exit within "
                                    f"{START_TIMEOUT:.0f}s")
             self._kill(node_id)
-        self._refused(node_id, record, says=("failed", "unreadable"), on=f"a disk failing every {record.variant[4:]}")
+        self._refused(node_id, record, says=FAILING_DISK_SAYS, on=f"a disk failing every {record.variant[4:]}")
 
     # -- helpers -----------------------------------------------------------
 
