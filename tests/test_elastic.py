@@ -18,6 +18,7 @@ from raftkv.dev.write_load import WriteLoad
 from raftkv.meta.bootstrap import node_record
 from raftkv.meta.records import AddNode, NodeState
 from tests.conftest import settled_topology, wait_until
+from tests.raft_admin import statuses
 from tests.test_cli import assert_one_line_error, run
 
 FAST = dict(rebalance_interval=0.5, max_moves=4, max_moves_per_node=2)
@@ -237,3 +238,45 @@ def test_a_dead_metadata_voter_that_comes_back_learns_the_topology_from_the_othe
                        f"{victim}'s copy of the metadata to catch up")
             for i in range(100):
                 assert direct.get(b"k%03d" % i) == b"v%d" % i
+
+
+def test_a_spec_node_that_lost_its_data_after_every_other_spec_node_left_learns_the_members_through_join(
+        make_cluster, joiner):
+    """The first soak hour (docs/chaos.md): n2 was the last node of the spec left when its data was wiped.
+    Restarted from the spec alone it knew only nodes that had left, heard none of the members, and its
+    replicas campaigned for half an hour. Given --join, it learns the members and catches up."""
+    cluster = make_cluster(nodes=3, partitions=2, replication=3, **FAST)
+    joined = joiner(2)
+    config = ("--config", str(cluster.spec_path))
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: kv.topology().meta.epoch, 30, "the metadata to be bootstrapped")
+        seed = joined.join("n4", cluster.endpoints[1])
+        joined.join("n5", cluster.endpoints[1])
+        wait_until(lambda: sorted(kv.topology().meta.nodes_in(NodeState.UP)) == ["n1", "n2", "n3", "n4", "n5"],
+                   60, "n4 and n5 to join")
+        for node_id in ("n1", "n3"):
+            kv.decommission(node_id)
+        wait_until(lambda: all(kv.topology().meta.node(n).state == NodeState.REMOVED for n in ("n1", "n3")), 120,
+                   "n1 and n3 to be drained and removed")
+        for i in range(50):
+            kv.put(b"k%02d" % i, b"v%d" % i)
+    assert_one_line_error(run("node", "start", *config, "--node", "n1", "--join", seed),
+                          "node n1 is no member of the cluster at", "(removed?)")
+    cluster.kill("n2")
+    for item in cluster.spec.node("n2").data_dir.iterdir():
+        if item.name != "node.log":
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
+    with open(cluster.log_path("n2"), "ab") as log:
+        cluster.procs["n2"] = subprocess.Popen([sys.executable, "-m", "raftkv", "node", "start", *config, "--node",
+                                                "n2", "--join", seed], stdout=log, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL)
+    with Client([cluster.spec.node("n2").api_address], timeout=10.0) as direct:
+        wait_until(lambda: direct.topology().meta.has_node("n4"), 30, "n2 to know the members that joined")
+
+        def n2_caught_up() -> bool:
+            applied = {(node, ps.partition): ps.applied_index for node, ps in statuses(cluster.endpoints[1:2] + [seed])}
+            return all(applied.get(("n2", p), -1) >= applied[("n4", p)] > 1 for p in range(2))
+
+        wait_until(n2_caught_up, 30, "n2's replicas to catch up")
+        for i in range(50):
+            assert direct.get(b"k%02d" % i, consistency="follower") == b"v%d" % i

@@ -20,7 +20,8 @@ from raftkv.core.errors import ConfigError
 from raftkv.core.spec_toml import load_spec
 from raftkv.node import process as node_process
 from raftkv.meta.records import group_name
-from raftkv.node.join import join, joined_before
+from raftkv.node.join import current_topology, join, joined_before
+from raftkv.security.tls import node_tls
 
 
 @click.group()
@@ -36,7 +37,8 @@ def node() -> None:
 @click.option("--join", "seed", default=None, metavar="HOST:PORT",
               help="Join a running cluster through any of its nodes (needs --base-port and --data-dir; with TLS, "
                    "this node's certificate as `raftkv --cacert --cert --key node start ...`, or the same files "
-                   "the cluster's spec names).")
+                   "the cluster's spec names). With --config, for a node of the spec whose data is gone: the "
+                   "member it learns the cluster's current members from.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="With --join: the address others reach it at.")
 @click.option("--base-port", type=click.IntRange(1024, 65000), default=None,
               help="With --join: API port; metrics, then one Raft port per partition and the metadata's follow.")
@@ -50,7 +52,7 @@ def start(config: str | None, node_id: str, seed: str | None, host: str, base_po
     joined = joined_before(Path(data_dir)) if data_dir else None
     if joined is not None:  # a node that joined earlier restarts from what it was told
         spec, initial = joined
-    elif seed is not None:
+    elif seed is not None and config is None:  # a new node
         if base_port is None or data_dir is None:
             raise ConfigError("--join needs --base-port and --data-dir", source="node start")
         spec, initial = join(seed, node_id, host, base_port, Path(data_dir), tls_files(None))
@@ -58,6 +60,8 @@ def start(config: str | None, node_id: str, seed: str | None, host: str, base_po
                       f"--data-dir {data_dir}")
     else:
         spec = load_spec(config or "raftkv-data/cluster.toml")
+        if seed is not None:  # its data is gone, and the members the spec names may be too
+            initial = current_topology(seed, node_id, node_tls(spec, node_id))
     spec.node(node_id)
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failpoints.arm_from_environment()

@@ -109,6 +109,11 @@ class NodeSpec:
         """The metadata group's Raft port: the one after the partitions' block."""
         return self.raft_port_base + partitions
 
+    @property
+    def meta_dir(self) -> Path:
+        """Its replica of the metadata group: absent until the node first starts, and after its data is lost."""
+        return self.data_dir / "meta"
+
 
 @dataclass(frozen=True)
 class BackupConfig:

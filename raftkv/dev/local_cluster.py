@@ -62,6 +62,8 @@ class LocalCluster:
         self._log_dir = log_dir
         self._spares = {n.id: n for n in spares}
         self._joined: set[str] = set()  # spares that joined once: a removed one never comes back under its id
+        self._started: dict[str, float] = {}  # when each node last started; one without its metadata replica
+        # since then lost its data
         self.members = list(spec.node_ids)  # the nodes it runs: the spec's, then those joined, less those removed
         self.procs: dict[str, subprocess.Popen] = {}
         self._env = {**os.environ, **(env or {})}
@@ -104,14 +106,17 @@ class LocalCluster:
         node = self.node(node_id)
         node.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path(node_id).parent.mkdir(parents=True, exist_ok=True)
-        if node_id in self._spares:
-            seed = next(self.node(n).api_address for n in self.members
-                        if n != node_id and n in self.procs and self.procs[n].poll() is None)
-            command = [sys.executable, "-m", "raftkv", "node", "start", "--join", seed, "--node", node_id,
-                       "--host", node.host, "--base-port", str(node.api_port), "--data-dir", str(node.data_dir)]
+        seed = self._seed(node_id)
+        if node_id in self._spares:  # (the first start, or after its data was lost, joins through `seed`)
+            command = [sys.executable, "-m", "raftkv", "node", "start", "--node", node_id, "--host", node.host,
+                       "--base-port", str(node.api_port), "--data-dir", str(node.data_dir)]
+            command += ["--join", seed] if seed else []
         else:
             command = [sys.executable, "-m", "raftkv", "node", "start", "--config", str(self.spec_path),
                        "--node", node_id]
+            if node_id in self._started and not node.meta_dir.exists() and seed:  # its data is gone: the
+                command += ["--join", seed]  # members the spec names may be too (docs/chaos.md)
+        self._started[node_id] = time.monotonic()
         if self.wrap_command is not None:
             command = self.wrap_command(node_id, command)
         with open(self.log_path(node_id), "ab") as log:
@@ -125,6 +130,12 @@ class LocalCluster:
             )
         self.procs[node_id] = proc
         return proc
+
+    def _seed(self, node_id: str) -> str | None:
+        """The API address of the running member started longest ago (the likeliest to serve, and to know
+        the current members), to learn the cluster's members from; None when no other member runs."""
+        running = [n for n in self.members if n != node_id and n in self.procs and self.procs[n].poll() is None]
+        return self.node(min(running, key=lambda n: self._started[n])).api_address if running else None
 
     def rss_kib(self) -> dict[str, int]:
         """Each running node's resident memory (KiB)."""

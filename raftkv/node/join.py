@@ -2,7 +2,8 @@
 
 The new node asks any member for the topology and the cluster's constants, registers
 itself (`AddNode`: state `joining` until it serves), and keeps what it was told in its
-data dir, so a restart needs neither `--join` nor a spec:
+data dir, so a restart needs neither `--join` nor a spec. A node of the spec that lost its
+data is given `--join` to learn the current members (`current_topology`):
 
     <data_dir>/cluster.toml   the cluster's spec, with this node added
     <data_dir>/joined.json    the topology the join was answered with (until its own copy of
@@ -24,7 +25,7 @@ from raftkv.core.errors import ChangeRefused, ConfigError, Unauthenticated, Unav
 from raftkv.core.spec import ClusterSpec, NodeSpec
 from raftkv.core.spec_toml import load_spec, parse_spec, save_spec
 from raftkv.meta.bootstrap import node_record
-from raftkv.meta.records import AddNode, ClusterMeta, decode_meta, encode_command, encode_meta
+from raftkv.meta.records import AddNode, ClusterMeta, NodeState, decode_meta, encode_command, encode_meta
 from raftkv.meta.wire import topology_of
 from raftkv.security.tls import Tls, open_blocking_channel, refusal
 
@@ -66,6 +67,19 @@ def join(seed: str, node_id: str, host: str, base_port: int, data_dir: Path,
     save_spec(spec, data_dir / SPEC_FILE)
     replace_file(data_dir / JOINED_FILE, encode_meta(meta))
     return load_spec(data_dir / SPEC_FILE), meta
+
+
+def current_topology(seed: str, node_id: str, tls: Tls | None) -> ClusterMeta:
+    """The topology as `seed` (a live member's API address) knows it, for node `node_id` of the spec that
+    lost its data: when every node the spec names has left since, its own copy (the spec's, epoch 0)
+    names no member that is left, and it would hear none of them (docs/chaos.md, the first soak hour)."""
+    with open_blocking_channel(seed, tls) as channel:
+        admin = kv_pb2_grpc.AdminStub(channel)
+        meta = _call(seed, tls, lambda: admin.Topology(pb.TopologyRequest(), timeout=10.0)).meta
+    if not meta.has_node(node_id) or meta.node(node_id).state == NodeState.REMOVED:
+        raise ChangeRefused(f"node {node_id} is no member of the cluster at {seed} (removed?); to bring it back, "
+                            "start it with an empty --data-dir, --base-port and --join")
+    return meta
 
 
 def _call(seed: str, tls: Tls | None, call):

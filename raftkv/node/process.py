@@ -231,7 +231,7 @@ class Node:
 
     @property
     def _meta_folder(self):
-        return self.me.data_dir / "meta"
+        return self.me.meta_dir
 
     def _open_meta(self, voting: bool) -> MetaReplica:
         topology, loop = self.topology, self._loop
