@@ -20,18 +20,22 @@ from tests.raft_scenarios import DictStateMachine
 from tests.test_snapshot_writer import until
 
 
+def _three_voters(tmp_path, hubs: LoopbackHubs, machines, loop, **config) -> list[SyncObjGroup]:
+    """One group of three voters over `hubs`, each on its state machine in `machines`."""
+    port = free_port_block(3)
+    addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
+    hubs.know(*addresses)
+    return [SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(a), self_address=a,
+                                     peers=tuple(p for p in addresses if p != a), folder=tmp_path / f"n{i}",
+                                     fsync=False, tuning=Tuning(), **config), machines[i], loop)
+            for i, a in enumerate(addresses)]
+
 def test_a_leader_removes_a_follower_refuses_to_remove_itself_and_goes_on_committing(tmp_path):
     async def scenario():
         loop = asyncio.get_running_loop()
-        port = free_port_block(3)
-        addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
         hubs = LoopbackHubs()
-        hubs.know(*addresses)
-        machines = [DictStateMachine() for _ in addresses]
-        groups = [SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(a), self_address=a, peers=tuple(p for p in addresses if p != a),
-                                           folder=tmp_path / f"n{i}", fsync=False, tuning=Tuning(),
-                                           membership_changes=True), machines[i], loop)
-                  for i, a in enumerate(addresses)]
+        machines = [DictStateMachine() for _ in range(3)]
+        groups = _three_voters(tmp_path, hubs, machines, loop, membership_changes=True)
         try:
             await until(lambda: sum(g.role == Role.LEADER for g in groups) == 1 and
                         all(g.last_applied == g.commit_index > 0 for g in groups))
@@ -408,14 +412,8 @@ def test_a_membership_change_the_journal_could_not_append_is_refused_and_undone(
 def test_a_proposal_forwarded_by_a_follower_that_the_leader_could_not_append_is_refused_at_once(tmp_path, monkeypatch):
     async def scenario():
         loop = asyncio.get_running_loop()
-        port = free_port_block(3)
-        addresses = [f"127.0.0.1:{port + i}" for i in range(3)]
         hubs = LoopbackHubs()
-        hubs.know(*addresses)
-        groups = [SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(a), self_address=a,
-                                           peers=tuple(p for p in addresses if p != a), folder=tmp_path / f"n{i}",
-                                           fsync=False, tuning=Tuning()), DictStateMachine(), loop)
-                  for i, a in enumerate(addresses)]
+        groups = _three_voters(tmp_path, hubs, [DictStateMachine() for _ in range(3)], loop)
         try:
             await until(lambda: sum(g.role == Role.LEADER for g in groups) == 1 and
                         all(g.last_applied == g.commit_index > 0 for g in groups))
