@@ -18,6 +18,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from raftkv.client.async_client import AsyncClient
+from raftkv.client.sync_client import run_on_client_loop
 from raftkv.core.command_kinds import ALL_KEYS_END
 from raftkv.core.commands import Delete, Put
 from raftkv.core.errors import InvalidRequest, RaftKVError, Undetermined, Unavailable
@@ -52,11 +53,13 @@ class KVWriter(DataSourceArrowWriter):
 
 
 def with_client(options: ConnectorOptions, work):
+    """`work(client)` on the process's client loop: a Python worker runs many tasks, and a loop of its own per
+    task would be kept by grpc.aio for the life of the worker (raftkv.client.sync_client.client_loop)."""
     async def run():
         async with AsyncClient(list(options.endpoints), timeout=options.timeout, tls=options.tls,
                                token=options.token) as client:
             return await work(client)
-    return asyncio.run(run())
+    return run_on_client_loop(run())
 
 
 async def _write_all(client: AsyncClient, batches: Iterator[pa.RecordBatch], options: ConnectorOptions) -> int:

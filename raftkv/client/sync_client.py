@@ -5,9 +5,9 @@
         kv.get(b"k")                      # linearizable by default
         kv.read(b"k", consistency="follower").applied_index
 
-Thread-safe: it runs an `AsyncClient` on a private event loop thread, and
-calls from many threads are coalesced there (operations bound for the same
-node travel in one Execute request). Routing: each key's partition is
+Thread-safe: it runs an `AsyncClient` on the process's one client loop thread
+(`client_loop`), and calls from many threads are coalesced there (operations
+bound for the same node travel in one Execute request). Routing: each key's partition is
 computed here and sent to the leader from a cached routing table, refreshed
 on NotLeader or a connection failure, retried until the deadline.
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import os
 import threading
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence, Unpack
@@ -38,13 +39,38 @@ from raftkv.storage.engine import Position
 __all__ = ["Client", "LearnerView", "NodeStatus", "Read", "Topology"]
 
 
+_loop_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_pid: int | None = None
+
+
+def client_loop() -> asyncio.AbstractEventLoop:
+    """The event loop every Client of this process runs on, on a daemon thread started by the first Client (and
+    again in a forked child, which has no copy of the thread). One, not one per Client: grpc.aio binds its
+    poller to every loop that ever made a channel and never unbinds it, so a loop per Client kept about
+    250 KiB per Client ever opened (a process that opened one per request grew without bound)."""
+    global _loop, _loop_pid
+    with _loop_lock:
+        if _loop is None or _loop_pid != os.getpid():
+            _loop, _loop_pid = uvloop.new_event_loop(), os.getpid()
+            threading.Thread(target=_loop.run_forever, name="raftkv-client", daemon=True).start()
+        return _loop
+
+
+def run_on_client_loop(coro, timeout: float | None = None):
+    """`coro`'s result, run on the client loop; cancelled there if the caller stops waiting (a timeout, Ctrl-C)."""
+    future = asyncio.run_coroutine_threadsafe(coro, client_loop())
+    try:
+        return future.result(timeout)
+    except BaseException:
+        future.cancel()
+        raise
+
+
 class Client:
     def __init__(self, endpoints: str | Sequence[str], **options: Unpack[ClientOptions]):
         """The same options as `AsyncClient`."""
         self._async = AsyncClient(endpoints, **options)
-        self._loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="raftkv-client", daemon=True)
-        self._thread.start()
         self._closed = False
 
     def __enter__(self) -> Client:
@@ -58,12 +84,9 @@ class Client:
             return
         self._closed = True
         self._run(self._async.close(), timeout=5)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
-        self._loop.close()
 
     def _run(self, coro, timeout: float | None = None):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return run_on_client_loop(coro, timeout)
 
     @property
     def partitions(self) -> int:
