@@ -23,6 +23,17 @@ def test_growth_counts_only_after_the_process_settled_and_past_the_floors():
     assert problems == ["n2 (pid 2): rss_kib grew from 80,000 to 120,000 (+50%) between 600 s and 3600 s into the run"]
 
 
+def test_growth_compares_peaks_at_the_final_membership_so_memtables_and_joins_are_not_leaks():
+    minutes = range(600, 4200, 300)
+    memtables = series(*((at, (97 if i % 2 else 149) * 1024, 100, 20) for i, at in enumerate(minutes)))
+    # a learner holds connections to every node: 105 descriptors with 3 nodes, 180 once two more joined
+    joined = [Usage(at, 100_000, 105 if at < 2400 else 180, 20, 3 if at < 2400 else 5) for at in minutes]
+    leaking = [Usage(at, 100_000, 105 + (at - 600) // 30, 20, 5) for at in minutes]
+    problems = grown({"kafka learner (pid 1)": memtables, "changelog learner (pid 2)": joined,
+                      "harness (pid 3)": leaking}, settle=0)
+    assert problems == ["harness (pid 3): fds grew from 155 to 215 (+39%) between 2100 s and 3900 s into the run"]
+
+
 def test_usage_reads_this_process_and_none_for_one_gone():
     mine = usage(os.getpid(), 1.0)
     assert mine.rss_kib > 1000 and mine.fds >= 3 and mine.threads >= 1

@@ -1,12 +1,16 @@
 """What a chaos run's processes hold over time, and whether a long-lived one keeps growing (issue 30).
 
 Every SAMPLE_SECONDS the run records each process's resident memory, open file
-descriptors and threads (the nodes, the learner, the harness itself). A process
-restarted by a fault is a new series: only its own life is compared. `grown` (pure)
-judges a series from its first sample SETTLE_SECONDS into the process's life
-(caches, pools and the first compactions settle by then) to its last: more than
-GROWTH_LIMIT up, and by more than a small floor (a few descriptors come and go
-with connections), is a leak to find.
+descriptors and threads (the nodes, the learners, the harness itself), and how many
+nodes the cluster has then. A process restarted by a fault is a new series: only
+its own life is compared. `grown` (pure) judges a series from SETTLE_SECONDS into
+the process's life (caches, pools and the first compactions settle by then) to its
+end, on the samples taken with as many nodes as at the end (a learner and the
+harness hold connections to every node, so a join is not a leak): the peak of the
+later half more than GROWTH_LIMIT above the peak of the earlier half, and by more
+than a small floor (a few descriptors come and go with connections), is a leak to
+find. Peaks, not the first and last samples: memtables fill and flush, and a
+learner's memory swings by half between those without growing.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ class Usage:
     rss_kib: int
     fds: int
     threads: int
+    nodes: int = 0  # the cluster's nodes when sampled
 
 
-def usage(pid: int | str, at: float) -> Usage | None:
+def usage(pid: int | str, at: float, nodes: int = 0) -> Usage | None:
     """The process's usage now, from /proc; None when it is gone."""
     try:
         with open(f"/proc/{pid}/status") as status:
@@ -41,7 +46,7 @@ def usage(pid: int | str, at: float) -> Usage | None:
         return None
     if "VmRSS" not in fields:  # a zombie: exited, not reaped yet
         return None
-    return Usage(at, int(fields["VmRSS"].split()[0]), fds, int(fields["Threads"]))
+    return Usage(at, int(fields["VmRSS"].split()[0]), fds, int(fields["Threads"]), nodes)
 
 
 def grown(series: Mapping[str, Sequence[Usage]], settle: float = SETTLE_SECONDS,
@@ -50,10 +55,13 @@ def grown(series: Mapping[str, Sequence[Usage]], settle: float = SETTLE_SECONDS,
     problems = []
     for name, samples in series.items():
         settled = [s for s in samples if s.at - samples[0].at >= settle]
-        if len(settled) < 2:
+        alike = [s for s in settled if s.nodes == settled[-1].nodes] if settled else []
+        if len(alike) < 2:
             continue
-        first, last = settled[0], settled[-1]
+        earlier, later = alike[:len(alike) // 2], alike[len(alike) // 2:]
         for what, floor in FLOORS.items():
+            first = max(earlier, key=lambda s: getattr(s, what))
+            last = max(later, key=lambda s: getattr(s, what))
             before, after = getattr(first, what), getattr(last, what)
             if after > before * (1 + limit) and after - before > floor:
                 problems.append(f"{name}: {what} grew from {before:,} to {after:,} (+{after / before - 1:.0%}) "
@@ -62,10 +70,13 @@ def grown(series: Mapping[str, Sequence[Usage]], settle: float = SETTLE_SECONDS,
 
 
 class ResourceWatch:
-    """Samples `processes()` (name -> pid) now and then every `every` seconds on a thread, until `stop`."""
+    """Samples `processes()` (name -> pid) now and then every `every` seconds on a thread, until `stop`;
+    `nodes()` is how many nodes the cluster has."""
 
-    def __init__(self, processes: Callable[[], Mapping[str, int | str]], every: float = SAMPLE_SECONDS):
+    def __init__(self, processes: Callable[[], Mapping[str, int | str]], every: float = SAMPLE_SECONDS,
+                 nodes: Callable[[], int] = lambda: 0):
         self._processes = processes
+        self._nodes = nodes
         self._every = every
         self._started = time.monotonic()
         self._lock = threading.Lock()
@@ -83,9 +94,9 @@ class ResourceWatch:
     def sample(self) -> dict[str, Usage]:
         """Each process's usage now, by name (also kept in its series)."""
         at = time.monotonic() - self._started
-        now = {}
+        now, nodes = {}, self._nodes()
         for name, pid in self._processes().items():
-            if (found := usage(pid, at)) is not None:
+            if (found := usage(pid, at, nodes)) is not None:
                 now[name] = found
                 with self._lock:
                     self.series.setdefault(f"{name} (pid {pid})", []).append(found)

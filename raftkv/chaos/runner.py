@@ -204,7 +204,7 @@ class _Run:
             learners = {f"{feed.kind} learner": feed.process().pid for feed in feeds}
             return {**running, **learners, "harness": os.getpid()}
 
-        self.resources = ResourceWatch(processes, self.config.sample_seconds)
+        self.resources = ResourceWatch(processes, self.config.sample_seconds, lambda: len(cluster.members))
         self.memory_start = {name: u.rss_kib for name, u in self.resources.sample().items()}
         self.resources.start()
         cleanup.callback(self.resources.stop)
