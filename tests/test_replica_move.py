@@ -371,7 +371,7 @@ def test_a_learner_started_afresh_during_its_move_copies_a_checkpoint_again_and_
     cluster = make_cluster(nodes=4, partitions=1, replication=3, rebalance_interval=0)
     config = ("--config", str(cluster.spec_path), "--partition", "0")
     cluster.stop("n4")
-    cluster.start("n4", env={"RAFTKV_FAILPOINTS": "apply-before=400*delay(25)"})  # a slow learner, for a while
+    cluster.start("n4", env={"RAFTKV_FAILPOINTS": "apply-before=120*delay(25)"})  # a slow learner, for a while
     with Client(cluster.endpoints[:3], timeout=10.0) as kv, Writer(cluster.endpoints[:3]) as writer:
         wait_until(lambda: _bootstrapped(kv), 30, "the metadata to be bootstrapped")
         for i in range(300):
