@@ -38,6 +38,13 @@ def all_rest(cluster, node_ids) -> bool:
     return True
 
 
+def engines_drive(cluster) -> bool:
+    """Every node's engine drives settled groups: it starts to once the metadata says every member runs it,
+    about a second after a new cluster is ready. A group idle before that rests in pysyncobj."""
+    return all("the node engine drives settled partitions" in cluster.log_path(n).read_text()
+               for n in cluster.spec.node_ids)
+
+
 def leaders(endpoints: list[str]) -> dict[int, str]:
     with Client(endpoints, timeout=5) as kv:
         return {ps.partition: s.node_id for s in kv.status() for ps in s.partitions if ps.role == "leader"}
@@ -49,6 +56,7 @@ def test_an_idle_cluster_rests_and_its_partitions_elect_when_a_resting_leaders_n
                                                                                            with_learner):
     cluster = make_cluster(nodes=3, partitions=PARTITIONS)
     learner = changelog_learner(cluster) if with_learner else None
+    wait_until(lambda: engines_drive(cluster), 30, "every node's engine to drive settled groups")
     written = {b"k%03d" % i: b"v%d" % i for i in range(200)}
     with Client(cluster.endpoints) as kv:
         for key, value in written.items():

@@ -8,6 +8,7 @@ their outcome the way proposals do.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from raftkv.core.errors import StorageFull
 from raftkv.core.spec import Tuning
@@ -269,6 +270,35 @@ def test_a_replica_ticks_as_soon_as_it_opens_not_at_its_first_raft_timer(tmp_pat
             await until(lambda: group._member._SyncObj__transport._ticked, timeout=Tuning().election_timeout_min / 2)
         finally:
             group.close()
+            await hubs.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_new_group_campaigns_within_the_shortest_timeout_and_a_reopened_one_waits_a_whole_one(tmp_path):
+    """A new cluster waited a whole election timeout (0.4 to 1.4 s) for each group's first leader. A group that
+    never had a term has no leader to unseat; one that had a term keeps pysyncobj's timeout."""
+    async def scenario():
+        loop, hubs, tuning = asyncio.get_running_loop(), LoopbackHubs(), Tuning()
+        address = f"127.0.0.1:{free_port_block(1)}"
+
+        def open_group() -> tuple[SyncObjGroup, float]:
+            group = SyncObjGroup(GroupConfig(partition=0, hub=hubs.hub(address), self_address=address, peers=(),
+                                             folder=tmp_path / "n0", fsync=False, tuning=tuning),
+                                 DictStateMachine(), loop)
+            return group, group._member._SyncObj__raftElectionDeadline - time.monotonic()
+
+        new, first_wait = open_group()
+        try:
+            assert first_wait <= tuning.election_timeout_min
+            await until(lambda: new.role == Role.LEADER and new.term == 1)
+        finally:
+            new.close()
+        reopened, wait = open_group()
+        try:
+            assert reopened.term == 1 and wait > tuning.election_timeout_min - 0.05
+        finally:
+            reopened.close()
             await hubs.close()
 
     asyncio.run(scenario())

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pysyncobj import syncobj as upstream
 from pysyncobj import FAIL_REASON, SyncObjConf, replicated
 
 from raftkv import failpoints
@@ -84,6 +85,7 @@ class _Member(SnapshotHooks, PatchedSyncObj):
 
     def __init__(self, group: SyncObjGroup, self_address, peers, conf):
         self._group = group
+        self._first_election_hastened = False
         super().__init__(self_address, list(peers), conf, transportClass=GroupTransport)
         self._SyncObj__commandsQueue = Proposals(conf.commandsQueueSize)
         self._SyncObj__commandsWaitingCommit = Waiting()
@@ -117,6 +119,18 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         if self._SyncObj__selfNode is None:  # a learner never campaigns
             return NEVER
         return self._SyncObj__raftElectionDeadline
+
+    def hasten_first_election(self, reachable_voters: int) -> None:
+        """A group that never had a term (a new cluster's) campaigns within `election_timeout_min` of reaching
+        a majority of its voters, not a whole timeout after it opened (etcd fast-forwards its first election
+        alike): its campaign is for term 1, which cannot unseat a leader, whose term is at least 1. Once;
+        drawn from pysyncobj's randomness, as its timeouts are (the simulation seeds it)."""
+        if (self._first_election_hastened or self.raftCurrentTerm != 0 or self._SyncObj__selfNode is None
+                or 2 * reachable_voters <= len(self._SyncObj__otherNodes) + 1):
+            return
+        self._first_election_hastened = True
+        soon = self._group.config.clock() + upstream.random.uniform(0, self._group.config.tuning.election_timeout_min)
+        self._SyncObj__raftElectionDeadline = min(self._SyncObj__raftElectionDeadline, soon)
 
     def postpone_election(self, now: float) -> None:
         """A fresh election timeout from now: the loop was blocked, so silence from the leader meant nothing."""
@@ -238,6 +252,7 @@ class SyncObjGroup:
             onStateChanged=None if on_role_changed is None else lambda old, new: on_role_changed(Role(old), Role(new)),
         )
         self._member = _Member(self, config.self_address, config.peers, conf)
+        self._member.hasten_first_election(reachable_voters=1)  # a single voter campaigns at once
         self._journal: RaftJournal | GroupLog = self._member._SyncObj__raftLog
         self._apply_id = self._member._methodToID[self._member._getFuncName("_apply")]
         self.snapshots.journal = self._journal

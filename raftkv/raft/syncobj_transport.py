@@ -161,6 +161,7 @@ class GroupTransport(Transport):
             elif not up and node in self._connected:
                 self._connected.discard(node)
                 self._onNodeDisconnected(node)
+        self._syncObj.hasten_first_election(reachable_voters=1 + len(self._connected))
         joined = self._hub.subscribers(self._group)
         for connection in [c for c in self._subscribers if c not in joined]:
             node = self._subscribers.pop(connection)
