@@ -391,3 +391,10 @@ def test_a_leader_ignores_a_reply_from_a_member_it_removed(make_follower: Callab
         return
     f.deliver_raw(removed, reply)
     assert removed not in f.obj._SyncObj__raftNextIndex and removed not in f.obj._SyncObj__raftMatchIndex
+
+
+def test_pysyncobj_reads_the_clock_the_adapter_writes_its_deadlines_on():
+    """pysyncobj read CLOCK_MONOTONIC_RAW while the adapter wrote election deadlines on time.monotonic:
+    0.25 s apart on the CI machine (a reopened group's first election came that much early), more with
+    uptime, as NTP slews one and not the other."""
+    assert pysyncobj.syncobj.monotonicTime is time.monotonic

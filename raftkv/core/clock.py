@@ -3,8 +3,9 @@
 A part that runs a loop of its own reads the clock once a turn and hands `now` down. A part driven
 by callbacks (the Raft hub, a group's ticker, the adapter over the Raft library, the node engine) is
 given a `Clock` when it is made, and each callback reads it once. In production every clock is
-`time.monotonic`, which the Raft library reads too: the adapter writes deadlines the library compares
-with its own reads, so they must be on one clock (docs/architecture.md). Tests pass a fake one.
+`time.monotonic`, which the Raft library reads too (raft/syncobj_patches.py points it there): the
+adapter writes deadlines the library compares with its own reads, so they must be on one clock
+(docs/architecture.md). Tests pass a fake one.
 """
 
 from __future__ import annotations

@@ -198,6 +198,7 @@ class HostedReplicas:
             guard=self.lost_data.guard(p, self._folder(p)) if voter else None,
             node_log=self.logs,
             engine=self.hub.engine,
+            new_cluster=not topology.epoch,
         )
         with opening(self.me):
             return PartitionReplica(

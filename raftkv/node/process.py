@@ -247,6 +247,7 @@ class Node:
             on_corrupt=self._corrupt,
             guard=self.lost_data.guard(META, self._meta_folder) if voting else None,
             node_log=self.logs,
+            new_cluster=not topology.epoch,
         )
         with opening(self.me):
             return MetaReplica(RocksEngine(config.folder), lambda sm: SyncObjGroup(config, sm, loop),

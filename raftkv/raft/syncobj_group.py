@@ -70,6 +70,7 @@ class GroupConfig:
     clock: Callable[[], float] = time.monotonic  # pysyncobj's (core/clock.py): it compares our deadlines with it
     after_apply: Callable[[], None] = lambda: None  # after every apply step (a learner's feed pump wakes on it)
     resyncs_itself: bool = False  # a learner process's: a log that contradicts the copy is no reason to stop
+    new_cluster: bool = False  # opened by a node that knows no metadata yet: its first election need not wait
 
 
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
@@ -85,7 +86,7 @@ class _Member(SnapshotHooks, PatchedSyncObj):
 
     def __init__(self, group: SyncObjGroup, self_address, peers, conf):
         self._group = group
-        self._first_election_hastened = False
+        self._first_election_hastened = not group.config.new_cluster
         super().__init__(self_address, list(peers), conf, transportClass=GroupTransport)
         self._SyncObj__commandsQueue = Proposals(conf.commandsQueueSize)
         self._SyncObj__commandsWaitingCommit = Waiting()
@@ -121,10 +122,12 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         return self._SyncObj__raftElectionDeadline
 
     def hasten_first_election(self, reachable_voters: int) -> None:
-        """A group that never had a term (a new cluster's) campaigns within `election_timeout_min` of reaching
-        a majority of its voters, not a whole timeout after it opened (etcd fast-forwards its first election
-        alike): its campaign is for term 1, which cannot unseat a leader, whose term is at least 1. Once;
-        drawn from pysyncobj's randomness, as its timeouts are (the simulation seeds it)."""
+        """A new cluster's group that never had a term campaigns within `election_timeout_min` of reaching a
+        majority of its voters, not a whole timeout after it opened (etcd fast-forwards its first election
+        alike): its campaign is for term 1, which cannot unseat a leader, whose term is at least 1. Only in
+        a new cluster: a replica added to a running group opens without a term too, and its whole timeout
+        gives its leader time to reach it (docs/elasticity.md). Once; drawn from pysyncobj's randomness, as
+        its timeouts are (the simulation seeds it)."""
         if (self._first_election_hastened or self.raftCurrentTerm != 0 or self._SyncObj__selfNode is None
                 or 2 * reachable_voters <= len(self._SyncObj__otherNodes) + 1):
             return

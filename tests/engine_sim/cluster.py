@@ -90,7 +90,7 @@ class SimCluster:
             self._node_up(node)
         for group in self.groups:
             for node in self.voters[group]:
-                self._open(node, group)
+                self._open(node, group, new_cluster=True)
         if self._with_learners:
             self.network.node_up(LEARNER)
             for group in filter(learns, self.groups):
@@ -110,7 +110,7 @@ class SimCluster:
         disk = self.journals.setdefault(key, JournalDisk())
         return SimJournal(disk, self.fsync, partial(self.checker.on_append, node, group))
 
-    def _open(self, node: str, group: int) -> None:
+    def _open(self, node: str, group: int, new_cluster: bool = False) -> None:
         key = (node, group)
         folder = self._folder / node / str(group)
         folder.mkdir(parents=True, exist_ok=True)  # make_dirs would fsync its parents
@@ -121,7 +121,7 @@ class SimCluster:
             partition=group, hub=self.network.hubs[node], self_address=None if learner else address(node, group),
             peers=tuple(address(n, group) for n in voters if n != node), folder=folder, fsync=self.fsync,
             tuning=TUNING, membership_changes=True, on_corrupt=partial(self._stopped, node, group),
-            engine=self.engines.get(node), clock=self.scheduler.time)
+            engine=self.engines.get(node), clock=self.scheduler.time, new_cluster=new_cluster)
         loop = SimLoop(self.scheduler, key)
         self._opening = key
         try:
