@@ -255,7 +255,7 @@ class SyncObjGroup:
             onStateChanged=None if on_role_changed is None else lambda old, new: on_role_changed(Role(old), Role(new)),
         )
         self._member = _Member(self, config.self_address, config.peers, conf)
-        self._member.hasten_first_election(reachable_voters=1)  # a single voter campaigns at once
+        self._member.hasten_first_election(reachable_voters=1)  # a single voter is a majority of itself
         self._journal: RaftJournal | GroupLog = self._member._SyncObj__raftLog
         self._apply_id = self._member._methodToID[self._member._getFuncName("_apply")]
         self.snapshots.journal = self._journal
