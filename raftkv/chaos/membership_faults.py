@@ -93,9 +93,13 @@ class MembershipFaults:
         if variant == "join" and spares:
             self._join(spares[0], record)
             return True
+        # One change of shape at a time: a second node gone before the first's replicas are back may take a
+        # majority. The moves a join sets off (the rebalancer's) end first, up to MOVE_TIMEOUT.
+        self._meta_says(lambda meta: not meta.moves, MOVE_TIMEOUT)
         meta = kv.topology().meta
         if meta.moves or any(n.state == NodeState.DEAD and meta.holds_anything(n.id) for n in meta.nodes):
-            return False  # a second node gone before the first's replicas are back may take a majority
+            record.notes.append(f"no {variant}: a move or a dead node's replicas are not done")
+            return False
         if variant == "decommission" and len(live) > MIN_LIVE and candidates:
             node_id = self._holder(kv, candidates, pick)
             kv.decommission(node_id)
