@@ -65,7 +65,7 @@ def every_variant(variants: list[tuple[str, str]], partitions: int) -> tuple[Fau
 
 
 # Issue 30's combined run: a node joins, one is killed and wiped and replaced, one is decommissioned, among
-# a split, a power cut, kills and a move (the last test of the groups below).
+# a split, a power cut, kills and a move (test_the_cluster_changes_shape_among_kills_partitions_and_power_cuts).
 RESHAPING_PLAN = [("membership", "join"), ("kill", "follower"), ("membership", "replace"), ("partition", "split"),
                   ("powerloss", "cut"), ("membership", "decommission"), ("kill", "leader"), ("membership", "move")]
 # One cluster per group: a fresh start and the checks cost about 9 s a run, and each variant is still
