@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gc
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 
 import grpc
@@ -204,3 +207,18 @@ def test_clients_opened_one_per_request_share_one_event_loop_and_leave_none_behi
             assert kv.get(b"per-request") == b"%d" % i
     assert loops() == before
     assert [t.name for t in threading.enumerate()].count("raftkv-client") == 1
+
+
+def test_a_process_that_used_a_client_stops_the_client_loop_before_the_interpreter_finalizes(cluster):
+    """The shared loop thread is a daemon: left polling grpc.aio's sockets while the interpreter tore down its
+    objects, it crashed CLI commands with SIGSEGV after they had printed their answer (CI, now and then)."""
+    script = textwrap.dedent(f"""
+        import atexit, threading
+        atexit.register(lambda: print("client loop at exit:",
+                                      any(t.name == "raftkv-client" for t in threading.enumerate())))
+        from raftkv import Client
+        kv = Client({cluster.endpoints!r})
+        kv.put(b"left-open", b"-")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "client loop at exit: False"), done.stderr

@@ -20,6 +20,7 @@ change a rule forbids; nothing changed).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import heapq
 import os
 import threading
@@ -41,6 +42,7 @@ __all__ = ["Client", "LearnerView", "NodeStatus", "Read", "Topology"]
 
 _loop_lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
+_loop_thread: threading.Thread | None = None
 _loop_pid: int | None = None
 
 
@@ -49,12 +51,29 @@ def client_loop() -> asyncio.AbstractEventLoop:
     again in a forked child, which has no copy of the thread). One, not one per Client: grpc.aio binds its
     poller to every loop that ever made a channel and never unbinds it, so a loop per Client kept about
     250 KiB per Client ever opened (a process that opened one per request grew without bound)."""
-    global _loop, _loop_pid
+    global _loop, _loop_thread, _loop_pid
     with _loop_lock:
         if _loop is None or _loop_pid != os.getpid():
             _loop, _loop_pid = uvloop.new_event_loop(), os.getpid()
-            threading.Thread(target=_loop.run_forever, name="raftkv-client", daemon=True).start()
+            _loop_thread = threading.Thread(target=_loop.run_forever, name="raftkv-client", daemon=True)
+            _loop_thread.start()
         return _loop
+
+
+@atexit.register
+def _stop_client_loop() -> None:
+    """Stop the client loop before the interpreter finalizes: a loop still polling grpc.aio's sockets while
+    the interpreter tears down its objects crashed the process (SIGSEGV) after it had done its work."""
+    global _loop
+    with _loop_lock:
+        loop, thread = _loop, _loop_thread
+        if loop is None or thread is None or _loop_pid != os.getpid():
+            return
+        _loop = None
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    if not thread.is_alive():
+        loop.close()
 
 
 def run_on_client_loop(coro, timeout: float | None = None):
