@@ -18,7 +18,9 @@ Here each process has one hub on its asyncio loop (docs/raft-transport.md):
   have no way in; membership changes go through the Admin API.
 - Frames queued for a connection in one turn of the loop leave in one write; one flush a turn runs
   the node engine's turn (its frames of every group), then the owner's `before_send` (the node log
-  written and, in fsync mode, synced: `log_turn`), then writes every connection's, none if that failed.
+  written: `log_turn`), then writes every connection's, none if that failed. In fsync mode they are
+  held until the node log's sync (on its I/O thread) covers that write (`synced`), except the early
+  ones (a leader's appends), which never overtake a held frame.
 - Each dialer pings every `ping_every` seconds and the other side answers; a connection that hears
   nothing for `dead_after` seconds is closed (a cut network otherwise leaves it hanging for TCP's
   minutes), and the dialer tries again every `retry_seconds`.
@@ -35,6 +37,7 @@ import logging
 import socket
 import ssl as ssl_module
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol
 
@@ -99,30 +102,72 @@ class Connection:
         self.joined: set[int] = set()  # groups this (accepted) connection subscribed to read-only
         self.last_received = hub.clock()
         self.closed = False
-        self._pending: list[bytes] = []
+        self._pending: list[bytes] = []  # in order: the held frames first, then this turn's
+        self._early: list[bytes] = []  # this turn's frames that need not wait for the node log's sync
+        self._holds: deque[list[int]] = deque()  # [sync point, frames]: the held frames, oldest first
 
     def __repr__(self) -> str:
         return f"<{'to' if self.dialed else 'from'} {self.peer or 'learner'}>"
 
-    def send(self, frame: bytes) -> bool:
+    def send(self, frame: bytes, early: bool = False) -> bool:
+        """Queue `frame` for the end of the turn; an `early` one leaves before the turn's sync of the node
+        log, unless frames of an earlier turn still wait for theirs (it never overtakes them)."""
         if self.closed:
             return False
-        if not self._pending:
-            self._hub._queued(self)
-        self._pending.append(frame)
+        self._hub._queued(self)
+        (self._early if early else self._pending).append(frame)
         return True
 
-    def _drop_pending(self) -> None:
-        self._pending.clear()
+    def _end_turn(self, point: int | None) -> None:
+        """The hub's flush: `point` None drops this turn's frames (the records they speak of were not
+        written); else they leave once the node log's sync covers write `point` (0: at once)."""
+        early, self._early = self._early, []
+        held = sum(count for _, count in self._holds)
+        if point is None:
+            del self._pending[held:]
+            return
+        if not self._holds and not point:
+            self._pending += early
+            self._write(len(self._pending))
+            return
+        if early and not self._holds:
+            self._write_frames(early)
+        else:
+            self._pending += early
+        fresh = len(self._pending) - held
+        if fresh:
+            point = max(point, self._holds[-1][0]) if self._holds else point
+            if self._holds and self._holds[-1][0] == point:
+                self._holds[-1][1] += fresh
+            else:
+                self._holds.append([point, fresh])
+            self._hub._holding.add(self)
 
-    def _flush(self) -> None:
-        if self.closed or not self._pending:
+    def _release(self, synced: int) -> bool:
+        """The frames held for syncs up to write `synced` leave; whether any still wait."""
+        count = 0
+        while self._holds and self._holds[0][0] <= synced:
+            count += self._holds.popleft()[1]
+        if count:
+            self._write(count)
+        return bool(self._holds)
+
+    def _drop_held(self) -> None:
+        held = sum(count for _, count in self._holds)
+        del self._pending[:held]
+        self._holds.clear()
+
+    def _write(self, count: int) -> None:
+        frames, self._pending[:count] = self._pending[:count], []
+        self._write_frames(frames)
+
+    def _write_frames(self, frames: list[bytes]) -> None:
+        if self.closed or not frames:
             return
         if self._writer.transport.is_closing():  # the peer went away; `read_frames` has not heard yet
             self.close()  # uvloop raises on a write to a closed transport (asyncio only counts them)
             return
-        self._writer.write(b"".join(self._pending))
-        self._pending.clear()
+        self._writer.write(b"".join(frames))
         metrics.RAFT_SOCKET_WRITES.inc()
         if self._writer.transport.get_write_buffer_size() > HIGH_WATER_BYTES:
             log.warning("%r is not reading its Raft messages; closing it", self)
@@ -150,6 +195,8 @@ class Connection:
             return
         self.closed = True
         self._pending.clear()
+        self._early.clear()
+        self._holds.clear()
         self._writer.close()
         self._hub._closed(self)
 
@@ -180,9 +227,11 @@ class RaftHub:
         self._directory_seen: Directory | None = None
         self._refusals = Throttle(REFUSAL_LOG_SECONDS)
         self._closing = False
-        self._to_flush: list[Connection] = []  # connections with frames queued this turn
+        self._to_flush: dict[Connection, None] = {}  # connections with frames queued this turn
+        self._holding: set[Connection] = set()  # connections with frames waiting for a sync of the node log
         self._flush_scheduled = False
-        self.before_send: Callable[[], bool] | None = None  # run before a flush; False: drop its frames
+        # run before a flush: the node log's write point its frames wait for a sync of (0: none; None: drop them)
+        self.before_send: Callable[[], int | None] | None = None
         self.engine = None  # the node engine (raft_engine = "steady"): it gets engine frames, its peers get them
         self._engine_peers: dict[str, Connection] = {}  # nodes that announced the engine, on this connection
 
@@ -236,14 +285,15 @@ class RaftHub:
             self._dialing[node_id] = self.loop.create_task(self._dial(node_id))
         return False
 
-    def send(self, node_id: str, group: int, message: object) -> bool:
+    def send(self, node_id: str, group: int, message: object, early: bool = False) -> bool:
+        """`early`: it may leave before the turn's sync of the node log (`Connection.send`)."""
         connection = self._links.get(node_id)
-        return connection is not None and self.reply(connection, group, message)
+        return connection is not None and self.reply(connection, group, message, early)
 
-    def reply(self, connection: Connection, group: int, message: object) -> bool:
+    def reply(self, connection: Connection, group: int, message: object, early: bool = False) -> bool:
         """To a read-only subscriber, on the connection it joined over (and, through `send`, to a node)."""
         metrics.RAFT_MESSAGES_SENT.inc()
-        return connection.send(hub_frames.encode((group, message), self._compression))
+        return connection.send(hub_frames.encode((group, message), self._compression), early)
 
     def engine_peer(self, node_id: str) -> bool:  # it announced the engine, and the connection to it is up
         return node_id in self._engine_peers and self._links.get(node_id) is not None
@@ -265,20 +315,29 @@ class RaftHub:
             self.loop.call_soon(self._flush)
 
     def _queued(self, connection: Connection) -> None:
-        self._to_flush.append(connection)
+        self._to_flush[connection] = None
         self.flush_soon()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self.engine is not None:  # its items of the turn join the frames below
             self.engine.turn()
-        connections, self._to_flush = self._to_flush, []
-        if self.before_send is not None and not self.before_send():
-            for connection in connections:
-                connection._drop_pending()  # they may speak of records not written: Raft sends again
-            return
-        for connection in connections:
-            connection._flush()
+        connections, self._to_flush = self._to_flush, {}
+        point = self.before_send() if self.before_send is not None else 0
+        for connection in connections:  # dropped, they may speak of records not written: Raft sends again
+            connection._end_turn(point)
+
+    def synced(self, point: int) -> None:
+        """The node log's sync covers write `point`: the frames that waited for it leave."""
+        for connection in list(self._holding):
+            if not connection._release(point):
+                self._holding.discard(connection)
+
+    def sync_failed(self) -> None:
+        """The node log's sync failed: no frame that waited for it may leave."""
+        for connection in self._holding:
+            connection._drop_held()
+        self._holding.clear()
 
     # -- connections ----------------------------------------------------------
 
@@ -411,6 +470,7 @@ class RaftHub:
 
     def _closed(self, connection: Connection) -> None:
         self._accepted.discard(connection)
+        self._holding.discard(connection)
         if self._engine_peers.get(connection.peer) is connection:  # not a newer connection's announcement
             del self._engine_peers[connection.peer]
         if connection.dialed and self._links.get(connection.peer) is connection:

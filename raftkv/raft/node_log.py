@@ -203,6 +203,12 @@ class NodeLog:
         return self._synced_writes
 
     @property
+    def covering_write(self) -> int:
+        """The number of the write that covers every record made so far: the next one if any is batched."""
+        with self._lock:
+            return self._writes + (1 if self._pending else 0)
+
+    @property
     def durable_point(self) -> Point:
         """The segment and offset the last sync covered."""
         return self._files.durable
@@ -309,6 +315,12 @@ class NodeLog:
         the unsynced pages and would report the next fsync as a success."""
         with self._sync_lock:
             return self._settle()[0]
+
+    def sync_written(self) -> int:
+        """`sync()` of what is written, not of what is batched: for a thread other than the one that makes
+        records (the loop's turn hands it its fdatasync and runs on, `log_turn`)."""
+        with self._sync_lock:
+            return self._settle(write=False)[0]
 
     def flush(self) -> None:
         """Every group's commit index written, everything synced, the meta file saved, dead segments deleted."""

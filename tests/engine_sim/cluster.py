@@ -21,7 +21,7 @@ from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from tests.engine_sim.checker import Checker
 from tests.engine_sim.clock import Scheduler, SimLoop
 from tests.engine_sim.network import ENGINE, SimNetwork
-from tests.engine_sim.storage import JournalDisk, SimJournal, SimStateMachine, StateDisk
+from tests.engine_sim.storage import JournalDisk, SimJournal, SimLogSync, SimStateMachine, StateDisk
 from tests.engine_sim.trace import Trace
 
 TUNING = Tuning()
@@ -67,6 +67,7 @@ class SimCluster:
         self.checker = checker
         self._folder = folder
         self._rng = random.Random(seed * 7919 + 1)  # what the disks keep at a power cut
+        self._sync_rng = random.Random(seed * 7919 + 2)  # how long the node logs' syncs take (fsync mode)
         directory = Directory({}, {address(n, g): (n, g) for n in self.nodes for g in self.groups})
         self.network: SimNetwork = network_factory(directory)
         self.network.engines = engine
@@ -101,6 +102,10 @@ class SimCluster:
         if self.network.engines:
             loop = self._engine_loops[node] = SimLoop(self.scheduler, (node, ENGINE))
             hub.engine = self.engines[node] = NodeEngine(loop, hub, TUNING, clock=self.scheduler.time)
+            if self.fsync:
+                sync = SimLogSync(self.scheduler, loop, self._sync_rng,
+                                  lambda: [m.journal for k, m in self.members.items() if k[0] == node])
+                hub.engine.durability, sync.engine = sync, hub.engine
 
     # -- members ----------------------------------------------------------------
 
@@ -114,7 +119,7 @@ class SimCluster:
         key = (node, group)
         folder = self._folder / node / str(group)
         folder.mkdir(parents=True, exist_ok=True)  # make_dirs would fsync its parents
-        state = SimStateMachine(self.states.setdefault(key, StateDisk()), partial(self.checker.on_apply, node, group),
+        state = SimStateMachine(self.states.setdefault(key, StateDisk()), partial(self._applied, node, group),
                                 partial(self.checker.on_roll_back, node, group))
         voters, learner = self.voters[group], node == LEARNER
         config = GroupConfig(
@@ -130,6 +135,8 @@ class SimCluster:
             self._opening = None
         if not self.fsync:
             raft._journal.sync_elsewhere()  # the node's syncer thread, `sync_node`, as journal_syncer does
+        elif key[0] in self.engines:  # the node log's turn syncs (`SimLogSync`), not the apply, as on a node
+            raft._stored = partial(_stored_as_on_the_node_log, raft)
         raft.name_members(frozenset(address(n, group) for n in voters))
         # fsync mode: what the log says is committed is checked again; the default mode may have lost it
         (self.learners if learner else self.members)[key] = Member(node, group, raft, loop, 1 if self.fsync else raft.commit_index)
@@ -189,6 +196,23 @@ class SimCluster:
         elif commit > member.checked_commit:
             checker.committed(member.node, member.group, journal, member.checked_commit, commit)
         member.checked_commit = commit
+
+    def _applied(self, node: str, group: int, index: int, term: int, payload: bytes, digest: int) -> None:
+        self.checker.on_apply(node, group, index, term, payload, digest)
+        member = self.members.get((node, group))
+        if self.fsync and member is not None:  # not the replay of a member opening: checked when first applied
+            self._check_durable_quorum(member, index, term)
+
+    def _check_durable_quorum(self, member: Member, index: int, term: int) -> None:
+        """fsync mode: a member applies only what a majority of the voters it knows have synced (a leader's
+        own sync counted once done, its followers' before they answered), or a power cut could take it."""
+        others = [node.address.split(":")[0] for node in member.raft._member._SyncObj__otherNodes]
+        voters = [member.node, *others]
+        disks = [(n, self.journals.get((n, member.group))) for n in voters]
+        holding = [n for n, disk in disks if disk is not None and _holds(disk.durable, index, term)]
+        if len(holding) <= len(voters) // 2:
+            self.checker.fail(f"durable quorum: g{member.group} {member.node} applies {index}:{term}, which only "
+                              f"{holding or 'no member'} of {voters} synced")
 
     # -- at the end ------------------------------------------------------------------
 
@@ -397,6 +421,12 @@ class SimCluster:
             self._close(node, group)
             self.journals.pop((node, group), None)
             self.states.pop((node, group), None)
+
+
+def _stored_as_on_the_node_log(raft: SyncObjGroup, index: int) -> None:
+    """`SyncObjGroup._stored` of a group on the node log: only a single voter syncs before it applies."""
+    if not raft._member._SyncObj__otherNodes:
+        raft.sync_journal()
 
 
 def _holds(log: list, index: int, term: int) -> bool:

@@ -207,7 +207,8 @@ class SimHub:
     def is_up(self, node_id: str) -> bool:
         return self._network.is_up(self.node_id, node_id)
 
-    def send(self, node_id: str, group: int, message: object) -> bool:
+    def send(self, node_id: str, group: int, message: object, early: bool = False) -> bool:
+        """`early` aside (each message travels on its own here), the hub's."""
         return self._network.send(self.node_id, node_id, group, message)
 
     def reply(self, connection: _Subscription, group: int, message: object) -> bool:

@@ -272,3 +272,52 @@ class SimStateMachine:
 
     def restore(self, snapshot: Snapshot) -> None:
         raise AssertionError("the simulation takes no snapshots")
+
+
+class SimLogSync:
+    """fsync mode with the engine: the node log's sync off the loop (`raftkv.raft.log_turn.LogTurn`), for a
+    node whose members keep journals of their own. Its engine's leaders send before their journals are
+    synced; every journal of the node is synced a little later (one fdatasync of the node log, on the I/O
+    thread), and only then does the engine hear that what it marked is durable."""
+
+    def __init__(self, scheduler, loop, rng: random.Random, journals: Callable[[], list[SimJournal]]):
+        self._scheduler = scheduler
+        self._loop = loop  # the node's engine loop: a crash kills the sync under way with it
+        self._rng = rng
+        self._journals = journals
+        self.engine = None
+        self._made = 0  # write points handed out
+        self._synced = 0
+        self._in_flight = False
+
+    def mark(self) -> int:
+        self._made += 1
+        if not self._in_flight:
+            self._start()
+        return self._made
+
+    def _start(self) -> None:
+        self._in_flight = True
+        rng = self._rng  # mostly a fast disk; now and then a slow one, slower than the followers' answers
+        took = rng.uniform(0.0002, 0.004) if rng.random() < 0.8 else rng.uniform(0.01, 0.08)
+        self._scheduler.at(self._scheduler.now + took, self._done, self._made, loop=self._loop)
+
+    @property
+    def synced(self) -> int:
+        return self._synced
+
+    def sync_now(self) -> None:
+        self._sync_journals()
+        self._synced = self._made
+
+    def _sync_journals(self) -> None:
+        for journal in self._journals():
+            journal.sync()
+
+    def _done(self, covers: int) -> None:
+        self._in_flight = False
+        self._sync_journals()
+        self._synced = max(self._synced, covers)
+        self.engine.on_synced()
+        if self._made > self._synced:
+            self._start()

@@ -149,6 +149,22 @@ def test_an_engine_that_commits_without_a_quorum_is_caught(monkeypatch):
     assert any("leader completeness" in line for line in result.violations), result.report(40)
 
 
+def test_a_leader_that_counts_itself_before_its_sync_is_caught(monkeypatch):
+    """fsync mode: an engine leader sends its entries before its own sync. Counting itself toward their
+    quorum at once, it commits and applies what only one follower synced (a power cut could take it)."""
+    monkeypatch.setattr(steady.SteadyGroup, "_own_index", lambda self: self._member._SyncObj__raftLog[-1][1])
+    result = run(SimConfig(seed=1, steps=1_000, groups=4, fsync=True, engine=True))
+    assert any("durable quorum" in line for line in result.violations), result.report(40)
+
+
+def test_a_group_handed_back_before_its_leaders_sync_is_caught(monkeypatch):
+    """pysyncobj counts the leader's whole log toward every quorum: a group handed back to it before the
+    entries the engine sent early were synced is committed by pysyncobj on one follower's copy."""
+    monkeypatch.setattr(NodeEngine, "sync_now", lambda self: None)
+    result = run(SimConfig(seed=34, steps=1_000, groups=4, fsync=True, engine=True))
+    assert any("durable quorum" in line for line in result.violations), result.report(40)
+
+
 def test_a_member_whose_saved_commit_index_is_past_its_log_settles():
     """Seed 109 with the engine and power cuts of every node: a member restarted with a commit index past
     its log's end (526 against 521), was elected, and asked for appends at every tick while virtual time

@@ -6,9 +6,10 @@ It carries items between the groups (`steady.SteadyGroup`) and the wire, which i
 
 - items a group emits wait in the peer's outbox until the end of the turn;
 - the turn: each ready leader's new entries go into `steps` items, then every group whose log was
-  written this turn has it synced (fsync mode, a journal of its own; on the node log the hub's flush
-  writes and syncs every group's records before any frame leaves), then each peer's items leave as
-  one frame;
+  written this turn has it synced (fsync mode, a journal of its own), then each peer's items leave as
+  one frame. On the node log in fsync mode (`durability`) the hub holds the frames until the node
+  log's sync covers the turn's write, and a leader's `steps` and `beat` leave first, in a frame of
+  their own: the leader counts itself toward a quorum only for what a sync covered (`on_synced`);
 - every heartbeat period, each engine-driven leader times out, resends and heartbeats (`periodic`).
 
 The engine reads its `Clock` (pysyncobj's, `core/clock.py`) once when a frame arrives, once a turn and
@@ -32,8 +33,9 @@ from raftkv.raft.hub_frames import ENGINE
 class Wire(Protocol):
     """What the engine needs of the node's hub."""
 
-    def send(self, node_id: str, group: int | str, message: object) -> bool:
-        """One frame of `message` to node `node_id`, with the turn's other frames (the engine's: group ENGINE)."""
+    def send(self, node_id: str, group: int | str, message: object, early: bool = False) -> bool:
+        """One frame of `message` to node `node_id`, with the turn's other frames (the engine's: group ENGINE);
+        `early`: before the turn's sync of the node log."""
 
     def engine_peer(self, node_id: str) -> bool:
         """Whether node `node_id` announced the engine (and its connection is up)."""
@@ -41,6 +43,23 @@ class Wire(Protocol):
     def is_up(self, node_id: str) -> bool: ...
 
     def directory(self): ...
+
+
+class Durability(Protocol):
+    """fsync mode on the node log (`log_turn.LogTurn`): the turn's sync runs while the loop runs on, and the
+    leaders send before it, counting themselves toward a quorum only for what it covered."""
+
+    def mark(self) -> int:
+        """The write that covers every record made so far."""
+
+    @property
+    def synced(self) -> int:
+        """The write the last completed sync covered."""
+
+    def sync_now(self) -> None: ...
+
+
+EARLY = frozenset({it.STEPS, it.BEAT})  # a leader's items: they speak of no record of the sender's as durable
 
 
 class NodeEngine:
@@ -63,6 +82,8 @@ class NodeEngine:
         self._driven: set[SteadyGroup] = set()  # not handed back: leading or following
         self._ready: list[SteadyGroup] = []
         self._wrote: list[SteadyGroup] = []  # appended this turn: synced before the frames leave (own journals)
+        self.durability: Durability | None = None
+        self._unsynced: set[SteadyGroup] = set()  # leaders with entries their node log's sync has not covered
         self._outbox: dict[str, list[tuple]] = {}
         self._turn_scheduled = False
         self._epoch = 0
@@ -117,6 +138,31 @@ class NodeEngine:
 
     def handed_back(self, group: SteadyGroup) -> None:
         self._driven.discard(group)
+        self._unsynced.discard(group)
+
+    def mark(self, group: SteadyGroup) -> int | None:
+        if self.durability is None:
+            return None
+        self._unsynced.add(group)
+        return self.durability.mark()
+
+    def synced(self) -> int | None:
+        return self.durability.synced if self.durability is not None else None
+
+    def sync_now(self) -> None:
+        if self.durability is not None:
+            self.durability.sync_now()
+
+    def on_synced(self) -> None:
+        """The node log's sync completed: leaders count themselves for what it covered, and commit."""
+        for group in list(self._unsynced):
+            try:
+                waiting = group.synced()
+            except (StorageFull, CorruptData) as exc:
+                group.failed(exc)
+                waiting = False
+            if not waiting:
+                self._unsynced.discard(group)
 
     # -- the wire ------------------------------------------------------------------------
 
@@ -166,11 +212,23 @@ class NodeEngine:
             _guarded(group, group.send_steps, now)
         wrote, self._wrote = self._wrote, []
         for group in dict.fromkeys(wrote):
-            _guarded(group, group.sync_journal)
+            if self.durability is None or not group.leading:  # a leader's sync need not come before its frames
+                _guarded(group, group.sync_journal)
         outbox, self._outbox = self._outbox, {}
         for peer, items in outbox.items():
-            if self._wire.send(peer, ENGINE, items):
-                metrics.ENGINE_FRAMES.labels("sent").inc()
+            if self.durability is None:
+                self._send(peer, items)
+                continue
+            late = {item[1] for item in items if item[0] not in EARLY}  # a group's items keep their order
+            early = [item for item in items if item[1] not in late]
+            if early:
+                self._send(peer, early, early=True)
+            if len(early) < len(items):
+                self._send(peer, [item for item in items if item[1] in late])
+
+    def _send(self, peer: str, items: list[tuple], early: bool = False) -> None:
+        if self._wire.send(peer, ENGINE, items, early):
+            metrics.ENGINE_FRAMES.labels("sent").inc()
 
     def _periodic(self) -> None:
         self._timer = None

@@ -11,6 +11,7 @@ that could be forgotten; it only puts pysyncobj's clock-driven parts back in cha
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Protocol
 
 from raftkv.core import metrics
@@ -46,6 +47,9 @@ class Engine(Protocol):
     def ready(self, group: SteadyGroup) -> None: ...
     def handed_back(self, group: SteadyGroup) -> None: ...
     def wrote(self, group: SteadyGroup) -> None: ...
+    def mark(self, group: SteadyGroup) -> int | None: ...
+    def synced(self) -> int | None: ...
+    def sync_now(self) -> None: ...
 
 
 class SteadyGroup:
@@ -63,6 +67,8 @@ class SteadyGroup:
         self._sent_at: dict[str, float] = {}  # leading: when a follower was last sent something
         self._match_seen: dict[str, int] = {}  # leading: a follower's matchIndex at the last period
         self._active_at = 0.0  # leading: when it last proposed
+        self._durable = 0  # leading: the last entry its node log's sync covers, as far as it knows
+        self._marks: deque[tuple[int, int]] = deque()  # leading: (write, last entry) not yet known synced
         self._leader_node: str | None = None  # following
         self._heard_at = 0.0  # following: when the group last heard from its leader
         self.resting = False  # idle in the engine: no beats, no time-outs, until the next entries
@@ -148,6 +154,8 @@ class SteadyGroup:
 
     def _offer(self, view: LeaderView, now: float) -> None:
         self.mode, self.term, self.epoch = LEADING, view.term, self._engine.next_epoch()
+        self._durable, self._marks = view.commit_index, deque()  # what pysyncobj committed it had synced
+        self._mark()
         self._took = set()
         self._offered_at = self._active_at = now
         self._sent_at, self._match_seen = {}, {}
@@ -205,6 +213,7 @@ class SteadyGroup:
         """The turn: each follower that took the group gets the entries it was not sent yet."""
         if self.mode != LEADING:
             return
+        self._mark()
         member = self._member
         journal = member._SyncObj__raftLog
         first, last = journal[0][1], journal[-1][1]
@@ -329,11 +338,37 @@ class SteadyGroup:
         next_index[node] = max(next_index[node], index + 1)
         self._commit()
 
+    def _mark(self) -> None:
+        """Note that the entries appended so far are durable once the node log's sync covers the write
+        that holds them; the leader counts itself toward their quorum only then (fsync mode: it sends them
+        before its own sync, docs/raft-engine.md, "The sync off the loop")."""
+        write = self._engine.mark(self)
+        if write is not None:
+            self._marks.append((write, self._member._SyncObj__raftLog[-1][1]))
+
+    def _own_index(self) -> int:
+        """The last entry this leader may count itself for: its last, or in fsync mode its last synced."""
+        synced = self._engine.synced()
+        if synced is None:
+            return self._member._SyncObj__raftLog[-1][1]
+        marks = self._marks
+        while marks and marks[0][0] <= synced:
+            self._durable = max(self._durable, marks.popleft()[1])
+        return self._durable
+
+    def synced(self) -> bool:
+        """The node log's sync completed: commit what it made durable here; whether marks still wait."""
+        if self.mode == LEADING:
+            before = self._durable
+            if self._own_index() > before:
+                self._commit()
+        return self.mode == LEADING and bool(self._marks)
+
     def _commit(self) -> None:
         member = self._member
         journal = member._SyncObj__raftLog
         first = journal[0][1]
-        commit = quorum_commit(journal[-1][1], [member._SyncObj__raftMatchIndex[n] for n in self._peers.values()],
+        commit = quorum_commit(self._own_index(), [member._SyncObj__raftMatchIndex[n] for n in self._peers.values()],
                                lambda i: journal[i - first][2] if first <= i else None, self.term,
                                member.raftCommitIndex)
         if commit > member.raftCommitIndex:
@@ -494,6 +529,13 @@ class SteadyGroup:
         log.debug("partition %d: back to pysyncobj (%s)", self.partition, why)
         item = it.handback(self.partition, self.term, self.epoch)
         if self.mode == LEADING:
+            if self._marks:  # pysyncobj counts its whole log toward every quorum: make it true first
+                self._marks.clear()
+                try:
+                    self._engine.sync_now()
+                except (StorageFull, CorruptData, OSError) as exc:
+                    self._group.poller.on_corrupt(exc if isinstance(exc, CorruptData) else CorruptData(
+                        f"partition {self.partition}: its log could not be synced before pysyncobj led it: {exc}"))
             for peer, node in self._peers.items():
                 member._SyncObj__raftNextIndex[node] = member._SyncObj__raftMatchIndex[node] + 1
                 if tell is True or tell != peer and tell is not None:
