@@ -6,6 +6,7 @@ it uses.
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import time
@@ -115,6 +116,7 @@ class MembershipFaults:
                 return True  # the heal says it did not join
         self._kill(node_id)
         self._wipe(node_id, record)
+        self._unmount(node_id, record)
         self.cluster.remove(node_id)
         self.cluster.forget(node_id)
         self.down.discard(node_id)
@@ -163,8 +165,19 @@ class MembershipFaults:
             record.problems.append(f"{node_id} was removed but its process did not exit within {EXIT_TIMEOUT:.0f}s")
             proc.kill()
             proc.wait()
+        self._unmount(node_id, record)
         self.cluster.remove(node_id)
         self.cluster.forget(node_id)
+
+    def _unmount(self, node_id: str, record: FaultRecord) -> None:
+        """A node gone for good: its power-loss disk is unmounted, its FUSE process and the two threads
+        that read it end (they stayed to the end of the run, two threads and 20 MB for each node gone)."""
+        disk = self.power_loss_disks.pop(node_id, None)
+        if disk is None:
+            return
+        disk.close()
+        if os.path.ismount(disk.mount_point):
+            record.problems.append(f"{node_id}'s power-loss disk is still mounted on {disk.mount_point}")
 
     def _replaced(self, node_id: str, record: FaultRecord) -> None:
         """A spare joins in the dead node's place (unless one joined first); then, until the dead node holds
