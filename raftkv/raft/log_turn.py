@@ -72,10 +72,10 @@ class LogTurn:
         return self._log.synced
 
     def sync_now(self) -> None:
-        """Everything made durable before this returns (a group handed back to pysyncobj, which counts
-        its own log toward every quorum)."""
+        """Everything written made durable before this returns (a group handed back to pysyncobj, which
+        counts its own log toward every quorum; what is still batched was sent to no one)."""
         try:
-            self._log.sync()
+            self._log.sync_written()
             self._hub.synced(self._log.synced)
         except CorruptData as exc:
             self._fail(exc)

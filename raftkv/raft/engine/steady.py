@@ -533,7 +533,7 @@ class SteadyGroup:
                 self._marks.clear()
                 try:
                     self._engine.sync_now()
-                except (StorageFull, CorruptData, OSError) as exc:
+                except (CorruptData, OSError) as exc:
                     self._group.poller.on_corrupt(exc if isinstance(exc, CorruptData) else CorruptData(
                         f"partition {self.partition}: its log could not be synced before pysyncobj led it: {exc}"))
             for peer, node in self._peers.items():
