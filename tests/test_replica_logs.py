@@ -6,6 +6,7 @@ replica reading its log back from the node log."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from pathlib import Path
 
@@ -88,23 +89,26 @@ def test_a_replica_that_comes_back_after_it_was_dropped_starts_afresh(tmp_path):
     with_logs.close()
 
 
-def test_a_node_killed_between_dropping_a_group_and_deleting_its_folder_empties_the_folder(tmp_path):
+def test_a_node_killed_between_dropping_a_group_and_deleting_its_folder_empties_the_folder(tmp_path, caplog):
     opened(tmp_path, 3)
     with_logs = logs(tmp_path)
     with_logs.drop(3)
     with_logs.close()
     again = logs(tmp_path)
-    again.settle({3: tmp_path / "p3"})
+    with caplog.at_level(logging.INFO, logger="raftkv.raft.replica_logs"):
+        again.settle({3: tmp_path / "p3"})
     assert not (tmp_path / "p3").exists() and again.log.groups() == []
+    assert [r.levelname for r in caplog.records] == ["INFO"] and "was being deleted" in caplog.text
     again.close()
 
 
-def test_folders_of_a_node_log_moved_away_are_emptied_so_every_replica_re_syncs(tmp_path):
+def test_folders_of_a_node_log_moved_away_are_emptied_so_every_replica_re_syncs(tmp_path, caplog):
     opened(tmp_path, 3, 4)
     shutil.move(tmp_path / "raft-log", tmp_path / "damaged-log")
     again = logs(tmp_path)
     again.settle({3: tmp_path / "p3", 4: tmp_path / "p4"})
     assert not (tmp_path / "p3").exists() and not (tmp_path / "p4").exists()
+    assert caplog.text.count("was the node log moved away?") == 2
     again.close()
 
 

@@ -99,8 +99,12 @@ class ReplicaLogs:
         marker, journal = _marker(folder), folder / JOURNAL
         ours = marker == (self.identity, group) and group in self.log.groups()
         if marker is not None and not ours:
-            log.warning("%s belongs to a Raft log that is not %s (was the node log moved away?): its data is "
-                        "deleted and the replica re-syncs from its peers", folder, self.log.folder)
+            if marker == (self.identity, group):  # `drop`, then killed before the folder was deleted
+                log.info("%s: its group was dropped from the node log (the replica was being deleted when the "
+                         "node stopped); the folder is deleted", folder)
+            else:
+                log.warning("%s belongs to a Raft log that is not %s (was the node log moved away?): its data is "
+                            "deleted and the replica re-syncs from its peers", folder, self.log.folder)
             shutil.rmtree(folder)
             fsync_directory(folder.parent)
         elif journal.is_dir() and ours:  # converted; killed before the journal was deleted
