@@ -41,8 +41,7 @@ def all_rest(cluster, node_ids) -> bool:
 def engines_drive(cluster) -> bool:
     """Every node's engine drives settled groups: it starts to once the metadata says every member runs it,
     about a second after a new cluster is ready. A group idle before that rests in pysyncobj."""
-    return all("the node engine drives settled partitions" in cluster.log_path(n).read_text()
-               for n in cluster.spec.node_ids)
+    return all([s.value for s in samples(cluster, n, "raftkv_engine_on")] == [1.0] for n in cluster.spec.node_ids)
 
 
 def leaders(endpoints: list[str]) -> dict[int, str]:

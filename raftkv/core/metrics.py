@@ -68,6 +68,8 @@ ENGINE_STALE = Counter("raftkv_engine_stale_total",
                        "Raft answer the engine superseded")
 ENGINE_FRAMES = Counter("raftkv_engine_frames_total", "Engine frames (one per peer node per loop turn)",
                         ["direction"])
+ENGINE_ON = Gauge("raftkv_engine_on", "1 once this node's leaders hand settled groups to the node engine "
+                  "(every member runs a release that has it); 0 before, or with raft_engine = \"off\"")
 API_REQUESTS = Counter("raftkv_api_requests_total", "Execute requests received")
 API_OPS = Counter("raftkv_api_ops_total", "Operations received in Execute requests (several per request)")
 # What a client asked of this node (forwarded requests are counted where they arrived): the console's

@@ -148,6 +148,7 @@ class Node:
         # settled partitions through the node engine (docs/raft-engine.md); "auto": once every member has it
         self.hub.engine = None if self.me.raft_engine == "off" else NodeEngine(
             loop, self.hub, tuning, self.hub.flush_soon, offering=self.me.raft_engine == "steady", rests=False)
+        metrics.ENGINE_ON.set(1 if self.hub.engine is not None and self.hub.engine.offering else 0)
         try:
             self.hub.listen(self.me.host, self.me.raft_port_base)
         except OSError as exc:
@@ -260,6 +261,7 @@ class Node:
         engine = self.hub.engine
         if engine is not None and not engine.offering and at_least(self.topology.cluster_version, NODE_ENGINE_SINCE):
             engine.offering = True
+            metrics.ENGINE_ON.set(1)
             log.info("the node engine drives settled partitions: every member runs it (cluster version %s)",
                      self.topology.cluster_version)
         if engine is not None and not engine.rests and at_least(self.topology.cluster_version, ENGINE_REST_SINCE):
