@@ -101,7 +101,7 @@ def test_a_leaders_early_frame_leaves_before_the_turns_sync_and_the_others_wait_
     frame never overtakes a frame of an earlier turn still waiting."""
     async def scenario():
         async with sender_and_receiver(tmp_path) as (sender, b, received, view):
-            failpoints.arm("journal-fsync-before", "1*delay(1500)")
+            failpoints.arm("journal-fsync-before", "1*delay(2500)")
             view.add(b"entry", 1, 1)
             sender.send(b, 0, "ack 1")
             sender.send(b, 0, "steps 1", early=True)
