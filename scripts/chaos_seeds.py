@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         total_violations += len(report.violations)
         console.print(f"seed {seed}: {len(report.faults)} faults, {report.ops:,} ops, "
                       f"{len(report.violations)} violations in {report.seconds:.0f} s")
+        console.print(f"  memory (RSS MiB, start -> end): {report.memory}", soft_wrap=True)
         for v in report.violations:  # the table keeps only counts; these lines say what to look at
             console.print(f"  {v.check} {v.key}: {v.detail}", markup=False, highlight=False)
         table.add_row(str(seed), str(len(report.faults)), _kinds(run_kinds), f"{report.ops:,}",

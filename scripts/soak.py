@@ -61,8 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         for check in report.checks:
             console.print(f"  {'ok ' if check.ok else 'BAD'} {check.name}: {check.detail}", markup=False,
                           highlight=False)
-        console.print("  memory (RSS MiB, start -> end): " + ", ".join(
-            f"{name} {start / 1024:.0f} -> {end / 1024:.0f}" for name, (start, end) in report.memory_kib.items()))
+        console.print(f"  memory (RSS MiB, start -> end): {report.memory}", soft_wrap=True)
         for v in report.violations:
             console.print(f"  {v.check} {v.key}: {v.detail}", markup=False, highlight=False)
         if report.run_dir:

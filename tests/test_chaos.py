@@ -317,3 +317,5 @@ def test_the_seeds_script_runs_seeds_back_to_back_and_prints_one_table():
     assert rows[-1][2].startswith("restart ") and rows[-1][4] == "0"  # 3 s of warm-up, then a restart of 1 to 3 s
     passed, made = rows[-1][5].split("/")
     assert passed == made and int(made) >= 2 * 5, rows  # every check of both runs (the replicas, the history's)
+    memory = [line for line in done.stdout.splitlines() if line.strip().startswith("memory (RSS MiB")]
+    assert len(memory) == 2 and all("harness " in line for line in memory), done.stdout

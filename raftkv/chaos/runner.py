@@ -84,6 +84,12 @@ class ChaosReport:
     def ops(self) -> int:
         return sum(self.op_counts.values())
 
+    @property
+    def memory(self) -> str:
+        """Each long-lived process's RSS at the start and the end, in MiB."""
+        return ", ".join(f"{name} {start / 1024:.0f} -> {end / 1024:.0f}"
+                         for name, (start, end) in self.memory_kib.items())
+
 
 SPILLED_OPS = "ops.jsonl"
 
