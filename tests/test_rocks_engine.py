@@ -47,6 +47,20 @@ def test_reading_the_metadata_writes_no_table_file(tmp_path):
     engine.close()
 
 
+def test_a_replica_keeps_no_more_write_ahead_log_than_its_memtables_hold(tmp_path):
+    """The position's column family takes a write with every batch and rarely fills: flushed alone, it kept
+    every log file since the database opened (RocksDB frees a log once every family in it has flushed)."""
+    e = RocksEngine(tmp_path / "p")
+    try:
+        value = os.urandom(1000)
+        for batch in range(80):  # 80 MiB, five times a memtable
+            e.write([Put(b"%02d%06d" % (batch, k), value) for k in range(1024)], Position(batch + 1, 1))
+        logs = sum(f.stat().st_size for f in (tmp_path / "p" / "db").glob("*.log"))
+        assert logs <= 2 * rocks_memory.MEMTABLE_MB << 20, f"{logs / 2**20:.0f} MiB of write-ahead log"
+    finally:
+        e.close()
+
+
 def test_rocks_position_is_not_visible_as_a_user_key(tmp_path):
     e = RocksEngine(tmp_path / "p")
     try:

@@ -73,6 +73,12 @@ def _options() -> Options:
     opts = rocks_memory.options()
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    # RocksDB deletes a write-ahead log file only once every family with data in it has flushed. The
+    # position's family is tiny and, flushed alone, flushed only when the logs reached four times the
+    # write buffers: a replica kept everything it was written since it opened (119 MB of log beside
+    # 105 MB of tables at 1,000,000 keys), replayed it at each open, and a move's checkpoint flushed
+    # it all. Flushing the families together lets each flush free the logs before it.
+    opts.set_atomic_flush(True)
     return opts
 
 
