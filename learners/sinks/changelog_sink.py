@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from learners.sinks.base import DeliveryBatch
 from learners.sinks.change_messages import change_messages
 from learners.sinks.options import OptionReader
 from raftkv.api import kv_pb2 as pb
 from raftkv.core.errors import InvalidRequest
+from raftkv.storage import rocks_memory
 
 _EVENT = struct.Struct(">cIQI")
 _RESYNC = struct.Struct(">cIQ")
@@ -101,7 +102,7 @@ class ChangelogSink:
         self.retain_entries = self.options.retain_entries
         path = self.options.path
         path.mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
+        options = rocks_memory.options()  # within the learner's budgets, as its copies are
         options.create_if_missing(True)
         self._db = Rdict(str(path), options)
         self._synced = WriteOptions()
