@@ -4,8 +4,9 @@ Only a power cut of the default mode (no fsync before an acknowledgement) leaves
 writes dirty pages back in any order, across files too, so the database may keep writes the journal
 lost; and if the cut took the whole cluster, entries every member acknowledged may be gone from every
 log (within the bound docs/durability.md gives), and a new leader's entries take their indices. The
-state is then rolled back to the snapshot and the log applied again. Anything else that contradicts
-the state (fsync mode: an acknowledged entry lost) stops the replica: its state cannot be trusted.
+state is then rolled back to the snapshot and the log applied again; but a learner's copy, which its
+sink already has, re-syncs instead (learners/partition_heal.py). Anything else that contradicts the
+state (fsync mode: an acknowledged entry lost) stops the replica: its state cannot be trusted.
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ class StateRepair:
         last_applied, commit = member._SyncObj__raftLastApplied, member._SyncObj__raftCommitIndex
         if first > max(last_applied, commit, position.index):
             return  # entries no member committed: Raft's own repair of a follower's log
+        if self._resyncs_itself and position.index >= first:
+            # A learner's copy is what its sink has: rolled back and applied again, the new entries would
+            # take the delivered ones' positions, and consumers (the sink too) drop them as duplicates.
+            raise LogContradiction(self._partition,
+                f"partition {self._partition}: the leader replaces entries from {first} on, and this learner "
+                f"delivered them (its copy is at {position.index}): a power cut of the whole cluster lost them, "
+                "within lose-last-second mode's bound; the learner re-syncs the partition from the cluster")
         restart = first - 1
         if position.index >= first and position.term:
             snapshot = self._snapshots.current()
