@@ -1,6 +1,7 @@
 """What a chaos run's processes hold over time, and whether a long-lived one keeps growing (issue 30).
 
-Every SAMPLE_SECONDS the run records each process's resident memory, open file
+Every SAMPLE_SECONDS while the workload runs (not while the final checks read every
+feed in full), the run records each process's resident memory, open file
 descriptors and threads (the nodes, the learners, the harness itself), and how many
 nodes the cluster has then. A process restarted by a fault is a new series: only
 its own life is compared. `grown` (pure) judges a series from SETTLE_SECONDS into

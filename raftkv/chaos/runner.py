@@ -229,6 +229,7 @@ class _Run:
         self._nemesis(injector)
         self.status.phase = "healing"
         self.memory_end = {name: u.rss_kib for name, u in self.resources.sample().items()}
+        self.resources.stop()  # what the run held, not the checks: they read every feed in full
         injector.heal_everything()
         self._after_heal(injector, None, time.monotonic())
         workload.stop()
