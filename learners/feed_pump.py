@@ -256,6 +256,18 @@ class FeedPump:
         self._rebuilt(partition, f"{len(events)} events at index {position.index}, from index {base.index}")
         return True
 
+    def log_short_of(self, partition: int) -> int:
+        """How many entries the cluster's log of re-syncing `partition` lacks before its re-sync can go out:
+        the rebuilt copy holds every entry the group committed but has not passed what the sink has (a whole
+        cluster lost entries the sink had, and the partition is idle). 0 while it still catches up."""
+        rebuild, replica = self.rebuilding.get(partition), self.replicas.get(partition)
+        if rebuild is None or replica is None or replica.pending_snapshot is not None:
+            return 0
+        position = replica.engine.position.index
+        if not position or replica.group.commit_index > position:
+            return 0
+        return max(0, max(rebuild.aside.position.index, self.delivered_before_start.get(partition, 0)) + 1 - position)
+
     def _rebuilt(self, partition: int, how: str) -> None:
         rebuild = self.rebuilding.pop(partition)
         rebuild.aside.close()

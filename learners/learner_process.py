@@ -304,13 +304,18 @@ async def _publish(pump: FeedPump, folder: Path, tls: Tls | None, stop: asyncio.
         await asyncio.sleep(1.0)
 
 
+PADDING_PER_ROUND = 1000  # reports a re-syncing partition gets in one round, one after another
+
+
 async def _report_progress(client: AsyncClient, name: str, pump: FeedPump, stop: asyncio.Event,
                            every: float = 1.0) -> None:
     """Tell the voters how far the sink has durably got; they replicate it and retain the log for us.
 
     Once per partition after the start, then only when more than progress reports was delivered since
     the last report: a report is an entry the learner delivers, and reporting that would keep every
-    partition's log moving forever, learners lagging by one entry, with no client writing.
+    partition's log moving forever, learners lagging by one entry, with no client writing. A partition
+    whose re-sync waits for the cluster's log to pass what the sink has gets one report after another
+    (the rebuilt copy's index) until it does: an idle partition would otherwise wait for a client's write.
     A failure is logged when reports start failing, not at each retry (every second)."""
     reported: dict[int, int] = {}
     failing = False
@@ -318,13 +323,16 @@ async def _report_progress(client: AsyncClient, name: str, pump: FeedPump, stop:
         delivered = {p: r.engine.position.index for p, r in pump.replicas.items() if p not in pump.rebuilding}
         changed = {p: i for p, i in delivered.items()
                    if i > reported.get(p, 0) and (p not in reported or pump.last_data_delivered.get(p, 0) > reported[p])}
-        if changed:
-            try:
+        try:
+            if changed:
                 await client.report_progress(name, changed)
                 reported.update(changed)
-                failing = False
-            except RaftKVError as exc:
-                if not failing:
-                    log.warning("could not report progress (%s); retrying", exc)
-                failing = True
+            for p in list(pump.rebuilding):  # each report one entry: a re-sync waits for the log to pass the sink
+                for _ in range(min(pump.log_short_of(p), PADDING_PER_ROUND)):
+                    await client.report_progress(name, {p: pump.replicas[p].engine.position.index})
+            failing = False
+        except RaftKVError as exc:
+            if not failing:
+                log.warning("could not report progress (%s); retrying", exc)
+            failing = True
         await asyncio.sleep(every)
