@@ -247,7 +247,7 @@ class FeedPump:
             replica.compact_when_longer_than(COMPACT_AFTER_ENTRIES)
             return True
         position = replica.engine.position
-        if position.index <= max(base.index, sink_has) or replica.group.last_applied > position.index:
+        if position.index <= self._resync_floor(partition) or replica.group.last_applied > position.index:
             return False  # the cluster's log has not passed what the sink has yet, or more is on its way
         ctx = EntryContext(self.cluster, partition, position.index, position.term, int(self.clock() * 1000))
         events = capture_snapshot(rebuild.aside, replica.engine, ctx)
@@ -266,7 +266,12 @@ class FeedPump:
         position = replica.engine.position.index
         if not position or replica.group.commit_index > position:
             return 0
-        return max(0, max(rebuild.aside.position.index, self.delivered_before_start.get(partition, 0)) + 1 - position)
+        return max(0, self._resync_floor(partition) + 1 - position)
+
+    def _resync_floor(self, partition: int) -> int:
+        """What the sink has of re-syncing `partition`: the copy set aside, or more if a re-sync's difference
+        went out before a restart. The re-sync goes out at an index past it."""
+        return max(self.rebuilding[partition].aside.position.index, self.delivered_before_start.get(partition, 0))
 
     def _rebuilt(self, partition: int, how: str) -> None:
         rebuild = self.rebuilding.pop(partition)
