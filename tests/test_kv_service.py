@@ -99,7 +99,7 @@ class TwinReads:
     def statuses(self) -> list[VoterStatus]:
         return [VoterStatus(p, "leader" if v.is_leader else "follower", v.leader or "n1", TERM,
                             v.engine.position.index, v.engine.position.index, v.engine.position.index, True,
-                            v.engine.position.index, ())
+                            v.engine.position.index, (), ("n1",))
                 for p, v in sorted(self._voters.items())]
 
 

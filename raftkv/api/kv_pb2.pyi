@@ -291,7 +291,7 @@ class NodeInfo(_message.Message):
     def __init__(self, id: _Optional[str] = ..., api_address: _Optional[str] = ...) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("partition", "role", "leader", "term", "commit_index", "applied_index", "last_log_index", "replicas", "has_quorum", "learners", "last_data_index")
+    __slots__ = ("partition", "role", "leader", "term", "commit_index", "applied_index", "last_log_index", "replicas", "has_quorum", "learners", "last_data_index", "members")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,7 @@ class PartitionStatus(_message.Message):
     HAS_QUORUM_FIELD_NUMBER: _ClassVar[int]
     LEARNERS_FIELD_NUMBER: _ClassVar[int]
     LAST_DATA_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     partition: int
     role: str
     leader: str
@@ -314,7 +315,8 @@ class PartitionStatus(_message.Message):
     has_quorum: bool
     learners: _containers.RepeatedCompositeFieldContainer[LearnerStatus]
     last_data_index: int
-    def __init__(self, partition: _Optional[int] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., has_quorum: _Optional[bool] = ..., learners: _Optional[_Iterable[_Union[LearnerStatus, _Mapping]]] = ..., last_data_index: _Optional[int] = ...) -> None: ...
+    members: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, partition: _Optional[int] = ..., role: _Optional[str] = ..., leader: _Optional[str] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_log_index: _Optional[int] = ..., replicas: _Optional[_Iterable[str]] = ..., has_quorum: _Optional[bool] = ..., learners: _Optional[_Iterable[_Union[LearnerStatus, _Mapping]]] = ..., last_data_index: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LearnerStatus(_message.Message):
     __slots__ = ("name", "sink", "options", "progress")

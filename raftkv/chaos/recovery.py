@@ -81,9 +81,13 @@ def lagging_replicas(spec: ClusterSpec, each_round: Callable[[], None],
             replicas = {(s.node_id, ps.partition): ps for s in statuses if s.reachable and s.node_id in members
                         for ps in s.partitions}
             unreachable = [s.node_id for s in statuses if not s.reachable and s.node_id in members]
+            lagging = [(node_id, p) for (node_id, p), ps in sorted(replicas.items())
+                       if p in target and ps.applied_index < target[p]]
+            leaders = {ps.partition: (s.node_id, ps) for s in statuses if s.node_id in members
+                       for ps in s.partitions if ps.role == "leader"}
             behind = [f"{n} is unreachable" for n in unreachable] + [
-                f"{node_id} partition {p} at {ps.applied_index} < {target[p]} ({_state(ps)})"
-                for (node_id, p), ps in sorted(replicas.items()) if p in target and ps.applied_index < target[p]
+                f"{node_id} partition {p} at {replicas[node_id, p].applied_index} < {target[p]} "
+                f"({_state(replicas[node_id, p])}; {_leader_state(leaders.get(p))})" for node_id, p in lagging
             ] + [f"partition {p} has no leader" for p in range(spec.partitions) if p not in target]
             if not behind:
                 return []
@@ -92,6 +96,14 @@ def lagging_replicas(spec: ClusterSpec, each_round: Callable[[], None],
 
 
 def _state(ps) -> str:
-    """What a lagging replica believes, for the report: a violation must explain itself."""
+    """What a replica believes, for the report: a violation must explain itself."""
     return (f"{ps.role} in term {ps.term}, leader {ps.leader or 'unknown'}, log to {ps.last_log_index}, "
-            f"commit {ps.commit_index}")
+            f"commit {ps.commit_index}, members {','.join(ps.members) or '?'}")
+
+
+def _leader_state(leader) -> str:
+    """The lagging replica's partition as its current leader has it (None: no leader answered)."""
+    if leader is None:
+        return "no leader answered"
+    node_id, ps = leader
+    return f"the leader {node_id}: {_state(ps)}"

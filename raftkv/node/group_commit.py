@@ -75,6 +75,11 @@ class PartitionFrontend:
     def not_leader(self) -> NotLeader:
         return NotLeader(self.partition, self._leader_id_of(self.replica.leader_address))
 
+    def member_ids(self) -> tuple[str, ...]:
+        """The group's voters as this replica's Raft configuration has them, by node id (an address no node
+        has, as is)."""
+        return tuple(sorted(self._leader_id_of(a) or a for a in self.replica.group.voters))
+
     def submit(self, command: Command) -> asyncio.Future:
         since = kind_of(command).since
         if since and self.is_leader and not at_least(self._cluster_version(), since):  # a follower forwards it

@@ -59,6 +59,7 @@ class VoterStatus:
     has_quorum: bool
     last_data_index: int
     learners: tuple[LearnerInfo, ...]
+    members: tuple[str, ...]  # the group's voters as its Raft configuration here has them (node ids)
 
 
 class ReadPort(Protocol):

@@ -53,7 +53,8 @@ class LocalReads:
                 partition=p, role=r.role.label, leader=voter.not_leader().leader_hint or "", term=r.group.term,
                 commit_index=r.group.commit_index, applied_index=r.applied_index,
                 last_log_index=r.group.last_log_index, has_quorum=r.group.has_quorum,
-                last_data_index=r.last_data_index, learners=tuple(learners_from(r.engine.meta_items()).values())))
+                last_data_index=r.last_data_index, learners=tuple(learners_from(r.engine.meta_items()).values()),
+                members=voter.member_ids()))
         return statuses
 
 

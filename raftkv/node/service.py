@@ -332,7 +332,7 @@ class KVService(kv_pb2_grpc.KVServicer):
             pb.PartitionStatus(
                 partition=s.partition, role=s.role, leader=s.leader, term=s.term, commit_index=s.commit_index,
                 applied_index=s.applied_index, last_log_index=s.last_log_index, replicas=self._replicas_of(s.partition),
-                has_quorum=s.has_quorum, last_data_index=s.last_data_index,
+                has_quorum=s.has_quorum, last_data_index=s.last_data_index, members=s.members,
                 learners=[pb.LearnerStatus(name=i.name, sink=i.sink, options=i.options, progress=i.progress)
                           for i in s.learners])
             for s in self._reads.statuses()

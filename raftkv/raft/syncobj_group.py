@@ -21,6 +21,7 @@ their own: `propose`, its callback and every pysyncobj call happen on the loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from pysyncobj import FAIL_REASON, SyncObjConf, replicated
 
 from raftkv import failpoints
 from raftkv.core import metrics
+from raftkv.core.clock import Throttle
 from raftkv.core.durable import make_dirs
 from raftkv.core.errors import CorruptData, StorageFull
 from raftkv.core.spec import Tuning
@@ -73,6 +75,9 @@ class GroupConfig:
     new_cluster: bool = False  # opened by a node that knows no metadata yet: its first election need not wait
 
 
+log = logging.getLogger(__name__)
+
+REFUSAL_LOG_SECONDS = 10.0
 SNAPSHOT_CHUNK_BYTES = 1024 * 1024  # a snapshot is sent to a replica that needs one in chunks of this size
 NEVER = 10**12
 _LEADER = Role.LEADER.value
@@ -223,6 +228,7 @@ class SyncObjGroup:
         make_dirs(folder)
         self.snapshots = SnapshotFiles(config.partition, folder, state_machine)
         self._change_pending = False  # a membership change was asked for and has not ended yet
+        self._refusals = Throttle(REFUSAL_LOG_SECONDS)
         self._fsyncs = metrics.JOURNAL_FSYNCS.labels(config.partition)
         self._entry_bytes_sent = metrics.RAFT_BYTES_SENT.labels(config.partition, "entries")
         self._snapshot_bytes_sent = metrics.RAFT_BYTES_SENT.labels(config.partition, "snapshot")
@@ -397,6 +403,11 @@ class SyncObjGroup:
         changes can leave two disjoint majorities. So a change is refused here while one is queued or
         uncommitted in the log. (pysyncobj itself refuses one before the leader's no-op is applied.)"""
         if self._change_pending or self._uncommitted_membership():
+            if self._refusals.due(time.monotonic()):
+                log.info("partition %d: a membership change is refused: %s", self.partition,
+                         "the last one asked has not ended" if self._change_pending else
+                         f"one is in the log and not committed (commit {self.commit_index}, log to "
+                         f"{self.last_log_index})")
             callback(None, Outcome.REJECTED)
             return
         self.steady.asked("a membership change")

@@ -27,10 +27,18 @@ And, as before the hub:
 
 from __future__ import annotations
 
+import logging
+import time
+
 from pysyncobj.node import Node, TCPNode
 from pysyncobj.transport import Transport
 
+from raftkv.core.clock import Throttle
 from raftkv.raft.hub import Connection, RaftHub
+
+log = logging.getLogger(__name__)
+
+STRANGER_LOG_SECONDS = 30.0
 
 
 class GroupTransport(Transport):
@@ -49,6 +57,7 @@ class GroupTransport(Transport):
         self._joined_over: dict[Node, Connection] = {}  # ... and the other way round
         self._subscriber_count = 0
         self._destroyed = False
+        self._strangers = Throttle(STRANGER_LOG_SECONDS)  # a removed member campaigns until its node closes it
         self._ticked = False  # pysyncobj loads its snapshot in its first tick: nothing is heard or joined before
         self._links_moved = True  # the hub's links, its directory or the members changed since the last look
         for node in otherNodes:
@@ -124,6 +133,10 @@ class GroupTransport(Transport):
             node = self._subscribers.get(connection)
         if node is not None:
             self._poller.run(self._received, node, message)
+        elif self._strangers.due(time.monotonic()):
+            kind = message.get("type") if isinstance(message, dict) else type(message).__name__
+            log.info("Raft group %d: dropped a %r from %s: not a member here (members: %s)", self._group, kind,
+                     sender or "a learner", ", ".join(sorted(self._nodes)) or "none")
 
     def _received(self, node: Node, message: object) -> None:
         group = self._syncObj._group
