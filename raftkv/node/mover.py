@@ -163,18 +163,23 @@ class ReplicaMover:
 
 async def on_leader(peers: Peers, voters: Callable[[], tuple[str, ...]], call, what: str,
                     timeout: float = MEMBERSHIP_TIMEOUT) -> None:
-    """`call(admin stub)` on the group's leader, following leader hints, until it answers done."""
+    """`call(admin stub)` on the group's leader until it answers done: each round asks the voter last named
+    the leader first, then the others in turn until one names the leader. A voter that names none is
+    passed over: a member removed from the group knows no leader for good, and campaigns on until the
+    move that removed it ends, which asking it alone would keep from ending."""
     deadline = time.monotonic() + timeout
     ask = None
     while time.monotonic() < deadline:
-        for voter in ([ask] if ask else []) + list(voters()):
+        hinted, ask = ask, None
+        for voter in ([hinted] if hinted else []) + [v for v in voters() if v != hinted]:
             try:
                 reply = await answer(call(peers.admin(voter)))
             except grpc.aio.AioRpcError:
                 continue
             if reply.done:
                 return
-            ask = reply.leader or None
-            break
+            if reply.leader:
+                ask = reply.leader
+                break
         await asyncio.sleep(POLL_SECONDS)
     raise Unavailable(f"{what}: not done within {timeout:.0f}s")
