@@ -65,6 +65,38 @@ def test_a_leader_removes_a_follower_refuses_to_remove_itself_and_goes_on_commit
     asyncio.run(scenario())
 
 
+def test_a_removed_member_that_runs_on_and_is_still_heard_campaigns_without_unseating_the_leader(tmp_path):
+    """The 35-minute lose-last-second soak (docs/chaos.md): a move of partition 1 from n8, marked dead,
+    removed n8 before adding n4, and n8 came back. Raft does not tell a removed member: it campaigns
+    with ever higher terms, and until the target is added the metadata still names it, so its peers
+    hear it. pysyncobj adopts any higher term it hears; without `admits` refusing a non-member's vote
+    request while a leader lives, each campaign deposed the leader."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        hubs = LoopbackHubs()
+        machines = [DictStateMachine() for _ in range(3)]
+        groups = _three_voters(tmp_path, hubs, machines, loop, membership_changes=True)
+        try:
+            await until(lambda: sum(g.role == Role.LEADER for g in groups) == 1 and
+                        all(g.last_applied == g.commit_index > 0 for g in groups))
+            leader = next(g for g in groups if g.role == Role.LEADER)
+            removed = next(g for g in groups if g is not leader)
+            await until(lambda: leader.last_applied == leader.last_log_index > 1)
+            done = loop.create_future()
+            leader.remove_member(removed.config.self_address, lambda result, o: done.done() or done.set_result(o))
+            assert await asyncio.wait_for(done, 20) == Outcome.APPLIED
+            term = leader.term
+            await until(lambda: removed.term >= term + 3, timeout=30)  # three campaigns, each a timeout apart
+            assert (leader.role, leader.term) == (Role.LEADER, term)
+            assert all(g.term == term for g in groups if g is not removed)
+        finally:
+            for g in groups:
+                g.close()
+            await hubs.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_member_restarted_from_a_snapshot_does_not_count_itself_as_a_peer(tmp_path):
     """With membership changes on, pysyncobj takes the members from the snapshot at start-up and
     compares them with its own node; the snapshot's addresses must not make it its own peer (a

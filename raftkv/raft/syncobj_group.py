@@ -461,12 +461,27 @@ class SyncObjGroup:
         failpoints.hit("apply-after")
         return result
 
-    def admits(self, message: dict) -> bool:
-        """Whether pysyncobj may see `message`: a guarded voter (vote_guard) drops vote requests it may
-        not grant (pysyncobj answers a refused one with nothing either)."""
+    def admits(self, node, message: dict) -> bool:
+        """Whether pysyncobj may see `message` from `node`. Only vote requests are dropped (pysyncobj answers
+        a refused one with nothing either):
+        - a guarded voter (vote_guard) drops those it may not grant;
+        - a member that has a live leader (it leads, rests, or its election timer still runs) drops those
+          from a node its configuration does not hold. Raft does not tell a removed member, which campaigns with
+          ever higher terms, and pysyncobj adopts any higher term it hears: a removed member its peers
+          still hear (the metadata names a move's source until its target is added, and a dead source is
+          removed first) would depose the leader at every timeout. A member added since this one last
+          heard is not refused for long: without a leader, the timer runs out (docs/pysyncobj.md)."""
+        if not isinstance(message, dict) or message.get("type") != "request_vote":
+            return True
         guard = self.config.guard
-        return (guard is None or message.get("type") != "request_vote"
-                or guard.may_vote(message.get("term", 0), message.get("last_log_index", 0)))
+        if guard is not None and not guard.may_vote(message.get("term", 0), message.get("last_log_index", 0)):
+            return False
+        return node in self._member._SyncObj__otherNodes or not self._has_live_leader()
+
+    def _has_live_leader(self) -> bool:
+        member = self._member
+        return member._SyncObj__raftState == _LEADER or member._SyncObj__raftLeader is not None and (
+            self.quiet.resting or self.config.clock() < member._SyncObj__raftElectionDeadline)
 
     def count_sent(self, message: dict) -> None:
         """An append-entries message left for another member: count its entries' or snapshot chunk's bytes."""

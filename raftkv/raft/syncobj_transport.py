@@ -140,9 +140,9 @@ class GroupTransport(Transport):
 
     def _received(self, node: Node, message: object) -> None:
         group = self._syncObj._group
-        if group.steady.heard(node, message):
-            return
-        if not group.quiet.heard(node, message) and group.admits(message):
+        if not group.admits(node, message) or group.steady.heard(node, message):
+            return  # a vote request dropped wakes nothing and hands nothing back
+        if not group.quiet.heard(node, message):
             self._onMessageReceived(node, message)
 
     def directory_changed(self) -> None:
