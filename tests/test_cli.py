@@ -145,6 +145,7 @@ def test_cli_data_commands_status_and_limits(plain_cluster):
     status = json.loads(run("status", "--json", *config).stdout)
     assert len(status["partitions"]) == 4 * 3
     assert sorted(r["partition"] for r in status["partitions"] if r["role"] == "leader") == [0, 1, 2, 3]
+    assert all(r["members"] == ["n1", "n2", "n3"] for r in status["partitions"])
     assert [(n["node"], n["version"]) for n in status["nodes"]] == [(n, VERSION) for n in ("n1", "n2", "n3")]
     table = run("status", *config).stdout
     assert "leader" in table and "n1" in table

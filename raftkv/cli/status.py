@@ -20,7 +20,8 @@ def status_rows(statuses: list[NodeStatus]) -> list[dict]:
             rows.append({
                 "partition": ps.partition, "node": s.node_id, "role": ps.role, "leader": ps.leader or None,
                 "term": ps.term, "commit_index": ps.commit_index, "applied_index": ps.applied_index,
-                "last_log_index": ps.last_log_index, "replicas": list(ps.replicas), "has_quorum": ps.has_quorum,
+                "last_log_index": ps.last_log_index, "replicas": list(ps.replicas), "members": list(ps.members),
+                "has_quorum": ps.has_quorum,
             })
     return sorted(rows, key=lambda r: (r["partition"], r["node"]))
 
@@ -30,8 +31,9 @@ def status_rows(statuses: list[NodeStatus]) -> list[dict]:
 @endpoints_option
 @json_option
 def status(config: str, endpoints: str | None, as_json: bool) -> None:
-    """Partitions, leaders, terms, commit/applied indexes and replicas, as each node sees them, each
-    node's release, and the cluster version (the lowest release every member runs)."""
+    """Partitions, leaders, terms, commit/applied indexes and replicas, as each node sees them (with --json
+    also each replica's Raft members), each node's release, and the cluster version (the lowest release
+    every member runs)."""
     with open_client(config, endpoints, timeout=5.0) as kv:
         statuses = kv.status()
         cluster_version = kv.topology().meta.cluster_version if any(s.reachable for s in statuses) else None
