@@ -109,7 +109,8 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
 
     def heal(error: LogContradiction) -> None:
         p, replica = error.partition, replicas[error.partition]
-        log.warning("partition %d re-syncs from the cluster; the other partitions flow on (docs/learners.md)", p)
+        log.warning("partition %d re-syncs from the cluster; the other partitions flow on (docs/learners.md): %s",
+                    p, error)
         part = replica.engine.folder
         replica.close()
         rebuilding = p in pump.rebuilding

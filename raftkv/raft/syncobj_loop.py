@@ -249,8 +249,9 @@ class Ticker:
         if self._stopped:
             return
         self.stop()
-        log.error("%s", exc)
-        if self._on_corrupt is not None:
+        if self._on_corrupt is None:
+            log.error("%s", exc)
+        else:  # the owner says what it does about it: a node stops, a learner re-syncs the partition
             self._on_corrupt(exc)
 
     def _periodic(self) -> None:
