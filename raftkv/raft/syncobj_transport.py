@@ -39,6 +39,9 @@ from raftkv.raft.hub import Connection, RaftHub
 log = logging.getLogger(__name__)
 
 STRANGER_LOG_SECONDS = 30.0
+# Dropped from a non-member, these are logged: a leader or a candidate this replica does not know.
+# A departing member's answers and wakes are routine.
+_LOGGED_WHEN_DROPPED = ("append_entries", "request_vote")
 
 
 class GroupTransport(Transport):
@@ -133,8 +136,8 @@ class GroupTransport(Transport):
             node = self._subscribers.get(connection)
         if node is not None:
             self._poller.run(self._received, node, message)
-        elif self._strangers.due(time.monotonic()):
-            kind = message.get("type") if isinstance(message, dict) else type(message).__name__
+        elif (kind := message.get("type") if isinstance(message, dict) else None) in _LOGGED_WHEN_DROPPED \
+                and self._strangers.due(time.monotonic()):
             log.info("Raft group %d: dropped a %r from %s: not a member here (members: %s)", self._group, kind,
                      sender or "a learner", ", ".join(sorted(self._nodes)) or "none")
 
