@@ -287,6 +287,25 @@ def test_rocks_install_on_a_full_disk_leaves_an_engine_that_recovers(small_disk,
         follower.close()
 
 
+@needs_root
+def test_rocks_checkpoint_and_close_on_a_full_disk_are_a_clear_error_and_lose_nothing(small_disk):
+    """The lose-last-second hour: on a full disk, the checkpoint a replica copy asked for raised
+    RocksDB's bare Exception through the Admin servicer (a traceback), and closing a replica the
+    metadata had moved away raised out of the node's reconcile, which stopped half done."""
+    e = RocksEngine(small_disk.folder / "p")
+    e.write([Put(b"before", b"1")], Position(1, 1))
+    failed_at = fill_until_a_write_fails(e, small_disk, 2)
+    with pytest.raises(StorageFull, match="disk full taking a checkpoint"):
+        e.checkpoint(small_disk.folder / "checkpoint")
+    e.close()
+    small_disk.free()
+    reopened = RocksEngine(small_disk.folder / "p")
+    try:
+        assert reopened.get(b"before") == b"1" and reopened.position == Position(failed_at - 1, 1)
+    finally:
+        reopened.close()
+
+
 def test_rocks_reads_of_a_closed_engine_say_it_is_closed(tmp_path):
     """A scan too: one that came in as the node stopped on a corrupt file was a grpc traceback (CI)."""
     e = RocksEngine(tmp_path / "p")

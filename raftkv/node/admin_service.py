@@ -82,7 +82,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
     async def Checkpoint(self, request: pb.ReplicaRequest, context):
         await self._gate.admit(context, Request.admin("checkpoint"))
         chunks = await self._opened(request, context, lambda: self._replicas.checkpoint(request.group))
-        async for chunk in self._counted(request.group, chunks):
+        async for chunk in self._counted(request.group, chunks, context):
             yield chunk
 
     async def CheckpointFiles(self, requests, context):
@@ -97,7 +97,7 @@ class AdminService(kv_pb2_grpc.AdminServicer):
             return list(then.paths) if (then := await _next_request(requests, context)) else []  # []: it left
 
         chunks = await self._opened(request, context, lambda: self._replicas.backup_checkpoint(request.group, wanted))
-        async for chunk in self._counted(request.group, chunks):
+        async for chunk in self._counted(request.group, chunks, context):
             yield chunk
 
     async def _opened(self, request: pb.ReplicaRequest, context, open_chunks: Callable[[], AsyncIterator]):
@@ -115,11 +115,15 @@ class AdminService(kv_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error), trailing_metadata=error_metadata(error))
 
     @staticmethod
-    async def _counted(group: int, chunks: AsyncIterator[pb.CheckpointChunk]) -> AsyncIterator[pb.CheckpointChunk]:
+    async def _counted(group: int, chunks: AsyncIterator[pb.CheckpointChunk],
+                       context) -> AsyncIterator[pb.CheckpointChunk]:
         sent = metrics.CHECKPOINT_BYTES_SENT.labels(group)
-        async for chunk in chunks:
-            sent.inc(len(chunk.data))
-            yield chunk
+        try:
+            async for chunk in chunks:
+                sent.inc(len(chunk.data))
+                yield chunk
+        except RaftKVError as error:  # a full disk taking the checkpoint: the caller asks another voter
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(error), trailing_metadata=error_metadata(error))
 
     async def ChangeMembership(self, request: pb.ChangeMembershipRequest, context) -> pb.ChangeMembershipResponse:
         await self._gate.admit(context, Request.admin("change_membership"))

@@ -352,9 +352,8 @@ class RocksEngine:
     def _close_and_open(self, swap) -> None:
         """Close the database (lock held; readers get a grace period), run `swap()` on the files, open it again.
 
-        A close that fails (RocksDB cannot flush to a full disk, or refuses after an earlier write
-        error) still releases the database, and its WAL holds everything it had acknowledged.
-        If opening fails the engine stays broken, and the next write tries again.
+        A close that fails still releases the database (`_release`). If opening fails the engine
+        stays broken, and the next write tries again.
         """
         deadline = time.monotonic() + self._reader_grace
         while self._readers and self._readers_done.wait(max(0.0, deadline - time.monotonic())):
@@ -362,11 +361,7 @@ class RocksEngine:
         # past the grace (the lock is held): each scan left fails its next step rather than ending early
         self._readers -= sum(scan.cut() for scan in list(self._scans))
         self._broken = True
-        try:
-            self._meta = None
-            self._db.close()
-        except Exception as exc:  # logged as text: the exception object keeps the database alive
-            log.warning("closing %s: %s", self.folder / "db", str(exc))
+        self._release()
         swap()
         self._db = self._open_when_released()
         self._meta = self._db.get_column_family(_META_CF)
@@ -408,7 +403,13 @@ class RocksEngine:
         """A consistent copy of the database (hard links) at `dest`, and its position."""
         with self._lock:
             position = self._position
-            Checkpoint(self._db).create_checkpoint(str(dest))
+            try:
+                Checkpoint(self._db).create_checkpoint(str(dest))
+            except Exception as exc:  # RocksDB flushes first, which a full disk refuses
+                if _no_space(exc):
+                    raise StorageFull(f"disk full taking a checkpoint of {self.folder}; another voter's copy "
+                                      "serves meanwhile") from None
+                raise self._checked(exc) from None
         return position
 
     def install(self, checkpoint_dir: Path | None) -> Position:
@@ -444,5 +445,14 @@ class RocksEngine:
 
     def close(self) -> None:
         with self._lock:
-            self._meta = None
+            self._release()
+
+    def _release(self) -> None:
+        """Close the database (lock held). A close that fails (RocksDB cannot flush to a full disk, or
+        refuses after an earlier write error) still releases it, and its WAL holds everything it had
+        acknowledged: a node dropping a replica, or stopping, on a full disk goes on."""
+        self._meta = None
+        try:
             self._db.close()
+        except Exception as exc:  # logged as text: the exception object keeps the database alive
+            log.warning("closing %s: %s", self.folder / "db", str(exc))
