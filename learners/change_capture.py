@@ -124,12 +124,25 @@ def capture_snapshot(copy: Engine, snapshot: Engine, ctx: EntryContext) -> Entry
     Keys new or changed in the snapshot get an `r` with the snapshot's value
     (the copy's value as before-image); keys the snapshot lacks get a `d`. The
     caller installs the snapshot once these are delivered.
+
+    Both scans come in key order and are walked side by side: only the difference
+    is held. Holding the copy whole cost a learner as much memory as its largest
+    partition at every re-sync, and its RSS grew with the data (the lose-last-second hour).
     """
-    mine = dict(copy.scan(KeyRange())[1])
-    rows = []
+    mine = iter(copy.scan(KeyRange())[1])
+    held = next(mine, None)
+    changed: list[tuple[str, bytes, bytes | None, bytes | None]] = []
+    gone: list[tuple[str, bytes, bytes | None, bytes | None]] = []
     for key, value in snapshot.scan(KeyRange())[1]:
-        before = mine.pop(key, None)
+        while held is not None and held[0] < key:
+            gone.append(("d", held[0], held[1], None))
+            held = next(mine, None)
+        before = None
+        if held is not None and held[0] == key:
+            before, held = held[1], next(mine, None)
         if before != value:
-            rows.append(("r", key, before, value))
-    rows += [("d", key, before, None) for key, before in sorted(mine.items())]
-    return EntryEvents(ctx.cluster, ctx.partition, ctx.index, ctx.term, True, ctx.ts_ms, *_columns(rows))
+            changed.append(("r", key, before, value))
+    while held is not None:
+        gone.append(("d", held[0], held[1], None))
+        held = next(mine, None)
+    return EntryEvents(ctx.cluster, ctx.partition, ctx.index, ctx.term, True, ctx.ts_ms, *_columns(changed + gone))
