@@ -8,6 +8,7 @@ their outcome the way proposals do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from raftkv.core.errors import StorageFull
@@ -31,36 +32,42 @@ def _three_voters(tmp_path, hubs: LoopbackHubs, machines, loop, **config) -> lis
                                      fsync=False, tuning=Tuning(), **config), machines[i], loop)
             for i, a in enumerate(addresses)]
 
+@contextlib.asynccontextmanager
+async def _led_voters(tmp_path, machines):
+    """Three voters with membership changes, once one leads and has applied its own first entry (pysyncobj
+    refuses a change, REJECTED, until then): the groups and the leader. All closed after."""
+    hubs = LoopbackHubs()
+    groups = _three_voters(tmp_path, hubs, machines, asyncio.get_running_loop(), membership_changes=True)
+    try:
+        await until(lambda: sum(g.role == Role.LEADER for g in groups) == 1 and
+                    all(g.last_applied == g.commit_index > 0 for g in groups))
+        leader = next(g for g in groups if g.role == Role.LEADER)
+        await until(lambda: leader.last_applied == leader.last_log_index > 1)
+        yield groups, leader
+    finally:
+        for g in groups:
+            g.close()
+        await hubs.close()
+
+
+async def _outcome(call, *args) -> Outcome:
+    done = asyncio.get_running_loop().create_future()
+    call(*args, lambda result, o: done.done() or done.set_result(o))
+    return await asyncio.wait_for(done, 20)
+
+
 def test_a_leader_removes_a_follower_refuses_to_remove_itself_and_goes_on_committing(tmp_path):
     async def scenario():
-        loop = asyncio.get_running_loop()
-        hubs = LoopbackHubs()
         machines = [DictStateMachine() for _ in range(3)]
-        groups = _three_voters(tmp_path, hubs, machines, loop, membership_changes=True)
-        try:
-            await until(lambda: sum(g.role == Role.LEADER for g in groups) == 1 and
-                        all(g.last_applied == g.commit_index > 0 for g in groups))
-            leader = next(g for g in groups if g.role == Role.LEADER)
+        async with _led_voters(tmp_path, machines) as (groups, leader):
             follower = next(g for g in groups if g is not leader)
-            # pysyncobj refuses a change (REJECTED) until the new leader applied its own no-op entry
-            await until(lambda: leader.last_applied == leader.last_log_index > 1)
-
-            async def outcome(call, *args) -> Outcome:
-                done = loop.create_future()
-                call(*args, lambda result, o: done.set_result(o) if not done.done() else None)
-                return await asyncio.wait_for(done, 20)
-
-            assert await outcome(leader.remove_member, follower.config.self_address) == Outcome.APPLIED
+            assert await _outcome(leader.remove_member, follower.config.self_address) == Outcome.APPLIED
             follower.close()
             machine_of = dict(zip(map(id, groups), machines))
-            groups.remove(follower)
-            assert await outcome(leader.remove_member, leader.config.self_address) == Outcome.REJECTED
-            assert await outcome(leader.propose, b"k=v") == Outcome.APPLIED  # two voters of two now
+            groups.remove(follower)  # closed already
+            assert await _outcome(leader.remove_member, leader.config.self_address) == Outcome.REJECTED
+            assert await _outcome(leader.propose, b"k=v") == Outcome.APPLIED  # two voters of two now
             await until(lambda: all(machine_of[id(g)].data.get("k") == "v" for g in groups))
-        finally:
-            for g in groups:
-                g.close()
-            await hubs.close()
 
     asyncio.run(scenario())
 
@@ -72,27 +79,13 @@ def test_a_removed_member_that_runs_on_and_is_still_heard_campaigns_without_unse
     hear it. pysyncobj adopts any higher term it hears; without `admits` refusing a non-member's vote
     request while a leader lives, each campaign deposed the leader."""
     async def scenario():
-        loop = asyncio.get_running_loop()
-        hubs = LoopbackHubs()
-        machines = [DictStateMachine() for _ in range(3)]
-        groups = _three_voters(tmp_path, hubs, machines, loop, membership_changes=True)
-        try:
-            await until(lambda: sum(g.role == Role.LEADER for g in groups) == 1 and
-                        all(g.last_applied == g.commit_index > 0 for g in groups))
-            leader = next(g for g in groups if g.role == Role.LEADER)
+        async with _led_voters(tmp_path, [DictStateMachine() for _ in range(3)]) as (groups, leader):
             removed = next(g for g in groups if g is not leader)
-            await until(lambda: leader.last_applied == leader.last_log_index > 1)
-            done = loop.create_future()
-            leader.remove_member(removed.config.self_address, lambda result, o: done.done() or done.set_result(o))
-            assert await asyncio.wait_for(done, 20) == Outcome.APPLIED
+            assert await _outcome(leader.remove_member, removed.config.self_address) == Outcome.APPLIED
             term = leader.term
             await until(lambda: removed.term >= term + 3, timeout=30)  # three campaigns, each a timeout apart
             assert (leader.role, leader.term) == (Role.LEADER, term)
             assert all(g.term == term for g in groups if g is not removed)
-        finally:
-            for g in groups:
-                g.close()
-            await hubs.close()
 
     asyncio.run(scenario())
 
