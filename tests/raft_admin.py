@@ -8,6 +8,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.client.sync_client import Client
 from raftkv.security.tls import client_tls
+from tests.conftest import wait_until
 
 
 def statuses(addresses: list[str]) -> list[tuple[str, pb.PartitionStatus]]:
@@ -33,3 +34,14 @@ def transfer_leadership(spec, partition: int, target: str) -> None:
     """Through the Admin API: pysyncobj's own admin commands do not reach a Raft port."""
     with Client([n.api_address for n in spec.nodes], timeout=30, tls=client_tls(spec)) as kv:
         kv.transfer_leadership(partition, target)
+
+
+def lead(cluster, partition: int, node: str, timeout: float = 30) -> None:
+    """Until `node` leads `partition`: a transfer is refused while it lacks an entry, so it is asked again."""
+    def led() -> bool:
+        if leader_of(cluster.endpoints, partition) == node:
+            return True
+        transfer_leadership(cluster.spec, partition, node)
+        return False
+
+    wait_until(led, timeout, f"{node} to lead partition {partition}", interval=0.5)

@@ -15,7 +15,7 @@ import time
 from raftkv import AsyncClient
 from raftkv.core.partitioning import partition_for_key
 from tests.conftest import wait_until
-from tests.raft_admin import leader_of, transfer_leadership
+from tests.raft_admin import lead, leader_of
 
 PARTITIONS = 4
 
@@ -29,15 +29,8 @@ def test_requests_for_healthy_partitions_overtake_one_stuck_on_a_lost_quorum(mak
     cluster = make_cluster(nodes=4, partitions=PARTITIONS, replication=2, leader_fallback_timeout=30.0,
                            request_timeout=10.0)
     for partition in (0, 3):
-        leader = wait_until(lambda: leader_of(cluster.endpoints, partition), 30, "a leader")
-        if leader != "n1":
-            def led_by_n1() -> bool:  # a transfer is refused while n1 lacks an entry: asked again until it leads
-                if leader_of(cluster.endpoints, partition) == "n1":
-                    return True
-                transfer_leadership(cluster.spec, partition, "n1")
-                return False
-
-            wait_until(led_by_n1, 30, "n1 to lead", interval=0.5)
+        wait_until(lambda: leader_of(cluster.endpoints, partition), 30, "a leader")
+        lead(cluster, partition, "n1")
 
     async def scenario() -> tuple[float, bool]:
         async with AsyncClient(cluster.endpoints, timeout=10.0) as kv:
