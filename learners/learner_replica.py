@@ -44,6 +44,9 @@ class _FeedStateMachine:
             raise RuntimeError(f"the feed is behind index {last.index}; compaction waits")
         return self.engine.checkpoint(dest)
 
+    def verify(self, checkpoint: Path) -> None:
+        self.engine.verify(checkpoint)
+
     def restore(self, snapshot: Snapshot) -> None:
         if snapshot.position.index > self.engine.position.index or snapshot.last.index > self.engine.position.index:
             self.pending_snapshot = snapshot

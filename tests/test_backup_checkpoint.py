@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+
+import pytest
 
 from raftkv.backup import digests
 from raftkv.backup.digests import FileDigests
 from raftkv.core.commands import Put
+from raftkv.core.errors import CorruptData
 from raftkv.node.backup_checkpoint import backup_checkpoint
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
+from tests.test_corrupt_data import damage_table_files
 
 
 class _Voter:
     """What backup_checkpoint reads of a replica: its engine, and its log's base."""
 
-    def __init__(self, folder):
-        self.engine = RocksEngine(folder)
+    def __init__(self, folder, on_corrupt=None):
+        self.engine = RocksEngine(folder, on_corrupt=on_corrupt)
         self.group = self
 
     last_applied = 0
@@ -70,5 +75,30 @@ def test_a_backups_checkpoint_lists_every_file_hashes_each_table_file_once_and_s
         assert all(again[name].sha256 == files[name].sha256 for name in tables)
         assert sent == {name: (voter.engine.folder / "db" / name).read_bytes() for name in tables}
         assert not [p for p in voter.engine.folder.iterdir() if p.name.startswith("copy-")]  # the checkpoints went
+    finally:
+        voter.engine.close()
+
+
+def test_a_table_file_damaged_before_its_first_backup_stops_the_voter_and_one_read_before_is_kept(tmp_path):
+    """A table file the backup has not hashed before has every block read first: damaged, the voter stops
+    (its database is damaged) and nothing is listed. One hashed by an earlier backup is not read again:
+    the store holds it as it was then."""
+    reported = []
+    voter = _Voter(tmp_path / "p0000", on_corrupt=reported.append)
+    hashes = FileDigests()
+    try:
+        voter.engine.write([Put(b"k%04d" % i, b"v" * 100) for i in range(1000)], Position(7, 2))
+        listing, _ = _backup(voter, hashes, [])
+        first = {f.path: f.sha256 for f in listing.files if f.path.endswith(".sst")}
+        times = {sst: sst.stat().st_mtime_ns for sst in (voter.engine.folder / "db").glob("*.sst")}
+        for sst in damage_table_files(voter.engine.folder / "db", lambda key: key.startswith(b"k")):
+            os.utime(sst, ns=(times[sst], times[sst]))  # as a disk's decay would: the file's times unchanged
+        listing, _ = _backup(voter, hashes, [])
+        assert {f.path: f.sha256 for f in listing.files if f.path.endswith(".sst")} == first and not reported
+
+        voter.engine.write([Put(b"new", b"n")], Position(8, 2))  # a new table file: the checkpoint is read whole
+        with pytest.raises(CorruptData, match="is corrupt .*checksum mismatch"):
+            _backup(voter, hashes, [])
+        assert len(reported) == 1
     finally:
         voter.engine.close()

@@ -16,7 +16,8 @@ from rocksdict import AccessType, Options, Rdict
 
 from raftkv import Client
 from tests.conftest import wait_for_compaction, wait_until
-from tests.raft_admin import statuses
+from raftkv.storage.rocks_engine import checkpoint_position, read_every_block
+from tests.raft_admin import lead, statuses
 
 
 def flip(path: Path, offset: int, count: int = 8) -> None:
@@ -127,3 +128,26 @@ def test_a_damaged_snapshot_stops_the_node_with_one_line(make_cluster):
     line = the_error_line(cluster, "n1")
     assert "raft.snapshot is corrupt" in line and "move" in line and "re-syncs from its peers" in line
     wipe_and_resync(cluster, "n1", written)
+
+
+def test_a_leader_with_a_damaged_block_stops_before_its_checkpoint_leaves_and_another_sends_one(make_cluster, tmp_path):
+    """A chaos run: a leader shipped a table file damaged on its disk, in a block it had never read, to two
+    learners, which installed it and stopped. Every block of a checkpoint is read before it leaves (a
+    replica copy's, a backup's, a client's, a snapshot's): the leader stops and the next one sends."""
+    cluster, written = loaded_and_stopped(make_cluster)
+    assert damage_table_files(cluster.spec.node("n1").data_dir / "p0000" / "db", lambda key: key.startswith(b"k"))
+    cluster.start("n1")
+    wait_until(lambda: statuses([cluster.spec.node("n1").api_address]), 60, "n1 to serve")
+    lead(cluster, 0, "n1")
+    with Client(cluster.endpoints, timeout=60) as kv:
+        position = kv.checkpoint(0, tmp_path / "checkpoint")
+    line = the_error_line(cluster, "n1")
+    assert "p0000/db is corrupt" in line and "block checksum mismatch" in line and "move" in line
+    read_every_block(tmp_path / "checkpoint", tmp_path / "checkpoint")  # another leader's, whole
+    assert checkpoint_position(tmp_path / "checkpoint") == position
+    checkpoint = Rdict(str(tmp_path / "checkpoint"), Options(raw_mode=True),
+                       column_families={"raftkv": Options(raw_mode=True)}, access_type=AccessType.read_only())
+    try:
+        assert {k: v for k, v in checkpoint.items() if k.startswith(b"k")} == written
+    finally:
+        checkpoint.close()

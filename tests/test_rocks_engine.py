@@ -348,6 +348,25 @@ def test_rocks_reads_of_a_damaged_block_raise_corrupt_data_and_tell_on_corrupt(t
         e.close()
 
 
+def test_a_checkpoint_is_read_whole_before_it_leaves_and_a_damaged_block_is_the_databases(tmp_path):
+    """RocksDB checks a block only when it reads it, and a checkpoint hard-links the database's table files:
+    a leader shipped a block damaged on its disk, never read there, to two learners (a chaos run)."""
+    reported = []
+    e = RocksEngine(tmp_path / "p", on_corrupt=reported.append)
+    try:
+        e.write([Put(b"k%03d" % i, b"v" * 100) for i in range(100)], Position(1, 1))
+        e.checkpoint(tmp_path / "intact")
+        e.verify(tmp_path / "intact")
+        assert not reported
+        damage_a_table_file(tmp_path / "p")
+        e.checkpoint(tmp_path / "damaged")
+        with pytest.raises(CorruptData, match=rf"database {tmp_path / 'p' / 'db'} is corrupt .*checksum mismatch"):
+            e.verify(tmp_path / "damaged")
+        assert len(reported) == 1
+    finally:
+        e.close()
+
+
 def test_a_scan_still_reading_after_the_grace_fails_its_next_step_and_the_install_goes_through(tmp_path):
     """Found by the fail-point suite: a replica-equality scan outlived the install's grace; the old handle,
     still referenced by the scan, kept RocksDB's lock, the reopen failed as if the disk had ('lock hold by

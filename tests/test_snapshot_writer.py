@@ -10,6 +10,7 @@ import tarfile
 import threading
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from pysyncobj import SERIALIZER_STATE
@@ -30,6 +31,7 @@ from raftkv.raft.syncobj_patches import KEPT_ASIDE
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
 from tests.conftest import until
+from tests.test_corrupt_data import damage_table_files
 from tests.loopback_hubs import LoopbackHubs, unconnected_hub
 
 
@@ -300,6 +302,33 @@ def test_a_snapshot_whose_table_file_was_damaged_is_not_unpacked(tmp_path):
     assert snapshot_file.read_meta(path).position == Position(7, 1)  # its head reads as before
     with pytest.raises(CorruptData, match=rf"is damaged: {sst.name} does not match its digest"):
         snapshot_file.extract_db(path, tmp_path / "out")
+
+
+def test_a_compaction_checkpoint_with_a_damaged_block_is_never_packed_and_the_replica_stops(tmp_path):
+    """A chaos run: a leader packed its compaction's checkpoint, whose table file was damaged on its disk in a
+    block it had never read, and two learners installed it and stopped. The tar's digests are of the files
+    as they are: every block is read before packing, and the damage stops this replica instead."""
+    folder = tmp_path / "p0"
+
+    async def scenario():
+        replica = single_voter(folder)
+        group = replica.group
+        try:
+            await until(lambda: replica.role == Role.LEADER)
+            await put(replica, range(50))
+            group.compact()
+            await until(lambda: group.snapshots.job is None and group.snapshots.kept is not None)
+            group.snapshots.on_written = lambda: None  # this test asks `sendable` itself
+            assert damage_table_files(folder / group.snapshots.kept / "db", lambda key: key.startswith(b"k"))
+            group.snapshots.withheld(SimpleNamespace(id="127.0.0.1:1"))
+            await until(group.snapshots.packing.done)
+            with pytest.raises(CorruptData, match=rf"database {folder / 'db'} is corrupt .*checksum mismatch"):
+                group.snapshots.sendable()
+            assert group.snapshots.in_place and not (folder / "raft.snapshot.full").exists()
+        finally:
+            replica.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_snapshot_of_the_release_before_digests_unpacks_as_before(tmp_path):

@@ -12,6 +12,7 @@ or change, and are hashed every time.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 IMMUTABLE = (".sst", ".blob")  # RocksDB never changes these once written
@@ -28,12 +29,20 @@ class FileDigests:
         found = {}
         for path in files:
             st = path.stat()
-            key = (path.name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            key = _key(path, st)
             digest = known.get(key) or _sha256(path)
             if path.suffix in IMMUTABLE:
                 self._known[key] = digest
             found[path] = (digest, st.st_size)
         return found
+
+    def all_known(self, files: list[Path]) -> bool:
+        """Whether every one of `files` was hashed before (an unchanged table file)."""
+        return all(_key(path, path.stat()) in self._known for path in files)
+
+
+def _key(path: Path, st: os.stat_result) -> tuple:
+    return path.name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _sha256(path: Path) -> str:

@@ -4,7 +4,10 @@ The voter checkpoints its replica (hard links), lists every file with its size a
 SHA-256 of each table file, and waits for the caller to name the files its store lacks;
 it sends those, and the checkpoint goes with the call. A table file never changes and a
 checkpoint hard-links it, so its hash is remembered from one backup to the next
-(`FileDigests`, per partition): an unchanged database is not read again. The small files
+(`FileDigests`, per partition): an unchanged database is not read again. A checkpoint
+with a table file not hashed before has every block read first (`RocksEngine.verify`),
+so the store never takes a file damaged on this disk; one read before keeps, in the
+store, the content it had then. The small files
 that change (CURRENT, MANIFEST, OPTIONS, the WAL) are not hashed here; a backup always
 fetches them.
 """
@@ -31,7 +34,10 @@ async def backup_checkpoint(replica: Replica[RocksEngine], digests: FileDigests,
         root = work / "db"
         position, base = take_checkpoint(replica, root)
         files = files_under(root)
-        tables = await asyncio.to_thread(digests.of, [f for f in files if f.suffix in IMMUTABLE])
+        table_files = [f for f in files if f.suffix in IMMUTABLE]
+        if not digests.all_known(table_files):  # a stored file keeps the content it had when first read
+            await asyncio.to_thread(replica.engine.verify, root)
+        tables = await asyncio.to_thread(digests.of, table_files)
         listed = {f.relative_to(root).as_posix(): f for f in files}
         yield pb.CheckpointChunk(index=position.index, term=position.term, base=base, files=[
             pb.CheckpointFile(path=name, size=f.stat().st_size, sha256=tables.get(f, ("", 0))[0])

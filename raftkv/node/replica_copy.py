@@ -55,10 +55,12 @@ class ReplicaCopying:
 
 async def checkpoint_chunks(replica: Replica[RocksEngine]) -> AsyncIterator[pb.CheckpointChunk]:
     """The replica's state, checkpointed now, as chunks of its files (the scratch copy is removed after):
-    RocksDB's, which the receiving node opens as its replica's database."""
+    RocksDB's, which the receiving node opens as its replica's database. Every block is read first: a
+    damaged one stops this node (`RocksEngine.verify`) and the caller asks another."""
     work = replica.engine.scratch()
     try:
         position, base = take_checkpoint(replica, work / "db")
+        await asyncio.to_thread(replica.engine.verify, work / "db")
         async for chunk in file_chunks(work / "db", files_under(work / "db"), position, base):
             yield chunk
     finally:

@@ -43,6 +43,9 @@ class EngineStateMachine:
                                "would be compacted to (the replay after a restart has not reached it)")
         return self.engine.checkpoint(dest)
 
+    def verify(self, checkpoint: Path) -> None:
+        self.engine.verify(checkpoint)
+
     def restore(self, snapshot: Snapshot) -> None:
         if snapshot.position.index > self.engine.position.index:
             install(self.engine, snapshot)

@@ -85,6 +85,10 @@ class StateMachine(Protocol):
         """Write a consistent copy of the state to `dest` for a snapshot covering the log up to
         `last`, and return the position it reflects. Raise to refuse (no snapshot this time)."""
 
+    def verify(self, checkpoint: Path) -> None:
+        """Check a checkpoint of the state before it leaves the node (on a worker thread); CorruptData if it is
+        damaged, which is the state's own damage."""
+
     def restore(self, snapshot: Snapshot) -> None:
         """A leader sent a snapshot: replace the state with it (or stash it to do so later)."""
 

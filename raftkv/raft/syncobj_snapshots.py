@@ -297,7 +297,9 @@ class SnapshotFiles:
                          self.partition, node.id)
 
     def _pack(self, kept: str, meta: snapshot_file.Meta) -> str:
-        """On the worker thread: the full tar of checkpoint `kept` (renamed in by `sendable`)."""
+        """On the worker thread: the full tar of checkpoint `kept` (renamed in by `sendable`), the checkpoint
+        checked first (`StateMachine.verify`): the tar's digests are of the files as they are, damage and all."""
+        self._sm.verify(self.folder / kept / "db")
         snapshot_file.write(self._full, self.folder / kept / "db", meta, fsync=True)
         return kept
 
@@ -310,7 +312,7 @@ class SnapshotFiles:
             return not self.in_place
         self.packing = None
         if (error := packing.exception()) is not None:
-            if isinstance(error, DiskFailed):  # the replica stops, as in `state`
+            if isinstance(error, CorruptData):  # a damaged block, or a failed disk: the replica stops
                 raise error
             log.warning("partition %d: no snapshot to send this time: %s", self.partition, error)
         elif packing.result() == self.kept:

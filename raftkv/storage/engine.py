@@ -96,6 +96,9 @@ class ReplicaEngine(Engine, Protocol):
     def checkpoint(self, dest: Path) -> Position:
         """A consistent copy of the whole state at `dest` (a directory it creates), and its position."""
 
+    def verify(self, checkpoint: Path) -> None:
+        """Check a `checkpoint` of the state before it leaves the node: CorruptData if it is damaged."""
+
     def install(self, checkpoint_dir: Path | None) -> Position:
         """Replace the state with the `checkpoint` at `checkpoint_dir`, which it may move away (None: the
         empty state)."""
@@ -192,6 +195,9 @@ class MemoryEngine:
         dest.mkdir(parents=True)
         (dest / _STATE_FILE).write_text(json.dumps(state))
         return Position(state["index"], state["term"])
+
+    def verify(self, checkpoint: Path) -> None:
+        """A dump written from memory a moment ago: no disk has had the time to damage it."""
 
     def install(self, checkpoint_dir: Path | None) -> Position:
         state = {"index": 0, "term": 0, "data": [], "meta": []}
