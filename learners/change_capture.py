@@ -127,13 +127,15 @@ def capture_snapshot(copy: Engine, snapshot: Engine, ctx: EntryContext) -> Entry
 
     Both scans come in key order and are walked side by side: only the difference
     is held. Holding the copy whole cost a learner as much memory as its largest
-    partition at every re-sync, and its RSS grew with the data (the lose-last-second hour).
+    partition at every re-sync. Neither scan fills the block cache: each re-sync
+    reads a database that is then deleted, and the learner's RSS grew by the
+    cache's 64 MiB over the lose-last-second hour with blocks no read wanted again.
     """
-    mine = iter(copy.scan(KeyRange())[1])
+    mine = iter(copy.scan(KeyRange(), cache=False)[1])
     held = next(mine, None)
     changed: list[tuple[str, bytes, bytes | None, bytes | None]] = []
     gone: list[tuple[str, bytes, bytes | None, bytes | None]] = []
-    for key, value in snapshot.scan(KeyRange())[1]:
+    for key, value in snapshot.scan(KeyRange(), cache=False)[1]:
         while held is not None and held[0] < key:
             gone.append(("d", held[0], held[1], None))
             held = next(mine, None)

@@ -71,8 +71,9 @@ class Engine(Protocol):
 
     def meta_items(self) -> list[tuple[bytes, bytes]]: ...
 
-    def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
-        """Items in key order from one consistent view, and the position of that view."""
+    def scan(self, key_range: KeyRange, cache: bool = True) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
+        """Items in key order from one consistent view, and the position of that view. `cache=False`: a bulk
+        read, whose blocks are not kept in the block cache (they would push out those other reads need)."""
         ...
 
     def close(self) -> None: ...
@@ -174,7 +175,7 @@ class MemoryEngine:
                 write_mutation(rocks_sst.rows(m) if type(m) is IngestSst else m, writer)
             self._position = position
 
-    def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
+    def scan(self, key_range: KeyRange, cache: bool = True) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
         with self._lock:
             items = sorted(self._data.items())
             position = self._position

@@ -159,7 +159,7 @@ def read_every_block(checkpoint: Path, database: Path) -> None:
 
     try:
         for family in (rdict, rdict.get_column_family(_META_CF)):
-            for _ in RocksScan(family, KeyRange(), lambda: None, damage):
+            for _ in RocksScan(family, KeyRange(), lambda: None, damage, cache=False):
                 pass
     finally:
         rdict.close()
@@ -408,10 +408,11 @@ class RocksEngine:
                     raise
                 time.sleep(0.05)
 
-    def scan(self, key_range: KeyRange) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
+    def scan(self, key_range: KeyRange, cache: bool = True) -> tuple[Position, Iterator[tuple[bytes, bytes]]]:
         with self._lock:
             position = self._position
-            scan = RocksScan(self._db, key_range, self._reader_done, self._checked)  # pins the view of `position`
+            # pins the view of `position`
+            scan = RocksScan(self._db, key_range, self._reader_done, self._checked, cache)
             self._readers += 1
             self._scans.add(scan)
         return position, scan

@@ -20,8 +20,10 @@ class RocksScan:
     faster than calling valid/key/value/next from Python for each item.
     """
 
-    def __init__(self, db: Rdict, key_range: KeyRange, release, checked: Callable[[Exception], Exception]):
+    def __init__(self, db: Rdict, key_range: KeyRange, release, checked: Callable[[Exception], Exception],
+                 cache: bool = True):
         read_options = ReadOptions()
+        read_options.fill_cache(cache)
         if key_range.end is not None:
             read_options.set_iterate_upper_bound(key_range.end)
         try:
