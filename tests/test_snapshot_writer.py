@@ -279,13 +279,14 @@ def test_a_resting_group_finishes_its_compaction_when_the_snapshot_is_written(tm
     asyncio.run(scenario())
 
 
-def _a_snapshot(tmp_path: Path) -> Path:
+def _a_snapshot(tmp_path: Path, position: Position = Position(7, 1)) -> Path:
     engine = RocksEngine(tmp_path / "checkpoint")
-    engine.write([Put(b"k%03d" % i, b"v" * 100) for i in range(200)], Position(7, 1))
+    engine.write([Put(b"k%03d" % i, b"v" * 100) for i in range(200)], position)
     engine.flush()
     engine.checkpoint(tmp_path / "cp")
     engine.close()
-    meta = snapshot_file.Meta(0, Position(7, 1), (b"c", 7, 1), (b"p", 6, 1), ["127.0.0.1:1"])
+    meta = snapshot_file.Meta(0, position, (b"c", position.index, position.term),
+                              (b"p", position.index - 1, position.term), ["127.0.0.1:1"])
     snapshot_file.write(tmp_path / "raft.snapshot", tmp_path / "cp", meta)
     return tmp_path / "raft.snapshot"
 
@@ -325,6 +326,48 @@ def test_a_compaction_checkpoint_with_a_damaged_block_is_never_packed_and_the_re
             with pytest.raises(CorruptData, match=rf"database {folder / 'db'} is corrupt .*checksum mismatch"):
                 group.snapshots.sendable()
             assert group.snapshots.in_place and not (folder / "raft.snapshot.full").exists()
+        finally:
+            replica.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_snapshot_received_while_the_checkpoint_is_packed_leaves_it_to_the_packer(tmp_path):
+    """Reading the checkpoint whole before packing it takes a while. A leader that stepped down meanwhile and
+    installed a snapshot from the next one retired that checkpoint: deleted under the reader, it read as
+    damage, and the replica would have stopped. (A compaction cannot end meanwhile: its file is written on
+    the same worker, after the pack.)"""
+    folder = tmp_path / "p0"
+    received = _a_snapshot(tmp_path / "received", Position(1000, 9))
+
+    async def scenario():
+        replica = single_voter(folder)
+        group, snapshots = replica.group, replica.group.snapshots
+        try:
+            await until(lambda: replica.role == Role.LEADER)
+            await put(replica, range(50))
+            group.compact()
+            await until(lambda: snapshots.job is None and snapshots.kept is not None)
+            snapshots.on_written = lambda: None  # this test asks `sendable` itself
+            packed, reading, installed = snapshots.kept, threading.Event(), threading.Event()
+            checked = snapshots._sm.verify
+
+            def verify_once_installed(checkpoint: Path) -> None:
+                reading.set()
+                assert installed.wait(30)
+                checked(checkpoint)
+
+            snapshots._sm.verify = verify_once_installed
+            snapshots.withheld(SimpleNamespace(id="127.0.0.1:1"))
+            await until(reading.is_set)
+            shutil.copy(received, f"{snapshots.path}.received")
+            snapshots.read(f"{snapshots.path}.received")  # pysyncobj's deserializer, as a follower again
+            installed.set()
+            await until(snapshots.packing.done)
+            assert snapshots.packing.exception() is None
+            assert snapshots.sendable()  # the tar of the retired checkpoint is dropped; the received file is whole
+            await until(lambda: not (folder / packed).exists())
+            assert replica.engine.position == Position(1000, 9)
         finally:
             replica.close()
 

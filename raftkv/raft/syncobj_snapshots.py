@@ -115,8 +115,14 @@ class SnapshotFiles:
         self._full.unlink(missing_ok=True)
 
     def _retire(self, kept: str | None) -> None:
-        """Delete checkpoint folder `kept`, which no snapshot file names any longer (that made durable first)."""
-        if kept is not None:
+        """Delete checkpoint folder `kept`, which no snapshot file names any longer (that made durable first).
+        While the worker may be packing it, the worker deletes it after: read from under the pack, the
+        checkpoint would look damaged (a snapshot received meanwhile retires it, `read`)."""
+        if kept is None:
+            return
+        if self.packing is not None and not self.packing.done():
+            snapshot_writer().submit(shutil.rmtree, self.folder / kept, ignore_errors=True)
+        else:
             shutil.rmtree(self.folder / kept, ignore_errors=True)
 
     @property
