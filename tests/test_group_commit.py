@@ -72,3 +72,27 @@ def test_a_guarded_batch_is_not_logged_before_every_node_can_apply_it():
     asyncio.run(scenario(before, "0.2.0"))
     asyncio.run(scenario(after, GUARDED_BATCH_SINCE))
     assert (before.proposed, after.proposed) == (0, 1)
+
+
+def test_a_closed_frontend_refuses_at_once_what_its_closed_group_would_never_answer():
+    """A soak: a write that came in while its node stopped went to the partition's closed Raft group, which
+    never answers, and waited for the commit timeout past the server's grace on stopping: grpc cancelled
+    the call and logged a traceback."""
+
+    class ClosedLeader(FullLeader):
+        storage_full = False
+
+        def close(self) -> None:
+            pass
+
+    async def scenario(replica: ClosedLeader) -> None:
+        frontend = PartitionFrontend(replica, asyncio.get_running_loop(), max_batch_ops=10, max_batch_bytes=1 << 20,
+                                     request_timeout=10.0, leader_id_of=lambda address: None)
+        frontend.close()
+        for call in (lambda: frontend.submit(Put(b"k", b"v")), frontend.barrier):
+            with pytest.raises(Unavailable, match="its replica here is closed"):
+                await asyncio.wait_for(call(), 1.0)
+
+    replica = ClosedLeader()
+    asyncio.run(scenario(replica))
+    assert replica.proposed == 0

@@ -67,6 +67,7 @@ class PartitionFrontend:
         self._cluster_version = cluster_version
         self._ids = itertools.count()
         self._in_flight: dict[int, tuple[list[_Pending], asyncio.TimerHandle]] = {}
+        self._closed = False
 
     @property
     def is_leader(self) -> bool:
@@ -100,6 +101,10 @@ class PartitionFrontend:
         return self._enqueue(_Pending(None, self._loop.create_future()), _BARRIER_SIZE)
 
     def _enqueue(self, pending: _Pending, size: int) -> asyncio.Future:
+        if self._closed:  # its group would never answer: the request would wait out its timeout
+            pending.future.set_exception(Unavailable(f"partition {self.partition}: its replica here is closed "
+                                                     "(the node is stopping, or the replica left it); retry"))
+            return pending.future
         if not self.is_leader:
             pending.future.set_exception(self.not_leader())
             return pending.future
@@ -194,6 +199,7 @@ class PartitionFrontend:
 
     def close(self) -> None:
         """The replica leaves this node: fail what waits here at once, then close it."""
+        self._closed = True
         self.on_leadership_lost()
         for proposal_id in list(self._in_flight):
             self._finish(proposal_id, None, Outcome.UNKNOWN)
