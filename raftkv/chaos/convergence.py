@@ -88,6 +88,9 @@ def _views_at_one_index(spec: ClusterSpec, partition: int, voters: Callable[[], 
         replicas = voters()
         views = []
         for n in replicas:
+            if n not in spec.node_ids:  # a node that left (replaced, say) whose replica was never moved
+                last[n] = f"{n}: no longer a member of the cluster"
+                continue
             try:
                 views.append(ReplicaView(n, *scan_replica(spec.node(n).api_address, partition, tls=tls)))
                 last[n] = f"{n} at {views[-1].applied_index}"
