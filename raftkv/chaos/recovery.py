@@ -88,7 +88,8 @@ def lagging_replicas(spec: ClusterSpec, each_round: Callable[[], None],
             behind = [f"{n} is unreachable" for n in unreachable] + [
                 f"{node_id} partition {p} at {replicas[node_id, p].applied_index} < {target[p]} "
                 f"({_state(replicas[node_id, p])}; {_leader_state(leaders.get(p))})" for node_id, p in lagging
-            ] + [f"partition {p} has no leader" for p in range(spec.partitions) if p not in target]
+            ] + [f"partition {p} has no leader ({_replica_states(replicas, p)})" for p in range(spec.partitions)
+                 if p not in target]
             if not behind:
                 return []
             time.sleep(0.2)
@@ -99,6 +100,12 @@ def _state(ps) -> str:
     """What a replica believes, for the report: a violation must explain itself."""
     return (f"{ps.role} in term {ps.term}, leader {ps.leader or 'unknown'}, log to {ps.last_log_index}, "
             f"commit {ps.commit_index}, members {','.join(ps.members) or '?'}")
+
+
+def _replica_states(replicas: dict, partition: int) -> str:
+    """Each replica of a partition that answered, as it believes: why no leader is elected."""
+    return "; ".join(f"{node_id}: {_state(ps)}" for (node_id, p), ps in sorted(replicas.items())
+                     if p == partition) or "no replica answered"
 
 
 def _leader_state(leader) -> str:
