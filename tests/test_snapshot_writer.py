@@ -305,6 +305,23 @@ def test_a_snapshot_whose_table_file_was_damaged_is_not_unpacked(tmp_path):
         snapshot_file.extract_db(path, tmp_path / "out")
 
 
+async def _compacted_leader(folder: Path) -> PartitionReplica:
+    """A single voter that leads and has compacted (its checkpoint kept beside the head), whose test asks
+    `sendable` itself: no tick does on its behalf. The caller closes it."""
+    replica = single_voter(folder)
+    snapshots = replica.group.snapshots
+    try:
+        await until(lambda: replica.role == Role.LEADER)
+        await put(replica, range(50))
+        replica.group.compact()
+        await until(lambda: snapshots.job is None and snapshots.kept is not None)
+    except BaseException:
+        replica.close()
+        raise
+    snapshots.on_written = lambda: None
+    return replica
+
+
 def test_a_compaction_checkpoint_with_a_damaged_block_is_never_packed_and_the_replica_stops(tmp_path):
     """A chaos run: a leader packed its compaction's checkpoint, whose table file was damaged on its disk in a
     block it had never read, and two learners installed it and stopped. The tar's digests are of the files
@@ -312,14 +329,9 @@ def test_a_compaction_checkpoint_with_a_damaged_block_is_never_packed_and_the_re
     folder = tmp_path / "p0"
 
     async def scenario():
-        replica = single_voter(folder)
+        replica = await _compacted_leader(folder)
         group = replica.group
         try:
-            await until(lambda: replica.role == Role.LEADER)
-            await put(replica, range(50))
-            group.compact()
-            await until(lambda: group.snapshots.job is None and group.snapshots.kept is not None)
-            group.snapshots.on_written = lambda: None  # this test asks `sendable` itself
             assert damage_table_files(folder / group.snapshots.kept / "db", lambda key: key.startswith(b"k"))
             group.snapshots.withheld(SimpleNamespace(id="127.0.0.1:1"))
             await until(group.snapshots.packing.done)
@@ -341,14 +353,9 @@ def test_a_snapshot_received_while_the_checkpoint_is_packed_leaves_it_to_the_pac
     received = _a_snapshot(tmp_path / "received", Position(1000, 9))
 
     async def scenario():
-        replica = single_voter(folder)
-        group, snapshots = replica.group, replica.group.snapshots
+        replica = await _compacted_leader(folder)
+        snapshots = replica.group.snapshots
         try:
-            await until(lambda: replica.role == Role.LEADER)
-            await put(replica, range(50))
-            group.compact()
-            await until(lambda: snapshots.job is None and snapshots.kept is not None)
-            snapshots.on_written = lambda: None  # this test asks `sendable` itself
             packed, reading, installed = snapshots.kept, threading.Event(), threading.Event()
             checked = snapshots._sm.verify
 
