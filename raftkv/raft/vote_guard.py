@@ -48,9 +48,20 @@ class VoteGuard:
 
     def may_vote(self, term: int, last_log_index: int) -> bool:
         """Whether a vote may be granted to a candidate asking in `term` with this last log index."""
+        return self.refusal(term, last_log_index) is None
+
+    def refusal(self, term: int, last_log_index: int) -> str | None:
+        """Why a vote is not granted to that candidate; None: it may be."""
         if self.waiting:
-            return False
-        return self.floor is None or (term > self.floor.term and last_log_index >= self.floor.index)
+            return "this replica lost its data and does not know yet what the group committed"
+        if self.floor is None:
+            return None
+        if term <= self.floor.term:
+            return f"this replica lost its data, and may have voted in terms up to {self.floor.term}"
+        if last_log_index < self.floor.index:
+            return (f"its log ends at {last_log_index}, before entry {self.floor.index}, which the group had "
+                    "committed when this replica lost its data")
+        return None
 
     def may_campaign(self, last_log_index: int) -> bool:
         if self.waiting:
