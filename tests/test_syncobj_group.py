@@ -76,7 +76,7 @@ def test_a_removed_member_that_runs_on_and_is_still_heard_campaigns_without_unse
     """The 35-minute lose-last-second soak (docs/chaos.md): a move of partition 1 from n8, marked dead,
     removed n8 before adding n4, and n8 came back. Raft does not tell a removed member: it campaigns
     with ever higher terms, and until the target is added the metadata still names it, so its peers
-    hear it. pysyncobj adopts any higher term it hears; without `admits` refusing a non-member's vote
+    hear it. pysyncobj adopts any higher term it hears; without `Votes.admits` refusing a non-member's vote
     request while a leader lives, each campaign deposed the leader."""
     async def scenario():
         async with _led_voters(tmp_path, [DictStateMachine() for _ in range(3)]) as (groups, leader):

@@ -51,8 +51,8 @@ from raftkv.raft.state_repair import StateRepair
 from raftkv.raft.syncobj_snapshots import SnapshotFiles, SnapshotHooks
 from raftkv.raft.hub import RaftHub
 from raftkv.raft.syncobj_transport import GroupTransport
+from raftkv.raft.syncobj_votes import Votes
 from raftkv.raft.vote_guard import VoteGuard
-from raftkv.raft.vote_refusal import ElectionLog, Voter, raft_refusal
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         now = self._group.config.clock()  # read again after pysyncobj's tick: it takes time, and stamps answers
         if (guard := self._group.config.guard) is not None and not guard.may_campaign(self._group.last_log_index):
             if self._SyncObj__raftElectionDeadline < now and self._SyncObj__raftState != _LEADER:
-                self._group.held_back(guard)
+                self._group.votes.held_back(guard)
             self._SyncObj__raftElectionDeadline = now + self._group.config.tuning.election_timeout_max
         if self._group.steady.before_tick(now):  # the node engine drives the group (engine/steady.py)
             return
@@ -162,7 +162,7 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         term = self.raftCurrentTerm
         PatchedSyncObj._onTick(self, timeToWait)
         if self._SyncObj__raftState == _CANDIDATE and self.raftCurrentTerm > term:
-            self._group.campaigned()
+            self._group.votes.campaigned()
         self._group.quiet.after_tick(self._group.config.clock())
 
     def _checkCommandsToApply(self) -> None:
@@ -235,7 +235,6 @@ class SyncObjGroup:
         self.snapshots = SnapshotFiles(config.partition, folder, state_machine)
         self._change_pending = False  # a membership change was asked for and has not ended yet
         self._refusals = Throttle(REFUSAL_LOG_SECONDS)
-        self._elections = ElectionLog(config.partition)
         self._fsyncs = metrics.JOURNAL_FSYNCS.labels(config.partition)
         self._entry_bytes_sent = metrics.RAFT_BYTES_SENT.labels(config.partition, "entries")
         self._snapshot_bytes_sent = metrics.RAFT_BYTES_SENT.labels(config.partition, "snapshot")
@@ -278,6 +277,7 @@ class SyncObjGroup:
                              on_corrupt=config.on_corrupt, on_stall=self._member.postpone_election,
                              next_timer=self._member.next_timer, clock=config.clock)
         self.quiet = Quiet(self._member, self._ticker, tuning, config.partition, busy=lambda: self._change_pending)
+        self.votes = Votes(self)
         self.snapshots.on_written = self._ticker.soon_from_thread
         self.steady = steady_part(self, config.engine)
         self._ticker.start()
@@ -467,61 +467,6 @@ class SyncObjGroup:
         result = self._sm.apply(Entry(index, term, payload))
         failpoints.hit("apply-after")
         return result
-
-    def admits(self, node, message: dict) -> bool:
-        """Whether pysyncobj may see `message` from `node`. Only vote requests are dropped (pysyncobj answers
-        a refused one with nothing either):
-        - a guarded voter (vote_guard) drops those it may not grant;
-        - a member that has a live leader (it leads, rests, or its election timer still runs) drops those
-          from a node its configuration does not hold. Raft does not tell a removed member, which campaigns with
-          ever higher terms, and pysyncobj adopts any higher term it hears: a removed member its peers
-          still hear (the metadata names a move's source until its target is added, and a dead source is
-          removed first) would depose the leader at every timeout. A member added since this one last
-          heard is not refused for long: without a leader, the timer runs out (docs/pysyncobj.md)."""
-        if not isinstance(message, dict) or message.get("type") != "request_vote":
-            return True
-        term, last_index = message.get("term", 0), message.get("last_log_index", 0)
-        guard = self.config.guard
-        if guard is not None and (why := guard.refusal(term, last_index)) is not None:
-            self._refused(node, term, why)
-            return False
-        if node not in self._member._SyncObj__otherNodes and self._has_live_leader():
-            self._refused(node, term, "not a member here, and this replica's leader is live")
-            return False
-        if (why := raft_refusal(term, message.get("last_log_term", 0), last_index, self._voter())) is not None:
-            self._refused(node, term, why)  # pysyncobj refuses it, silently
-        return True
-
-    def _voter(self) -> Voter:
-        member = self._member
-        last = self._journal[-1]
-        voted = member._SyncObj__votedForNodeId
-        return Voter(member.raftCurrentTerm, None if voted is None else self._name(str(voted)),
-                     member._SyncObj__raftState == _LEADER, last[2], last[1])
-
-    def _refused(self, node, term: int, why: str) -> None:
-        self._elections.refused(self.config.clock(), self._name(node.address), term, why,
-                                [self._name(address) for address in self.voters])
-
-    def campaigned(self) -> None:
-        """This member began an election (in its tick)."""
-        last = self._journal[-1]
-        self._elections.campaigns(self.config.clock(), self.term, last[2], last[1],
-                                  [self._name(address) for address in self.voters])
-
-    def held_back(self, guard: VoteGuard) -> None:
-        """The election timer ran out, and the vote guard keeps this member from campaigning."""
-        self._elections.held_back(self.config.clock(), self.last_log_index, guard)
-
-    def _name(self, address: str) -> str:
-        """A Raft address's node, for a log line."""
-        where = self.config.hub.directory().locate(address)
-        return where[0] if where else address
-
-    def _has_live_leader(self) -> bool:
-        member = self._member
-        return member._SyncObj__raftState == _LEADER or member._SyncObj__raftLeader is not None and (
-            self.quiet.resting or self.config.clock() < member._SyncObj__raftElectionDeadline)
 
     def count_sent(self, message: dict) -> None:
         """An append-entries message left for another member: count its entries' or snapshot chunk's bytes."""

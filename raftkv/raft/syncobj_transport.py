@@ -143,7 +143,7 @@ class GroupTransport(Transport):
 
     def _received(self, node: Node, message: object) -> None:
         group = self._syncObj._group
-        if not group.admits(node, message) or group.steady.heard(node, message):
+        if not group.votes.admits(node, message) or group.steady.heard(node, message):
             return  # a vote request dropped wakes nothing and hands nothing back
         if not group.quiet.heard(node, message):
             self._onMessageReceived(node, message)

@@ -3,7 +3,7 @@
 pysyncobj answers a refused vote with nothing, so a candidate never learns why it lost, and a group
 whose elections all fail (two live voters of three, each campaigning in ever higher terms) leaves
 no trace of the rule that refused. Every refusal is decided before pysyncobj sees the request:
-our own (the vote guard, a stranger while a leader is live: `SyncObjGroup.admits`) and Raft's,
+our own (the vote guard, a stranger while a leader is live: `syncobj_votes.Votes.admits`) and Raft's,
 which `raft_refusal` restates from pysyncobj's `request_vote` handler. The voter logs the first
 refusal of a group every `EVERY` seconds, and a candidate its campaigns as often, with what each
 side's configuration and log hold: enough to tell from two nodes' logs which rule kept the group

@@ -1,0 +1,77 @@
+"""Which vote requests a member's pysyncobj sees, and its election lines (`vote_refusal`).
+
+pysyncobj answers a refused vote with nothing either, so a request is dropped here when:
+- the member is guarded (vote_guard) and may not grant it;
+- the member has a live leader (it leads, rests, or its election timer still runs) and the candidate
+  is not in its configuration. Raft does not tell a removed member, which campaigns with ever higher
+  terms, and pysyncobj adopts any higher term it hears: a removed member its peers still hear (the
+  metadata names a move's source until its target is added, and a dead source is removed first)
+  would depose the leader at every timeout. A member added since this one last heard is not refused
+  for long: without a leader, the timer runs out (docs/pysyncobj.md).
+Every refusal, ours or the one pysyncobj will make, is logged (throttled), as is every campaign.
+"""
+
+from __future__ import annotations
+
+from raftkv.raft.group import Role
+from raftkv.raft.vote_guard import VoteGuard
+from raftkv.raft.vote_refusal import ElectionLog, Voter, raft_refusal
+
+_LEADER = Role.LEADER.value
+
+
+class Votes:
+    def __init__(self, group):
+        """`group`: the `SyncObjGroup`."""
+        self._group = group
+        self._member = group._member
+        self._config = group.config
+        self._log = ElectionLog(group.partition)
+
+    def admits(self, node, message: object) -> bool:
+        """Whether pysyncobj may see `message` from member `node`."""
+        if not isinstance(message, dict) or message.get("type") != "request_vote":
+            return True
+        term, last_index = message.get("term", 0), message.get("last_log_index", 0)
+        guard = self._config.guard
+        if guard is not None and (why := guard.refusal(term, last_index)) is not None:
+            self._refused(node, term, why)
+            return False
+        if node not in self._member._SyncObj__otherNodes and self._has_live_leader():
+            self._refused(node, term, "not a member here, and this replica's leader is live")
+            return False
+        if (why := raft_refusal(term, message.get("last_log_term", 0), last_index, self._voter())) is not None:
+            self._refused(node, term, why)  # pysyncobj refuses it, silently
+        return True
+
+    def campaigned(self) -> None:
+        """This member began an election (in its tick)."""
+        last = self._member._SyncObj__raftLog[-1]
+        self._log.campaigns(self._config.clock(), self._member.raftCurrentTerm, last[2], last[1], self._members())
+
+    def held_back(self, guard: VoteGuard) -> None:
+        """The election timer ran out, and the vote guard keeps this member from campaigning."""
+        self._log.held_back(self._config.clock(), self._member._SyncObj__raftLog[-1][1], guard)
+
+    def _has_live_leader(self) -> bool:
+        member = self._member
+        return member._SyncObj__raftState == _LEADER or member._SyncObj__raftLeader is not None and (
+            self._group.quiet.resting or self._config.clock() < member._SyncObj__raftElectionDeadline)
+
+    def _voter(self) -> Voter:
+        member = self._member
+        last = member._SyncObj__raftLog[-1]
+        voted = member._SyncObj__votedForNodeId
+        return Voter(member.raftCurrentTerm, None if voted is None else self._name(str(voted)),
+                     member._SyncObj__raftState == _LEADER, last[2], last[1])
+
+    def _refused(self, node, term: int, why: str) -> None:
+        self._log.refused(self._config.clock(), self._name(node.address), term, why, self._members())
+
+    def _members(self) -> list[str]:
+        return [self._name(address) for address in self._group.voters]
+
+    def _name(self, address: str) -> str:
+        """A Raft address's node, for a log line."""
+        where = self._config.hub.directory().locate(address)
+        return where[0] if where else address
