@@ -111,7 +111,7 @@ class _Stream:
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._outbox: deque[pb.ExecuteRequest] = deque()
-        self._writing = False
+        self._writer: asyncio.Task | None = None  # held: a task nothing references may vanish mid-write
         self._retired = False
         self.broken = False
         self._reader = self._loop.create_task(self._read())
@@ -122,18 +122,20 @@ class _Stream:
         future = self._loop.create_future()
         self._pending[request_id] = _Pending(future, self._loop.call_later(self._timeout, self._expire, request_id))
         self._outbox.append(request)
-        if not self._writing:
-            self._writing = True
-            self._loop.create_task(self._write())
+        self._start_writing()
         return future
 
     def retire(self, ended: Callable[[], None]) -> None:
         """No more requests: once those queued are written, the stream is half-closed; `ended` when it is over."""
         self._retired = True
         self._reader.add_done_callback(lambda _: ended())
-        if not self._writing:
-            self._writing = True
-            self._loop.create_task(self._write())
+        self._start_writing()
+
+    def _start_writing(self) -> None:
+        """A writer, unless one runs (it takes what is queued: it ends only with an empty outbox, no await
+        between its last look and its end)."""
+        if self._writer is None or self._writer.done():
+            self._writer = self._loop.create_task(self._write())
 
     async def _write(self) -> None:
         try:
@@ -146,8 +148,6 @@ class _Stream:
                 await self._call.done_writing()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
             pass  # the stream ended: the reader fails what is pending
-        finally:
-            self._writing = False
 
     async def _read(self) -> None:
         try:
@@ -191,6 +191,8 @@ class _Stream:
     def close(self) -> None:
         self._call.cancel()
         self._reader.cancel()
+        if self._writer is not None:
+            self._writer.cancel()
 
 
 def _answer(future: asyncio.Future, response: pb.ExecuteResponse) -> None:
