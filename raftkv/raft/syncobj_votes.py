@@ -9,6 +9,11 @@ pysyncobj answers a refused vote with nothing either, so a request is dropped he
   would depose the leader at every timeout. A member added since this one last heard is not refused
   for long: without a leader, the timer runs out (docs/pysyncobj.md).
 Every refusal, ours or the one pysyncobj will make, is logged (throttled), as is every campaign.
+
+And a candidate counts each member's vote once: pysyncobj adds one for every `response_vote` of its
+term that arrives, so a vote delivered twice counted twice, and a candidate of a five-voter group
+led with one other's vote while another leader held committed entries it lacked (the simulation,
+which delivers a message twice as Raft must survive, seed 89; docs/pysyncobj.md).
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ class Votes:
         self._member = group._member
         self._config = group.config
         self._log = ElectionLog(group.partition)
+        self._ballots: tuple[int, set[str]] = (0, set())  # a term, and the members whose votes in it were counted
 
     def admits(self, node, message: object) -> bool:
         """Whether pysyncobj may see `message` from member `node`."""
-        if not isinstance(message, dict) or message.get("type") != "request_vote":
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "response_vote":
+            return self._first_vote(node, message.get("term"))
+        if kind != "request_vote":
             return True
         term, last_index = message.get("term", 0), message.get("last_log_index", 0)
         guard = self._config.guard
@@ -42,6 +51,19 @@ class Votes:
             return False
         if (why := raft_refusal(term, message.get("last_log_term", 0), last_index, self._voter())) is not None:
             self._refused(node, term, why)  # pysyncobj refuses it, silently
+        return True
+
+    def _first_vote(self, node, term: object) -> bool:
+        """Whether a vote is one pysyncobj may count: a member's first in the current term."""
+        member = self._member
+        if term != member.raftCurrentTerm:
+            return True  # pysyncobj counts only votes of its current term
+        if self._ballots[0] != term:
+            self._ballots = (term, set())
+        counted = self._ballots[1]
+        if node not in member._SyncObj__otherNodes or node.address in counted:
+            return False
+        counted.add(node.address)
         return True
 
     def campaigned(self) -> None:

@@ -22,6 +22,7 @@ import pytest
 from raftkv.raft.engine import learners, steady
 from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.state_repair import StateRepair
+from raftkv.raft.syncobj_votes import Votes
 from tests.engine_sim import cluster as sim_cluster
 from tests.engine_sim.faults import Faults
 from tests.engine_sim.run import SimConfig, run
@@ -174,3 +175,14 @@ def test_a_member_whose_saved_commit_index_is_past_its_log_settles():
                "--cluster-power", "0.1"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "1 seeds, 0 failed, 0 did not settle" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_vote_delivered_twice_counts_once(monkeypatch):
+    """pysyncobj adds one for every vote of its term that arrives. Seed 89 (5 nodes, 4 groups) delivers
+    n4's vote for n1 twice at step 13,641, and n1 led g1 in term 8 on it without entry 116:4, committed in
+    term 4. A candidate now counts each member's vote once (`Votes`); without that, leader completeness
+    breaks."""
+    config = SimConfig(seed=89, steps=13_700, nodes=5, groups=4, engine=True, learners=True)
+    assert run(config).ok
+    monkeypatch.setattr(Votes, "_first_vote", lambda self, node, term: True)
+    assert any("leader completeness" in line for line in run(config).violations)
