@@ -182,7 +182,12 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         proposals.taken = None
 
     def _SyncObj__doApplyCommand(self, command: bytes):
+        """pysyncobj's, less its replay of a membership entry: the configuration took the entry when it was
+        appended, or at start-up (`SyncObjGroup.load_state`)."""
         self._group.repair.check_committed()
+        if self._SyncObj__conf.dynamicMembershipChange and membership_change(command) is not None:
+            self._SyncObj__commandsWaitingCommit.taken = None
+            return None
         result = PatchedSyncObj._SyncObj__doApplyCommand(self, command)
         self._SyncObj__commandsWaitingCommit.taken = None  # applied: its proposals are answered next, once
         return result
@@ -453,9 +458,24 @@ class SyncObjGroup:
         if self.snapshots.path.is_file():
             member._SyncObj__loadDumpFile(clearJournal=False)
         member._SyncObj__needLoadDumpFile = False
+        self._take_logged_members()
         self.repair.after_load()
         if self.snapshots.seeded and self.config.self_address is not None:
             self.compact()  # a seeded voter's snapshot holds no database: a full one, so that it can send one
+
+    def _take_logged_members(self) -> None:
+        """The configuration as the log has it, uncommitted entries included, as Raft's is. pysyncobj counts a
+        membership entry when it appends one, but at start-up only once it applies it: a leader restarted with
+        an uncommitted `add` counted votes and acknowledgements among too few members, and a majority of the
+        old configuration committed entries the new one's majority did not hold (the simulation, fsync mode,
+        seed 9: two of four voters)."""
+        member = self._member
+        if not member._SyncObj__conf.dynamicMembershipChange:
+            return
+        journal = self._journal
+        for command, _, _ in journal[member.raftLastApplied + 1 - journal[0][1]:]:
+            if (change := member._SyncObj__parseChangeClusterRequest(command)) is not None:
+                member._SyncObj__doChangeCluster(change)
 
     def _apply_committed(self, payload: bytes):
         index = self._member.raftLastApplied + 1  # pysyncobj increments it right after this call

@@ -45,6 +45,7 @@ class Member:
     loop: SimLoop
     checked_commit: int  # the commit index the checker has seen
     led_term: int = -1  # the last term the checker saw it lead in
+    reopened_at: int = 0  # the commit index it opened with: what it applies to there is a replay
 
     @property
     def journal(self) -> SimJournal:
@@ -139,7 +140,9 @@ class SimCluster:
             raft._stored = partial(_stored_as_on_the_node_log, raft)
         raft.name_members(frozenset(address(n, group) for n in voters))
         # fsync mode: what the log says is committed is checked again; the default mode may have lost it
-        (self.learners if learner else self.members)[key] = Member(node, group, raft, loop, 1 if self.fsync else raft.commit_index)
+        checked = 1 if self.fsync else raft.commit_index
+        (self.learners if learner else self.members)[key] = Member(node, group, raft, loop, checked,
+                                                                   reopened_at=raft.commit_index)
         self.trace.add("open", f"g{group} {node} term {raft.term} log ..{raft.last_log_index} "
                                f"commit {raft.commit_index} state at {state.position.index}")
 
@@ -200,7 +203,8 @@ class SimCluster:
     def _applied(self, node: str, group: int, index: int, term: int, payload: bytes, digest: int) -> None:
         self.checker.on_apply(node, group, index, term, payload, digest)
         member = self.members.get((node, group))
-        if self.fsync and member is not None:  # not the replay of a member opening: checked when first applied
+        # not the replay of a member opening: checked when first applied, against the members of that time
+        if self.fsync and member is not None and index > member.reopened_at:
             self._check_durable_quorum(member, index, term)
 
     def _check_durable_quorum(self, member: Member, index: int, term: int) -> None:

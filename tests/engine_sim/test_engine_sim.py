@@ -21,7 +21,9 @@ import pytest
 
 from raftkv.raft.engine import learners, steady
 from raftkv.raft.engine.node_engine import NodeEngine
+from raftkv.raft import syncobj_group
 from raftkv.raft.state_repair import StateRepair
+from raftkv.raft.syncobj_group import SyncObjGroup
 from raftkv.raft.syncobj_votes import Votes
 from tests.engine_sim import cluster as sim_cluster
 from tests.engine_sim.faults import Faults
@@ -186,3 +188,15 @@ def test_a_vote_delivered_twice_counts_once(monkeypatch):
     assert run(config).ok
     monkeypatch.setattr(Votes, "_first_vote", lambda self, node, term: True)
     assert any("leader completeness" in line for line in run(config).violations)
+
+
+def test_a_member_restarted_with_an_uncommitted_membership_change_counts_it(monkeypatch):
+    """fsync mode, seed 9: n4 and n5 restarted with g2's uncommitted `add n2` in their logs. pysyncobj counts
+    a membership entry at start-up only once it applies it, so n4 led term 9 on n5's vote alone and
+    committed on the two of them, two of four voters. The configuration now takes every logged entry at
+    start-up (`SyncObjGroup._take_logged_members`), as Raft's does."""
+    config = SimConfig(seed=9, steps=19_100, nodes=5, groups=4, fsync=True, engine=True, learners=True)
+    assert run(config).ok
+    monkeypatch.setattr(SyncObjGroup, "_take_logged_members", lambda self: None)
+    monkeypatch.setattr(syncobj_group, "membership_change", lambda command: None)  # pysyncobj replays it again
+    assert any("durable quorum" in line for line in run(config).violations)
