@@ -473,7 +473,7 @@ class SyncObjGroup:
         if not member._SyncObj__conf.dynamicMembershipChange:
             return
         journal = self._journal
-        for command, _, _ in journal[member.raftLastApplied + 1 - journal[0][1]:]:
+        for command, _, _ in journal[max(0, member.raftLastApplied + 1 - journal[0][1]):]:
             if (change := member._SyncObj__parseChangeClusterRequest(command)) is not None:
                 member._SyncObj__doChangeCluster(change)
 
