@@ -18,6 +18,7 @@ from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.hub import Directory
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
+from raftkv.raft.syncobj_journal import membership_change
 from tests.engine_sim.checker import Checker
 from tests.engine_sim.clock import Scheduler, SimLoop
 from tests.engine_sim.network import ENGINE, SimNetwork
@@ -208,15 +209,19 @@ class SimCluster:
             self._check_durable_quorum(member, index, term)
 
     def _check_durable_quorum(self, member: Member, index: int, term: int) -> None:
-        """fsync mode: a member applies only what a majority of the voters it knows have synced (a leader's
-        own sync counted once done, its followers' before they answered), or a power cut could take it."""
+        """fsync mode: a member applies only what a majority of the voters of its leader's configuration
+        when it was committed have synced (a leader's own sync counted once done, its followers' before they
+        answered), or a power cut could take it. That configuration is the one as of the entry, or one a
+        membership entry after it made (the member's now): a follower applies an entry committed before a
+        change it has appended since."""
         others = [node.address.split(":")[0] for node in member.raft._member._SyncObj__otherNodes]
-        voters = [member.node, *others]
-        disks = [(n, self.journals.get((n, member.group))) for n in voters]
-        holding = [n for n, disk in disks if disk is not None and _holds(disk.durable, index, term)]
-        if len(holding) <= len(voters) // 2:
+        now = {member.node, *others}
+        then = _voters_before_changes_after(now, member.journal, index)
+        holding = {n for n in now | then if (disk := self.journals.get((n, member.group))) is not None
+                   and _holds(disk.durable, index, term)}
+        if all(len(holding & voters) <= len(voters) // 2 for voters in (now, then)):
             self.checker.fail(f"durable quorum: g{member.group} {member.node} applies {index}:{term}, which only "
-                              f"{holding or 'no member'} of {voters} synced")
+                              f"{sorted(holding) or 'no member'} of {sorted(now)} synced")
 
     # -- at the end ------------------------------------------------------------------
 
@@ -431,6 +436,18 @@ def _stored_as_on_the_node_log(raft: SyncObjGroup, index: int) -> None:
     """`SyncObjGroup._stored` of a group on the node log: only a single voter syncs before it applies."""
     if not raft._member._SyncObj__otherNodes:
         raft.sync_journal()
+
+
+def _voters_before_changes_after(voters: set[str], journal, index: int) -> set[str]:
+    """`voters` with the membership entries of `journal` after `index` undone, newest first."""
+    voters = set(voters)
+    for command, entry_index, _ in reversed(journal[:]):
+        if entry_index <= index:
+            break
+        if (change := membership_change(bytes(command))) is not None:
+            kind, member = change[0], change[1].split(":")[0]
+            voters.discard(member) if kind == "add" else voters.add(member)
+    return voters
 
 
 def _holds(log: list, index: int, term: int) -> bool:
