@@ -191,11 +191,12 @@ def test_a_vote_delivered_twice_counts_once(monkeypatch):
 
 
 def test_a_member_restarted_with_an_uncommitted_membership_change_counts_it(monkeypatch):
-    """fsync mode, seed 9: n4 and n5 restarted with g2's uncommitted `add n2` in their logs. pysyncobj counts
-    a membership entry at start-up only once it applies it, so n4 led term 9 on n5's vote alone and
-    committed on the two of them, two of four voters. The configuration now takes every logged entry at
-    start-up (`SyncObjGroup._take_logged_members`), as Raft's does."""
-    config = SimConfig(seed=9, steps=19_100, nodes=5, groups=4, fsync=True, engine=True, learners=True)
+    """fsync mode, seed 235: every node restarted while g1's `add n5` (to n2, n3 and n4) was in the logs and
+    uncommitted. pysyncobj counts a membership entry at start-up only once it applies it, so n3 led term 3
+    on n2's vote alone and committed entries 8 to 10 on the two of them, two of four voters (seed 9 and 8
+    more of 400 did the same). The configuration now takes every logged entry at start-up
+    (`SyncObjGroup._take_logged_members`), as Raft's does."""
+    config = SimConfig(seed=235, steps=1_400, nodes=5, groups=4, fsync=True, engine=True, learners=True)
     assert run(config).ok
     monkeypatch.setattr(SyncObjGroup, "_take_logged_members", lambda self: None)
     monkeypatch.setattr(syncobj_group, "membership_change", lambda command: None)  # pysyncobj replays it again
