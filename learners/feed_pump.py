@@ -45,7 +45,7 @@ from learners.entry_events import EntryEvents, EventRows
 from learners.learner_replica import LearnerReplica
 from learners.sinks.base import DeliveryBatch, Sink
 from raftkv import failpoints
-from raftkv.core.errors import Undeliverable
+from raftkv.core.errors import LogContradiction, Undeliverable
 from raftkv.core.learner_registry import only_progress
 from raftkv.core.overlay import Overlay
 from raftkv.raft import snapshot_file
@@ -77,8 +77,12 @@ class _Prepared:
 
 class FeedPump:
     def __init__(self, cluster: str, replicas: dict[int, LearnerReplica], sink: Sink, *, max_entries: int = 2000,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, on_gap: Callable[[LogContradiction], None] | None = None):
+        """`on_gap(error)`: a partition's log begins after its copy (the learner re-syncs it, as for a
+        contradiction); the other partitions flow on meanwhile."""
         self.cluster = cluster
+        self._on_gap = on_gap
+        self._gaps: set[int] = set()  # partitions whose gap was reported, until their log serves them again
         self.replicas = replicas
         self.sink = sink
         self.max_entries = max_entries
@@ -204,7 +208,7 @@ class FeedPump:
             if replica.partition in self.rebuilding:
                 continue
             partition, position = replica.partition, replica.engine.position
-            entries = replica.committed_entries(position.index, self.max_entries)
+            entries = self._entries_after(replica, position.index)
             if not entries:
                 continue
             view = pending_view(replica.engine)
@@ -219,6 +223,23 @@ class FeedPump:
             last_index, last_term, _ = entries[-1]
             prepared.append(_Prepared(replica, view, Position(last_index, last_term), last_data))
         return prepared, captured
+
+    def _entries_after(self, replica: LearnerReplica, index: int) -> list:
+        """Committed entries after `index`; none if the log no longer holds them, which is reported once."""
+        partition = replica.partition
+        try:
+            entries = replica.committed_entries(index, self.max_entries)
+        except LookupError as exc:
+            if partition not in self._gaps:
+                self._gaps.add(partition)
+                log.warning("partition %d: its copy is at entry %d and its log no longer holds the entries after "
+                            "it (%s); the partition re-syncs from the cluster", partition, index, exc)
+                if self._on_gap is not None:
+                    self._on_gap(LogContradiction(partition, f"partition {partition}: its log begins after its "
+                                                             f"copy's entry {index}"))
+            return []
+        self._gaps.discard(partition)
+        return entries
 
     def _fed(self) -> list[LearnerReplica]:
         """The partitions to step: all but the stopped ones, which are tried again when their wait is over."""
@@ -237,7 +258,7 @@ class FeedPump:
         if replica.pending_snapshot is not None:
             await self._install(replica)
             return True
-        entries = replica.committed_entries(replica.engine.position.index, self.max_entries)
+        entries = self._entries_after(replica, replica.engine.position.index)
         if entries:
             view = pending_view(replica.engine)
             for index, term, commands in entries:

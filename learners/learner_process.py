@@ -150,7 +150,7 @@ async def serve(spec: ClusterSpec, name: str, folder: Path | None = None,
         sink_open = asyncio.ensure_future(_open_sink(sink, {
             "learner": name, "cluster_id": topology.cluster_id, **registered.options, **(sink_overrides or {}),
             **limits(spec.name, spec.max_key_bytes, spec.max_value_bytes)}, stop))
-        pump = FeedPump(spec.name, {}, sink)
+        pump = FeedPump(spec.name, {}, sink, on_gap=on_corrupt_data)
 
         def open_group(p: int) -> Callable[[StateMachine], RaftGroup]:
             return lambda copy: SyncObjGroup(GroupConfig(

@@ -14,7 +14,7 @@ from learners.learner_replica import LearnerReplica
 from learners.sinks.memory_sink import MemorySink
 from raftkv.core.commands import Delete, DeleteRange, Put, PutMany
 from raftkv.core.log_codec import encode_proposal
-from raftkv.core.errors import Unavailable, Undeliverable
+from raftkv.core.errors import LogContradiction, Unavailable, Undeliverable
 from raftkv.core.spec import Tuning
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
@@ -155,6 +155,85 @@ def test_a_learner_restarted_with_an_empty_disk_skips_a_snapshot_its_sink_is_pas
     assert not [e for e in feed.sink.events if e.snapshot]  # a journal sink would append them after b=2
     assert ops(feed.sink)[delivered:] == [("c", b"c", None, b"1")]
     assert feed.learner.engine.get(b"b") == b"2" and feed.learner.engine.get(b"a") == b"1"
+
+
+class SinkWithAHook(MemorySink):
+    """Runs `during_resync()` once, inside the first delivery of a re-sync's difference."""
+
+    during_resync = None
+
+    def deliver(self, batch):
+        if batch.resyncs and self.during_resync is not None:
+            hook, self.during_resync = self.during_resync, None
+            hook()
+        super().deliver(batch)
+
+
+def test_a_newer_snapshot_that_arrives_while_one_is_installed_is_installed_next(feed):
+    """The leader compacted again and sent a newer snapshot while the pump delivered the difference of the
+    one it had stashed: the group's log now begins at the newer one. Forgetting it left the copy at the
+    older one's index, and every step failed on entries "compacted away" for good, stalling the whole feed
+    (the soak of seed 1880499202, 2026-11-28)."""
+    feed.sink = SinkWithAHook()
+    feed.sink.open({"learner": "l1"})
+    feed.pump.sink = feed.sink
+    feed.write(Put(b"a", b"1"))
+    feed.pump_all()
+
+    def snapshot_after(*commands) -> None:
+        feed.net.isolate("l1")
+        feed.write(*commands)
+        feed.voter.group.compact()
+        feed.net.heal()
+        feed.net.tick()
+
+    snapshot_after(Put(b"b", b"1"))
+    first = feed.learner.pending_snapshot
+    assert first is not None
+    feed.sink.during_resync = lambda: snapshot_after(Put(b"c", b"1"))
+    feed.pump_all()
+    assert feed.learner.pending_snapshot is None and feed.sink.during_resync is None
+    feed.write(Put(b"d", b"1"))
+    feed.pump_all()
+    assert feed.learner.engine.position == feed.voter.engine.position
+    assert dict(feed.learner.engine.scan(KeyRange())[1]) == {b"a": b"1", b"b": b"1", b"c": b"1", b"d": b"1"}
+    assert ops(feed.sink)[-1] == ("c", b"d", None, b"1")
+
+
+def test_a_copy_its_log_no_longer_reaches_is_reported_once_for_a_resync_instead_of_failing_every_step(feed, monkeypatch):
+    """However the copy fell behind the log's first entry, the pump does not fail every step on it (which
+    stalled every partition's feed): it skips the partition and asks for its re-sync once (the learner heals
+    it as a contradiction, learners/learner_process.py)."""
+    def forget_the_newer(replica, snapshot):  # what the fix above prevents
+        replica.engine.write([], snapshot.last)
+        replica.state_machine.pending_snapshot = None
+
+    monkeypatch.setattr(LearnerReplica, "mark_snapshot_installed", forget_the_newer)
+    gaps = []
+    feed.pump._on_gap = gaps.append
+    feed.sink = feed.pump.sink = SinkWithAHook()
+    feed.sink.open({"learner": "l1"})
+    feed.write(Put(b"a", b"1"))
+    feed.pump_all()
+    feed.net.isolate("l1")
+    feed.write(Put(b"b", b"1"))
+    feed.voter.group.compact()
+    feed.net.heal()
+    feed.net.tick()
+
+    def newer() -> None:
+        feed.net.isolate("l1")
+        feed.write(Put(b"c", b"1"))
+        feed.voter.group.compact()
+        feed.net.heal()
+        feed.net.tick()
+
+    feed.sink.during_resync = newer
+    feed.pump_all()
+    feed.write(Put(b"d", b"1"))
+    feed.pump_all()
+    assert [(type(g), g.partition) for g in gaps] == [(LogContradiction, 0)]
+    assert "its log begins after its copy's entry" in str(gaps[0])
 
 
 class RefusingSink(MemorySink):
