@@ -44,7 +44,7 @@ from raftkv.core.spec import build_spec
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
 from tests.conftest import BUCKET, wait_until
-from tests.raft_admin import leader_of, transfer_leadership
+from tests.raft_admin import lead
 from tests.test_backup import contents, fill, open_sink, storage
 from tests.test_cli import assert_one_line_error, run
 
@@ -190,9 +190,7 @@ def test_backup_create_fetches_and_uploads_only_the_files_a_change_made(make_clu
 
     def keep_leaders(leaders: dict[int, str]) -> None:
         for p, node in leaders.items():
-            if leader_of(cluster.endpoints, p) != node:
-                transfer_leadership(cluster.spec, p, node)
-                wait_until(lambda: leader_of(cluster.endpoints, p) == node, 30, f"{node} leading partition {p}")
+            lead(cluster, p, node)
 
     with Client(cluster.endpoints, timeout=30) as kv:
         load(kv, data)

@@ -10,7 +10,7 @@ import pytest
 from raftkv import Client, StorageFull, Undetermined, Unavailable
 from raftkv.chaos.small_disk import SmallDisk
 from tests.conftest import wait_until
-from tests.raft_admin import leader_of, statuses, transfer_leadership
+from tests.raft_admin import lead, leader_of, statuses
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
 
@@ -21,9 +21,7 @@ def test_a_leader_whose_disk_fills_refuses_writes_hands_leadership_on_and_recove
     try:
         cluster.start_all()
         cluster.wait_ready(timeout=60)
-        if leader_of(cluster.endpoints) != "n1":
-            transfer_leadership(cluster.spec, 0, "n1")
-            wait_until(lambda: leader_of(cluster.endpoints) == "n1", 20, "n1 to lead")
+        lead(cluster, 0, "n1")
         acknowledged = {}
         with Client(cluster.endpoints, timeout=3) as kv:
             for i in range(50):
@@ -73,8 +71,7 @@ def test_a_follower_whose_disk_fills_under_the_node_engine_falls_back_and_catche
         cluster.start_all()
         cluster.wait_ready(timeout=60)
         if leader_of(cluster.endpoints) == "n1":
-            transfer_leadership(cluster.spec, 0, "n2")
-            wait_until(lambda: leader_of(cluster.endpoints) not in (None, "n1"), 20, "n1 to follow")
+            lead(cluster, 0, "n2")
         with Client(cluster.endpoints, timeout=5) as kv:
             for i in range(50):  # the leader hands the group to its engine
                 kv.put(b"before-%d" % i, b"%d" % i)
