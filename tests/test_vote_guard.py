@@ -18,15 +18,15 @@ from tests.raft_admin import leader_of
 
 def test_a_guard_waits_for_its_floor_then_admits_only_later_terms_and_full_logs(tmp_path):
     guard = VoteGuard(tmp_path, guarded=True)
-    assert guard.waiting and not guard.may_vote(99, 10**9) and not guard.may_campaign(10**9)
+    assert guard.waiting and guard.refusal(99, 10**9) and guard.held_back(10**9)
     guard.settle(VoteFloor(term=7, index=120))
-    assert not guard.may_vote(7, 500)  # it may have voted in term 7 before it lost its data
-    assert not guard.may_vote(8, 119)  # a candidate without every committed entry
-    assert guard.may_vote(8, 120)
-    assert not guard.may_campaign(119) and guard.may_campaign(120)
+    assert guard.refusal(7, 500)  # it may have voted in term 7 before it lost its data
+    assert guard.refusal(8, 119)  # a candidate without every committed entry
+    assert guard.refusal(8, 120) is None
+    assert guard.held_back(119) and guard.held_back(120) is None
     reopened = VoteGuard(tmp_path, guarded=True)  # a restart before it caught up keeps the floor
     assert not reopened.waiting and reopened.floor == VoteFloor(7, 120)
-    assert VoteGuard(tmp_path / "fresh", guarded=False).may_vote(1, 0)
+    assert VoteGuard(tmp_path / "fresh", guarded=False).refusal(1, 0) is None
 
 
 def test_an_unreadable_or_damaged_floor_stops_the_replica_with_one_line(tmp_path):

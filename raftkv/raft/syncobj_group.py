@@ -152,9 +152,10 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         if self._SyncObj__needLoadDumpFile:
             self._group.load_state()
         now = self._group.config.clock()  # read again after pysyncobj's tick: it takes time, and stamps answers
-        if (guard := self._group.config.guard) is not None and not guard.may_campaign(self._group.last_log_index):
+        guard = self._group.config.guard
+        if guard is not None and (why := guard.held_back(self._group.last_log_index)) is not None:
             if self._SyncObj__raftElectionDeadline < now and self._SyncObj__raftState != _LEADER:
-                self._group.votes.held_back(guard)
+                self._group.votes.held_back(why)
             self._SyncObj__raftElectionDeadline = now + self._group.config.tuning.election_timeout_max
         if self._group.steady.before_tick(now):  # the node engine drives the group (engine/steady.py)
             return
@@ -185,10 +186,8 @@ class _Member(SnapshotHooks, PatchedSyncObj):
         """pysyncobj's, less its replay of a membership entry: the configuration took the entry when it was
         appended, or at start-up (`SyncObjGroup.load_state`)."""
         self._group.repair.check_committed()
-        if self._SyncObj__conf.dynamicMembershipChange and membership_change(command) is not None:
-            self._SyncObj__commandsWaitingCommit.taken = None
-            return None
-        result = PatchedSyncObj._SyncObj__doApplyCommand(self, command)
+        result = None if self._SyncObj__conf.dynamicMembershipChange and membership_change(command) is not None \
+            else PatchedSyncObj._SyncObj__doApplyCommand(self, command)
         self._SyncObj__commandsWaitingCommit.taken = None  # applied: its proposals are answered next, once
         return result
 

@@ -19,7 +19,6 @@ which delivers a message twice as Raft must survive, seed 89; docs/pysyncobj.md)
 from __future__ import annotations
 
 from raftkv.raft.group import Role
-from raftkv.raft.vote_guard import VoteGuard
 from raftkv.raft.vote_refusal import ElectionLog, Voter, raft_refusal
 
 _LEADER = Role.LEADER.value
@@ -71,9 +70,9 @@ class Votes:
         last = self._member._SyncObj__raftLog[-1]
         self._log.campaigns(self._config.clock(), self._member.raftCurrentTerm, last[2], last[1], self._members())
 
-    def held_back(self, guard: VoteGuard) -> None:
-        """The election timer ran out, and the vote guard keeps this member from campaigning."""
-        self._log.held_back(self._config.clock(), self._member._SyncObj__raftLog[-1][1], guard)
+    def held_back(self, why: str) -> None:
+        """The election timer ran out, and the vote guard keeps this member from campaigning (`why`)."""
+        self._log.held_back(self._config.clock(), why)
 
     def _has_live_leader(self) -> bool:
         member = self._member

@@ -46,12 +46,8 @@ class VoteGuard:
         replace_file(self._path, json.dumps({"term": floor.term, "index": floor.index}).encode())
         self.floor, self.waiting = floor, False
 
-    def may_vote(self, term: int, last_log_index: int) -> bool:
-        """Whether a vote may be granted to a candidate asking in `term` with this last log index."""
-        return self.refusal(term, last_log_index) is None
-
     def refusal(self, term: int, last_log_index: int) -> str | None:
-        """Why a vote is not granted to that candidate; None: it may be."""
+        """Why a vote is not granted to a candidate asking in `term` with this last log index; None: it may be."""
         if self.waiting:
             return "this replica lost its data and does not know yet what the group committed"
         if self.floor is None:
@@ -63,10 +59,14 @@ class VoteGuard:
                     "committed when this replica lost its data")
         return None
 
-    def may_campaign(self, last_log_index: int) -> bool:
+    def held_back(self, last_log_index: int) -> str | None:
+        """Why this replica may not campaign with its log ending at `last_log_index`; None: it may."""
         if self.waiting:
-            return False
-        return self.floor is None or last_log_index >= self.floor.index
+            return "it lost its data and does not know yet what the group committed"
+        if self.floor is not None and last_log_index < self.floor.index:
+            return (f"it lost its data, and its log ends at {last_log_index}, before entry {self.floor.index}, "
+                    "which the group had committed by then")
+        return None
 
 
 def _read(path: Path) -> VoteFloor | None:

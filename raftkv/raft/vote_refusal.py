@@ -16,7 +16,6 @@ import logging
 from dataclasses import dataclass
 
 from raftkv.core.clock import Throttle
-from raftkv.raft.vote_guard import VoteGuard
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +67,6 @@ class ElectionLog:
             log.info("%s: campaigns in term %d with its log to %d:%d (members here: %s)", self._name,
                      term, last_term, last_index, ", ".join(sorted(members)))
 
-    def held_back(self, now: float, last_index: int, guard: VoteGuard) -> None:
+    def held_back(self, now: float, why: str) -> None:
         if self._held_back.due(now):
-            log.info("%s: does not campaign: %s", self._name,
-                     "it lost its data and does not know yet what the group committed" if guard.floor is None else
-                     f"it lost its data, and its log ends at {last_index}, before entry {guard.floor.index}, "
-                     "which the group had committed by then")
+            log.info("%s: does not campaign: %s", self._name, why)

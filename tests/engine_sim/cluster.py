@@ -441,9 +441,7 @@ def _stored_as_on_the_node_log(raft: SyncObjGroup, index: int) -> None:
 def _voters_before_changes_after(voters: set[str], journal, index: int) -> set[str]:
     """`voters` with the membership entries of `journal` after `index` undone, newest first."""
     voters = set(voters)
-    for command, entry_index, _ in reversed(journal[:]):
-        if entry_index <= index:
-            break
+    for command, _, _ in reversed(journal[max(0, index + 1 - journal[0][1]):]):
         if (change := membership_change(bytes(command))) is not None:
             kind, member = change[0], change[1].split(":")[0]
             voters.discard(member) if kind == "add" else voters.add(member)
