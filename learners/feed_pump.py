@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import tempfile
 import time
 from dataclasses import dataclass
@@ -333,7 +334,11 @@ class FeedPump:
         (what it returns is returned)."""
         snapshot = replica.pending_snapshot
         with tempfile.TemporaryDirectory(dir=replica.engine.folder, prefix="resync-") as tmp:
-            checkpoint = await asyncio.to_thread(snapshot_file.extract_db, snapshot.path, Path(tmp))
+            # The file as it is now: the next snapshot the leader sends is renamed over its path while this
+            # one is unpacked, and unpacking that one would label the newer state with this one's index.
+            pinned = Path(tmp) / snapshot.path.name
+            os.link(snapshot.path, pinned)
+            checkpoint = await asyncio.to_thread(snapshot_file.extract_db, pinned, Path(tmp))
             result = 0
             if before is not None:
                 theirs = RocksEngine(checkpoint.parent)  # opens <tmp>/db

@@ -18,6 +18,7 @@ from raftkv.core.errors import LogContradiction, Unavailable, Undeliverable
 from raftkv.core.spec import Tuning
 from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
+from raftkv.raft import snapshot_file
 from raftkv.raft.memory_group import Disk, MemoryGroup
 from raftkv.raft.memory_network import MemoryNetwork
 from raftkv.storage.engine import KeyRange, Position
@@ -54,6 +55,14 @@ class Feed:
         self.voter.propose(encode_proposal(list(commands)), lambda result, o: outcome.append(o))
         self.net.tick()
         assert outcome == [Outcome.APPLIED]
+
+    def snapshot_after(self, *commands) -> None:
+        """The learner misses `commands`; the voter compacts past them and sends it a snapshot."""
+        self.net.isolate("l1")
+        self.write(*commands)
+        self.voter.group.compact()
+        self.net.heal()
+        self.net.tick()
 
     def pump_all(self) -> None:
         self.net.tick()
@@ -179,18 +188,10 @@ def test_a_newer_snapshot_that_arrives_while_one_is_installed_is_installed_next(
     feed.pump.sink = feed.sink
     feed.write(Put(b"a", b"1"))
     feed.pump_all()
-
-    def snapshot_after(*commands) -> None:
-        feed.net.isolate("l1")
-        feed.write(*commands)
-        feed.voter.group.compact()
-        feed.net.heal()
-        feed.net.tick()
-
-    snapshot_after(Put(b"b", b"1"))
+    feed.snapshot_after(Put(b"b", b"1"))
     first = feed.learner.pending_snapshot
     assert first is not None
-    feed.sink.during_resync = lambda: snapshot_after(Put(b"c", b"1"))
+    feed.sink.during_resync = lambda: feed.snapshot_after(Put(b"c", b"1"))
     feed.pump_all()
     assert feed.learner.pending_snapshot is None and feed.sink.during_resync is None
     feed.write(Put(b"d", b"1"))
@@ -198,6 +199,27 @@ def test_a_newer_snapshot_that_arrives_while_one_is_installed_is_installed_next(
     assert feed.learner.engine.position == feed.voter.engine.position
     assert dict(feed.learner.engine.scan(KeyRange())[1]) == {b"a": b"1", b"b": b"1", b"c": b"1", b"d": b"1"}
     assert ops(feed.sink)[-1] == ("c", b"d", None, b"1")
+
+
+def test_a_snapshot_renamed_over_while_the_pump_unpacks_it_is_delivered_as_it_was(feed, monkeypatch):
+    """The next snapshot the leader sends is renamed over the stashed one's file while the pump unpacks
+    that one on a worker: read by its path, the newer state went out labelled with the older index."""
+    feed.write(Put(b"a", b"1"))
+    feed.pump_all()
+    feed.snapshot_after(Put(b"b", b"1"))
+    first = feed.learner.pending_snapshot.last.index
+    unpack = snapshot_file.extract_db
+
+    def a_newer_one_arrives_first(filename, dest):
+        monkeypatch.setattr(snapshot_file, "extract_db", unpack)
+        feed.snapshot_after(Put(b"c", b"1"))
+        return unpack(filename, dest)
+
+    monkeypatch.setattr(snapshot_file, "extract_db", a_newer_one_arrives_first)
+    feed.pump_all()
+    resyncs = sorted((e.index, e.key, e.after) for e in feed.sink.events if e.snapshot)
+    assert resyncs == [(first, b"b", b"1"), (feed.voter.engine.position.index, b"c", b"1")]
+    assert feed.learner.engine.position == feed.voter.engine.position
 
 
 def test_a_copy_its_log_no_longer_reaches_is_reported_once_for_a_resync_instead_of_failing_every_step(feed, monkeypatch):

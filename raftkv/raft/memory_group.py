@@ -12,6 +12,7 @@ machine's checkpoint. What survives `close()` is the member's `Disk`.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -255,8 +256,10 @@ class MemoryGroup:
         covered = last.index <= self._snapshot_index() or (
             last.index <= self.last_log_index and self._term_at(last.index) == last.term)
         if not covered:  # Raft's InstallSnapshot rule 6: never replace a log that holds it
-            own = self.disk.folder / snapshot.path.name
-            shutil.copyfile(snapshot.path, own)
+            # One name for every snapshot received, the next renamed over the last, as pysyncobj does
+            own = self.disk.folder / "received-snapshot"
+            shutil.copyfile(snapshot.path, f"{own}.tmp")
+            os.replace(f"{own}.tmp", own)
             installed = Snapshot(own, snapshot.position, last)
             self._sm.restore(installed)
             self._install_log_base(installed, m["voters"])
