@@ -13,6 +13,12 @@ from raftkv.storage.engine import Position, ReplicaEngine
 _KEY = b"cluster-meta"
 
 
+def stored_meta(engine: ReplicaEngine) -> ClusterMeta:
+    """The metadata as the engine holds it (an empty `ClusterMeta` in a new one)."""
+    raw = engine.meta_get(_KEY)
+    return decode_meta(raw) if raw is not None else ClusterMeta()
+
+
 class MetaStateMachine(EngineStateMachine):
     """Applies metadata commands; `on_change(meta)` hears of every new state (on the group's thread).
 
@@ -23,8 +29,7 @@ class MetaStateMachine(EngineStateMachine):
     def __init__(self, engine: ReplicaEngine, on_change: Callable[[ClusterMeta], None] | None = None):
         super().__init__("metadata", engine)
         self._on_change = on_change
-        raw = engine.meta_get(_KEY)
-        self.meta = decode_meta(raw) if raw is not None else ClusterMeta()
+        self.meta = stored_meta(engine)
 
     def apply(self, entry: Entry) -> ClusterMeta | ChangeRefused:
         if not entry.payload:  # a barrier: committing it commits everything before it
@@ -50,8 +55,7 @@ class MetaStateMachine(EngineStateMachine):
         self._reload()
 
     def _reload(self) -> None:
-        raw = self.engine.meta_get(_KEY)
-        meta = decode_meta(raw) if raw is not None else ClusterMeta()
+        meta = stored_meta(self.engine)
         if meta.epoch != self.meta.epoch:
             self.meta = meta
             if self._on_change is not None:

@@ -25,6 +25,7 @@ from raftkv.meta.bootstrap import bootstrap_command, spec_meta
 from raftkv.meta.cluster_version import ENGINE_REST_SINCE, NODE_ENGINE_SINCE, at_least
 from raftkv.meta.records import (META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command,
                                  raft_directory)
+from raftkv.meta.state_machine import stored_meta
 from raftkv.meta.wire import topology_of
 from raftkv.console.service import Console
 from raftkv.node.admin_service import AdminService
@@ -158,7 +159,7 @@ class Node:
         self.logs = self._open_logs()
         LogTurn(self.logs.log, self.hub, self.logs.fsync, self._corrupt)  # one write and fsync a turn
         await self.lost_data.look()
-        self.meta = self._open_meta(voting=self.me_id in self.topology.group_voters(META))
+        self.meta = self._open_meta()
         check_release(self.topology.cluster_version, self.me.id)  # as this node last knew it, then as it is
         if not await self._metadata_caught_up(timeout=5.0):
             await self._ask_members()
@@ -234,12 +235,24 @@ class Node:
     def _meta_folder(self):
         return self.me.meta_dir
 
-    def _open_meta(self, voting: bool) -> MetaReplica:
-        topology, loop = self.topology, self._loop
+    def _open_meta(self, voting: bool | None = None) -> MetaReplica:
+        """This node's metadata replica; `voting` None (at start): a voter if its own copy of the metadata
+        says so. The topology a node starts from (the spec's, or what it was told when it joined) does not
+        count the nodes that joined the group since: opened as learners, a cluster restarted whole had too
+        few voters to elect a metadata leader until every node's wait for it ran out (5 s), and no
+        partition served meanwhile (docs/chaos.md, the lose-last-second hour of seed 1880499211)."""
+        loop = self._loop
+        with opening(self.me):
+            engine = RocksEngine(self._meta_folder)
+        topology = self.topology
+        if voting is None:
+            stored = stored_meta(engine)
+            topology = stored if stored.epoch > topology.epoch else topology
+            voting = self.me_id in topology.group_voters(META)
         config = GroupConfig(
             partition=META,
             hub=self.hub,
-            self_address=self.topology.node(self.me_id).raft_address(META) if voting else None,
+            self_address=topology.node(self.me_id).raft_address(META) if voting else None,
             peers=tuple(topology.node(n).raft_address(META) for n in topology.group_voters(META) if n != self.me_id),
             folder=self._meta_folder,
             fsync=self.spec.durability == "fsync",
@@ -251,7 +264,7 @@ class Node:
             new_cluster=not topology.epoch,
         )
         with opening(self.me):
-            return MetaReplica(RocksEngine(config.folder), lambda sm: SyncObjGroup(config, sm, loop),
+            return MetaReplica(engine, lambda sm: SyncObjGroup(config, sm, loop),
                                on_change=lambda _meta: loop.call_soon(self._on_meta_change), voting=voting)
 
     def _on_meta_change(self) -> None:
