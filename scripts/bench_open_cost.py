@@ -36,7 +36,7 @@ def _open_all(variant: str, count: int, folder: Path) -> float:
     from raftkv.storage import rocks_memory
     from raftkv.storage.rocks_engine import RocksEngine
 
-    if variant.endswith("64 table cache shards"):
+    if variant == "node, 64 table cache shards":
         rocks_memory.TABLE_CACHE_SHARD_BITS = 6
     before, kept = _rss_kib(), []
     for i in range(count):

@@ -17,8 +17,8 @@ from raftkv.core.log_codec import encode_proposal
 from raftkv.core.errors import LogContradiction, Unavailable, Undeliverable
 from raftkv.core.spec import Tuning
 from raftkv.node.replica import PartitionReplica
-from raftkv.raft.group import Outcome, Role
 from raftkv.raft import snapshot_file
+from raftkv.raft.group import Outcome, Role
 from raftkv.raft.memory_group import Disk, MemoryGroup
 from raftkv.raft.memory_network import MemoryNetwork
 from raftkv.storage.engine import KeyRange, Position
