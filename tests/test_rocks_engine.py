@@ -405,8 +405,13 @@ def test_every_database_of_a_process_shares_one_block_cache_and_one_memtable_bud
     (alone, each would keep its 8 MiB in a memtable, 32 MiB together); reading each of them adds to the one
     block cache, index blocks included. In a process of its own: in a full run this process's cache is
     full of other tests' blocks, and the next database's evicted as much as they added."""
-    measured = subprocess.run([sys.executable, "-c", "import sys; from tests.test_rocks_engine import one_budget_measured; "
-                               "one_budget_measured(sys.argv[1])", str(tmp_path)],
+    in_a_process_of_its_own("one_budget_measured", tmp_path)
+
+
+def in_a_process_of_its_own(check: str, folder: Path) -> None:
+    """This module's function `check`(folder) in a fresh interpreter: one process, one RocksDB budget."""
+    measured = subprocess.run([sys.executable, "-c", f"import sys; from tests.test_rocks_engine import {check}; "
+                               f"{check}(sys.argv[1])", str(folder)],
                               cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert measured.returncode == 0, measured.stderr[-3000:]
 
@@ -430,6 +435,28 @@ def one_budget_measured(folder: str) -> None:
             assert all(e.get(b"%02d%06d" % (b, k)) == value for b in range(8) for k in range(0, 1024, 64))
             seen.append(rocks_memory.usage()[0])
         assert cache < seen[0] < seen[1] < seen[2] < seen[3] <= 64 << 20, seen  # one cache: each database adds
+    finally:
+        for e in engines:
+            e.close()
+
+
+def test_many_databases_holding_a_few_writes_each_stay_within_the_memtable_budget(tmp_path):
+    """A node's many partitions each hold a few writes in their memtables: the budget's smallest unit, an
+    arena block, must be small enough that together they do not pass it, or RocksDB flushes a table file of
+    a few entries on nearly every write (with 256 KiB blocks, 128 databases made 690 files of 40 writes
+    each under an 8 MiB budget; at 1,024 partitions a node flushed 300 a second under the default 64 MiB)."""
+    in_a_process_of_its_own("many_small_memtables_measured", tmp_path)
+
+
+def many_small_memtables_measured(folder: str) -> None:
+    rocks_memory.configure(block_cache_mb=64, memtables_mb=8)
+    engines = [RocksEngine(Path(folder) / f"p{i:03d}") for i in range(128)]
+    try:
+        for index in range(1, 41):
+            for e in engines:
+                e.write([Put(b"k%02d" % index, b"v" * 100)], Position(index, 1), {b"m": b"%d" % index})
+        assert rocks_memory.usage()[1] < 4 << 20, rocks_memory.usage()
+        assert not list(Path(folder).glob("*/db/*.sst"))
     finally:
         for e in engines:
             e.close()
