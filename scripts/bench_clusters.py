@@ -24,6 +24,7 @@ from typing import Iterator
 
 from raftkv.dev.local_cluster import LocalCluster
 from raftkv.dev.local_cluster import free_port_block
+from raftkv.dev.metrics_scrape import samples
 from raftkv.core.spec import NodeSpec, Tuning, build_spec, ports_per_node
 from raftkv.core.spec_toml import save_spec
 from raftkv.security.certs import init_certs, with_certificates
@@ -61,13 +62,25 @@ def raftkv_cluster(data_dir: Path, partitions: int, durability: str = "lose-last
     if tls:
         spec = with_certificates(spec, data_dir)
     cluster = LocalCluster(spec, save_spec(spec, data_dir / "cluster.toml"))
+    metrics = tuple(f"{n.host}:{n.metrics_port}" for n in spec.nodes)
     try:
         cluster.start_all()
         cluster.wait_ready(timeout=ready_timeout)
-        yield Running(tuple(cluster.endpoints), tuple(p.pid for p in cluster.procs.values()), cluster.tls,
-                      tuple(f"{n.host}:{n.metrics_port}" for n in spec.nodes))
+        if raft_engine == "auto" and not tls:  # a TLS node serves its metrics over HTTPS, to a user
+            wait_engines_on(metrics, ready_timeout)
+        yield Running(tuple(cluster.endpoints), tuple(p.pid for p in cluster.procs.values()), cluster.tls, metrics)
     finally:
         cluster.stop_all()
+
+
+def wait_engines_on(metrics: tuple[str, ...], timeout: float) -> None:
+    """"auto" hands settled groups to the node engine once the metadata says every member runs it, seconds
+    after a new cluster answers at 1,024 partitions: a load started before measures pysyncobj alone."""
+    deadline = time.monotonic() + timeout
+    while not all(any(s.name == "raftkv_engine_on" and s.value == 1 for s in samples(m)) for m in metrics):
+        if time.monotonic() > deadline:
+            sys.exit(f"the node engine was not on at every node {timeout:.0f} s after the cluster was ready")
+        time.sleep(0.2)
 
 
 # -- etcd ---------------------------------------------------------------------------

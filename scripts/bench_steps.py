@@ -48,6 +48,7 @@ STEPS = {
     "raftkv_engine_frames_total": "engine frames",
     "raftkv_engine_handovers_total": "engine hand-overs",
     "raftkv_engine_rests_total": "engine rests",
+    "raftkv_leader_changes_total": "role changes",
 }
 PUTS, ENTRIES, CPU = "raftkv_api_ops_total", "raftkv_proposals_total", "process_cpu_seconds_total"
 
