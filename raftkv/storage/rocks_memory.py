@@ -21,9 +21,9 @@ BLOCK_CACHE_MB = 64
 MEMTABLES_MB = 64
 MEMTABLE_MB = 16  # one database's memtable is flushed at this size
 # A memtable past its first 2 KiB holds one arena block at least, and the write buffer manager counts whole
-# blocks: with 256 KiB blocks, 1,024 partitions' memtables of a few entries each passed the 64 MiB budget,
-# and RocksDB flushed a table file of a few entries on nearly every write (300 a second a node). At 8 KiB a
-# database holding a few writes counts about 20 KiB, 20 MiB for 1,024.
+# blocks: with 256 KiB blocks a database of a few writes (two memtables) counted 516 KiB, 1,024 of them eight
+# times the 64 MiB budget, and RocksDB flushed a table file of a few entries on nearly every write (300 a
+# second a node). At 8 KiB such a database counts 20 KiB, 20 MiB for 1,024.
 ARENA_BLOCK_BYTES = 8 << 10
 # Each open database has its own table cache, of 2^bits shards; RocksDB's 64 cost 25 KiB a database (25 MiB a
 # node at 1,024 partitions), and a partition's database has few readers at once
