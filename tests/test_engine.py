@@ -201,10 +201,13 @@ def test_mutations_in_one_write_apply_in_order(engine):
 
 def test_a_checkpoint_installed_brings_back_its_keys_metadata_and_position_and_none_the_empty_state(
         filled, tmp_path):
-    """What a replica's snapshot and roll-back do to its engine, on either engine."""
+    """What a replica's snapshot and roll-back do to its engine, on either engine (the metadata read
+    between the steps: RocksEngine keeps it until the next change)."""
     filled.write([Put(b"a", b"old")], Position(2, 1), {b"learner": b"x"})
+    assert filled.meta_items() == [(b"learner", b"x")]
     assert filled.checkpoint(tmp_path / "checkpoint") == Position(2, 1)
     filled.write([Put(b"a", b"new"), Put(b"later", b"1")], Position(3, 2), {b"learner": None})
+    assert filled.meta_items() == []
 
     assert filled.install(tmp_path / "checkpoint") == filled.position == Position(2, 1)
     assert (filled.get(b"a"), filled.get(b"later"), filled.meta_items()) == (b"old", None, [(b"learner", b"x")])

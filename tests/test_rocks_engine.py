@@ -309,7 +309,11 @@ def test_rocks_checkpoint_and_close_on_a_full_disk_are_a_clear_error_and_lose_no
 def test_rocks_reads_of_a_closed_engine_say_it_is_closed(tmp_path):
     """A scan too: one that came in as the node stopped on a corrupt file was a grpc traceback (CI)."""
     e = RocksEngine(tmp_path / "p")
+    e.write([], Position(1, 1), {b"learner": b"x"})
+    assert e.meta_items() == [(b"learner", b"x")]  # kept until the next change: the close is one
     e.close()
+    with pytest.raises(Unavailable, match="is closed"):
+        e.meta_items()
     with pytest.raises(Unavailable, match="is closed"):
         e.get(b"a")
     with pytest.raises(Unavailable, match="is closed"):
