@@ -80,10 +80,9 @@ def _views_at_one_index(spec: ClusterSpec, partition: int, voters: Callable[[], 
                         each_round: Callable[[], None], deadline: float) -> list[ReplicaView] | str:
     """The replicas' views once they answer at one applied index; else, at the deadline, what each
     said last."""
-    last: dict[str, str] = {}
+    last: dict[str, str] = {}  # each replica of the last look: what it answered
     tls = client_tls(spec)
-    replicas = voters()
-    while time.monotonic() < deadline:
+    while True:  # one look at least, though an earlier partition spent the deadline
         each_round()
         replicas = voters()
         views = []
@@ -98,8 +97,27 @@ def _views_at_one_index(spec: ClusterSpec, partition: int, voters: Callable[[], 
                 last[n] = f"{n}: {e.code().name} {e.details()}"
         if len(views) == len(replicas) and len({v.applied_index for v in views}) == 1:
             return views
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.2 if len(views) < len(replicas) else 0.1)
-    return ", ".join(last.get(n, f"{n}: not asked") for n in replicas)
+    return ", ".join(last[n] + _raft_state(spec, n, partition, tls) for n in replicas)
+
+
+def _raft_state(spec: ClusterSpec, node_id: str, partition: int, tls: Tls | None) -> str:
+    """How the node's replica of `partition` stands in its Raft group, for the report of one that did not
+    converge: " (follower of n3 in term 5, log to 690, commit 614)", or "" if the node does not say."""
+    if node_id not in spec.node_ids:
+        return ""
+    try:
+        with open_blocking_channel(spec.node(node_id).api_address, tls) as channel:
+            reply = kv_pb2_grpc.KVStub(channel).Status(pb.StatusRequest(), timeout=2.0)
+    except grpc.RpcError:
+        return ""
+    status = next((s for s in reply.hosted if s.partition == partition), None)
+    if status is None:
+        return " (hosts no replica of it)"
+    role = f"follower of {status.leader or 'no leader'}" if status.role == "follower" else status.role
+    return f" ({role} in term {status.term}, log to {status.last_log_index}, commit {status.commit_index})"
 
 
 def _difference(a: ReplicaView, b: ReplicaView) -> str:
