@@ -326,9 +326,10 @@ def test_commit_index_never_decreases(make_follower: Callable[..., Follower]) ->
 
 @pytest.mark.parametrize('prev_idx, prev_term, expected_reply', [
     pytest.param(20, 1, {'next_node_idx': 12, 'reset': True, 'success': False}, id='prev-beyond-log'),
-    pytest.param(9, 7, {'next_node_idx': 9, 'reset': True, 'success': False}, id='prev-term-mismatch'),
+    pytest.param(9, 7, {'next_node_idx': 9, 'reset': True, 'success': False, 'conflict_term': 1, 'conflict_index': 2},
+                 id='prev-term-mismatch'),
 ])
-def test_prev_log_checks_reply_like_upstream(
+def test_prev_log_checks_reply_like_upstream_and_a_mismatch_names_its_term_and_where_it_begins(
         make_follower: Callable[..., Follower], prev_idx: int, prev_term: int,
         expected_reply: Dict[str, Any]) -> None:
     f = filled_follower(make_follower, PatchedSyncObj, last=11, commit=5)

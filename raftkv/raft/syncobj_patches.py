@@ -55,6 +55,12 @@ past it) is not installed at all (Raft's InstallSnapshot rule 6): upstream
 would clear the journal, dropping committed entries. All other messages go
 to the original handler unchanged.
 
+A follower whose log holds another term at ``prevLogIdx`` answers upstream's
+``next_node_idx`` (one entry back) with the term it holds there and the first
+index it holds it at; a leader running this class resumes past the whole term
+at once (Raft section 5.3) instead of one entry per heartbeat. Upstream's
+leader ignores the extra keys, so releases mix.
+
 The ``transmission`` path (one entry larger than ``appendEntriesBatchSizeBytes``
 sent in chunks) ends in the same branch. Its ``start``/``process`` chunks only
 buffer data and are delegated to upstream; the ``finish`` chunk is reassembled
@@ -71,6 +77,7 @@ check forces that review) rather than re-diffing a fork.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -117,6 +124,9 @@ class PatchedSyncObj(pysyncobj.SyncObj):
             # still names it, or arrives late): upstream reads its match index and raises KeyError,
             # and the transport drops the connection every group shares. Found by tests/engine_sim.
             return
+        if (message['type'] == 'next_node_idx' and 'conflict_term' in message
+                and self._SyncObj__raftState == _upstream._RAFT_STATE.LEADER):
+            message = {**message, 'next_node_idx': self._resumeAfterConflict(message)}
         if (message['type'] == 'append_entries'
                 and message['term'] >= self._SyncObj__raftCurrentTerm
                 and message.get('transmission') in (None, 'finish')):
@@ -160,8 +170,7 @@ class PatchedSyncObj(pysyncobj.SyncObj):
             self._SyncObj__sendNextNodeIdx(node, success=False, reset=True)
             return
         if prevEntries[0][2] != message['prevLogTerm']:
-            self._SyncObj__sendNextNodeIdx(
-                node, nextNodeIdx=prevLogIdx, success=False, reset=True)
+            self._sendMismatch(node, prevLogIdx, prevEntries[0][2])
             return
 
         existing: List[LogEntry] = self._SyncObj__getEntries(prevLogIdx + 1, len(entries))
@@ -192,6 +201,34 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=lastVerifiedIdx + 1, success=True)
 
         self._patchedAdvanceCommitIndex(min(leaderCommitIndex, lastVerifiedIdx))
+
+    def _sendMismatch(self, node: Node, prevLogIdx: int, term: int) -> None:
+        """The answer to an append whose previous entry this log holds with another term, `term`:
+        upstream's (resume one entry back, which a leader of pysyncobj's reads), and the first index
+        this log holds `term` at, which ours reads to go back past the whole term at once."""
+        log = self._SyncObj__raftLog
+        base = log[0][1]
+        first = base + bisect.bisect_left(log, term, 1, prevLogIdx - base, key=_term)
+        self._SyncObj__transport.send(node, {
+            'type': 'next_node_idx', 'next_node_idx': prevLogIdx, 'reset': True, 'success': False,
+            'conflict_term': term, 'conflict_index': first,
+        })
+
+    def _resumeAfterConflict(self, message: Message) -> int:
+        """Where a leader resumes a follower whose log holds `conflict_term` at the index it answered
+        (`next_node_idx`), from `conflict_index` on: after this log's last entry of that term, or, if
+        it has none, where the follower's entries of it begin (Raft, section 5.3). Upstream goes back
+        one entry a heartbeat: a follower that kept a second of writes the rest of the cluster lost in a
+        power cut took 20 s to resume at 200 entries. Never forward of the follower's own answer, nor
+        below this log's first entry but where that answer already is."""
+        back, term, first = message['next_node_idx'], message['conflict_term'], message['conflict_index']
+        log = self._SyncObj__raftLog
+        base = log[0][1]
+        if not (type(back) is int and type(term) is int and type(first) is int) or back <= base + 1:
+            return back
+        at_most = bisect.bisect_right(log, term, 0, min(back - base, len(log)), key=_term) - 1
+        resume = base + at_most + 1 if at_most >= 0 and log[at_most][2] == term else first
+        return min(back, max(resume, base + 1))
 
     def _mayReplaceCommitted(self, idx: int) -> bool:
         """Whether a leader may replace this log's committed entries from ``idx`` on. Never in Raft;
@@ -304,6 +341,10 @@ def _discard(aside: str | None) -> None:
     if aside is not None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(aside)
+
+
+def _term(entry: LogEntry) -> int:
+    return entry[2]
 
 
 def _firstMismatch(existing: Sequence[LogEntry], incoming: Sequence[LogEntry]) -> int:
