@@ -339,6 +339,59 @@ def test_prev_log_checks_reply_like_upstream_and_a_mismatch_names_its_term_and_w
     assert f.log == log_before
 
 
+class Contradicted(PatchedSyncObj):
+    """Records what the follower found contradicts its snapshot instead of answering."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.contradictions: List[str] = []
+        super().__init__(*args, **kwargs)
+
+    def _snapshotContradicted(self, node: Any, detail: str) -> None:
+        self.contradictions.append(detail)
+
+
+def compacted_follower(make_follower: Callable[..., Follower]) -> Follower:
+    """Entries 2..11 of term 1, committed and applied, its log compacted to begin at entry 6."""
+    f = filled_follower(make_follower, Contradicted, last=11, commit=11)
+    f.obj._SyncObj__deleteEntriesTo(6)
+    assert f.log[0][1] == 6
+    return f
+
+
+def test_an_append_below_the_snapshot_is_asked_again_from_the_snapshot_not_the_log_end(
+        make_follower: Callable[..., Follower]) -> None:
+    """Upstream answers with its log end (12); a leader whose log contradicts entry 6 walks back below it
+    again, and the two pass nextIndex back and forth for ever (CI, stop 44)."""
+    f = compacted_follower(make_follower)
+    assert f.deliver(3, 1, entries(4, 11, 1), term=1, commit=11) == {
+        'type': 'next_node_idx', 'next_node_idx': 7, 'reset': True, 'success': False}
+    assert f.deliver(6, 1, entries(7, 11, 1), term=1, commit=11)['success']
+    assert f.obj.contradictions == []
+
+
+def test_a_leader_holding_the_snapshots_entry_in_another_term_contradicts_it(
+        make_follower: Callable[..., Follower]) -> None:
+    f = compacted_follower(make_follower)
+    f.deliver_raw(f.leader, {'type': 'append_entries', 'term': 2, 'commit_index': 8, 'entries': entries(7, 8, 2),
+                             'prevLogIdx': 6, 'prevLogTerm': 2})
+    assert f.obj.contradictions == ['the leader holds entry 6 in term 2, and this log begins at it in term 1']
+
+
+def test_a_leader_whose_log_ends_before_the_snapshot_contradicts_it_once_asked_from_there(
+        make_follower: Callable[..., Follower]) -> None:
+    """An append without entries is sent from past the leader's end; the first may be a heartbeat from
+    before this log began where it does, so the follower asks once from its first entry."""
+    f = compacted_follower(make_follower)
+    heartbeat = {'type': 'append_entries', 'term': 2, 'commit_index': 4, 'entries': [], 'prevLogIdx': 4,
+                 'prevLogTerm': 2}
+    f.deliver_raw(f.leader, heartbeat)
+    assert f.last_reply()['next_node_idx'] == 7 and f.obj.contradictions == []
+    f.deliver_raw(f.other, dict(heartbeat, term=3))  # another leader, in a later term: asked afresh
+    assert f.last_reply()['next_node_idx'] == 7 and f.obj.contradictions == []
+    f.deliver_raw(f.other, dict(heartbeat, term=3))
+    assert f.obj.contradictions == ["the leader's log ends at 4, before entry 6, which this log begins at"]
+
+
 def test_membership_change_rolled_back_only_when_truncated(
         make_follower: Callable[..., Follower]) -> None:
     f = make_follower(PatchedSyncObj, dynamicMembershipChange=True)

@@ -92,6 +92,12 @@ class LogContradiction(CorruptData):
         super().__init__(message)
 
 
+class SnapshotContradiction(LogContradiction):
+    """A replica's snapshot holds committed entries its leader's log replaced: a power cut of the whole
+    cluster in lose-last-second mode took them from the others (docs/durability.md). The replica cannot
+    roll back below its snapshot; a node deletes its data and it catches up from its peers."""
+
+
 class StorageFull(RaftKVError):
     """The disk holding a node's data is full; nothing was acknowledged."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from raftkv.core import metrics
-from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
+from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, SnapshotContradiction, Unavailable
 from raftkv.core.spec import ClusterSpec, NodeSpec
 from raftkv.meta.records import ClusterMeta, NodeState
 from raftkv.node.backup_seed import BackupCatalog, seed_from_backup
@@ -113,18 +113,36 @@ class HostedReplicas:
             self.learning.pop(p).close()
             self._delete(p)
 
-    def reseed(self, p: int) -> bool:
+    def reseed(self, p: int, why: str | None = None) -> bool:
         """Drop the learner of a move here and its data; `reconcile` then copies a checkpoint afresh.
         Asked by the mover when the learner made no progress while its leader went on."""
         replica = self.learning.pop(p, None)
         if replica is None:
             return False
-        log.warning("partition %d: the learner here made no progress while its leader went on; "
-                    "starting it again from a voter's checkpoint", p)
+        log.warning("%s; starting it again from a voter's checkpoint",
+                    why or f"partition {p}: the learner here made no progress while its leader went on")
         replica.close()
         self._delete(p)
         self._copy_tried.discard(p)
         self._on_change()
+        return True
+
+    def start_over(self, error: SnapshotContradiction) -> bool:
+        """The voter of `error.partition` here holds entries a power cut of the whole cluster took from the
+        others, in its snapshot (lose-last-second mode): it cannot roll back below them, so its data is
+        deleted and it opens empty, guarded as a wiped replica is (`LostData`), to catch up from its peers.
+        The learner of a move here is copied afresh (`reseed`). False: neither here (the metadata's own group)."""
+        p = error.partition
+        if p in self.learning:
+            return self.reseed(p, str(error))
+        frontend = self.frontends.pop(p, None)
+        if frontend is None:
+            return False
+        log.warning("%s; this replica's data is deleted and it catches up from its peers", error)
+        frontend.close()
+        self.lost_data.forget(p)
+        self._delete(p)
+        self.frontends[p] = self._frontend(self._open(p, voter=True))
         return True
 
     def _folder(self, p: int) -> Path:

@@ -18,7 +18,7 @@ import grpc
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.core import metrics
-from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
+from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, SnapshotContradiction, Unavailable
 from raftkv.core.spec import ClusterSpec
 from raftkv.core.spec_toml import spec_to_toml
 from raftkv.meta.bootstrap import bootstrap_command, spec_meta
@@ -311,8 +311,17 @@ class Node:
             replica.group.name_members(addresses(replica.partition))
 
     def _corrupt(self, error: CorruptData) -> None:
-        """From any thread: a replica's files cannot be trusted (a damaged block, a contradicting log)."""
-        self._loop.call_soon_threadsafe(self._fail, error)
+        """From any thread: a replica's files cannot be trusted (a damaged block, a contradicting log), or a
+        partition's replica holds entries a power cut of the whole cluster lost (it starts over)."""
+        self._loop.call_soon_threadsafe(self._on_corrupt, error)
+
+    def _on_corrupt(self, error: CorruptData) -> None:
+        if isinstance(error, SnapshotContradiction):
+            if self.replicas.start_over(error):
+                return
+            error = CorruptData(f"{error}; the metadata replica cannot start over while the node runs: stop the "
+                                f"node, move {self._meta_folder} away and restart it so it re-syncs from its peers")
+        self._fail(error)
 
     def _fail(self, error: Exception) -> None:
         """Stop serving: a replica ran into corrupt data, and nothing it holds can be trusted now."""

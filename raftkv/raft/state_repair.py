@@ -5,7 +5,8 @@ writes dirty pages back in any order, across files too, so the database may keep
 lost; and if the cut took the whole cluster, entries every member acknowledged may be gone from every
 log (within the bound docs/durability.md gives), and a new leader's entries take their indices. The
 state is then rolled back to the snapshot and the log applied again; but a learner's copy, which its
-sink already has, re-syncs instead (learners/partition_heal.py). Anything else that contradicts the
+sink already has, re-syncs instead (learners/partition_heal.py), and a replica whose snapshot holds the
+lost entries, which it cannot roll back below, starts over from its peers. Anything else that contradicts the
 state (fsync mode: an acknowledged entry lost) stops the replica: its state cannot be trusted.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from raftkv.core.errors import LogContradiction
+from raftkv.core.errors import LogContradiction, SnapshotContradiction
 from raftkv.raft.group import Snapshot, StateMachine, contradicts
 from raftkv.raft.syncobj_snapshots import SnapshotFiles
 
@@ -62,7 +63,7 @@ class StateRepair:
         cluster lost them in a power cut (Raft never replaces a committed entry a member still has; in
         fsync mode `PatchedSyncObj` refuses): commit index and last applied go back below them, and if
         the state applied some of them it goes back to the snapshot, from which the log is applied again.
-        Where the snapshot covers them too, `check_committed` stops the replica."""
+        Where the snapshot covers them too, the replica starts over from its peers (`snapshot_contradicted`)."""
         if self._fsync:
             return  # an acknowledged entry lost: `check_committed` stops the replica
         member, position = self._member, self._sm.position
@@ -80,8 +81,9 @@ class StateRepair:
         if position.index >= first and position.term:
             snapshot = self._snapshots.current()
             restart = snapshot.last.index if snapshot else 1  # 1: pysyncobj's first no-op, never applied
-            if restart >= first or restart < member._SyncObj__raftLog[0][1]:
-                return  # the entries to apply again are gone from this log
+            if restart >= first or restart < member._SyncObj__raftLog[0][1]:  # the entries to apply again are gone
+                self.snapshot_contradicted(f"the leader replaces entries from {first} on, and this replica's state "
+                                           f"(at {position.index}) cannot go back below them")
             self._sm.roll_back(snapshot)
             rolled_back = f"; rolled back to {_named(snapshot)} and applied from the log again"
         else:
@@ -91,6 +93,20 @@ class StateRepair:
                     self._partition, first, max(last_applied, commit, position.index), rolled_back)
         member._SyncObj__raftLastApplied = min(last_applied, restart)
         member._SyncObj__raftCommitIndex = min(commit, first - 1)
+
+    def snapshot_contradicted(self, detail: str) -> None:
+        """The leader's log contradicts entries this replica's snapshot holds (`PatchedSyncObj`), or that
+        its state applied and cannot roll back below: raised, and the group stops. In lose-last-second
+        mode a power cut of the whole cluster took them from the others (within the bound), and the
+        replica starts over from its peers (a voter: `HostedReplicas.start_over`; a learner re-syncs);
+        in fsync mode an acknowledged entry was lost, and the node stops."""
+        if self._fsync:
+            raise LogContradiction(self._partition, f"partition {self._partition}: {detail}: an entry this replica "
+                                   f"committed is gone from the leader's log, which fsync mode never allows; stop "
+                                   f"the node, move {self._folder} away and restart it so the partition re-syncs")
+        raise SnapshotContradiction(self._partition, f"partition {self._partition}: {detail}: a power cut of the "
+                                    "whole cluster lost entries this replica had committed, within lose-last-second "
+                                    "mode's bound (docs/durability.md)")
 
     def check_committed(self) -> None:
         """Before pysyncobj applies its next committed entry (no-ops and membership changes too): one the

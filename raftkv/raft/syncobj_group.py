@@ -200,6 +200,9 @@ class _Member(SnapshotHooks, PatchedSyncObj):
     def _mayReplaceCommitted(self, idx: int) -> bool:
         return not self._group.config.fsync
 
+    def _snapshotContradicted(self, node, detail: str) -> None:
+        self._group.repair.snapshot_contradicted(detail)
+
     def _SyncObj__deleteEntriesFrom(self, fromIDx: int) -> None:
         self._group.repair.before_truncation(fromIDx)
         PatchedSyncObj._SyncObj__deleteEntriesFrom(self, fromIDx)

@@ -55,6 +55,16 @@ past it) is not installed at all (Raft's InstallSnapshot rule 6): upstream
 would clear the journal, dropping committed entries. All other messages go
 to the original handler unchanged.
 
+A follower asked about an entry below its log's first one (its snapshot)
+answers by asking from that first entry on, not with its log end: a leader
+whose log holds that entry in another term, or ends before it (an append with
+no entries: sent from past the leader's end), then proves that a loss of
+committed entries (lose-last-second mode, a power cut of every member) left
+this replica's snapshot with entries no leader will send again, and
+``_snapshotContradicted`` says so (upstream's leader and follower passed
+``nextIndex`` back and forth for ever). A leader of ours never resumes a
+follower past its own log's end.
+
 A follower whose log holds another term at ``prevLogIdx`` answers upstream's
 ``next_node_idx`` (one entry back) with the term it holds there and the first
 index it holds it at; a leader running this class resumes past the whole term
@@ -114,9 +124,13 @@ _originalOnMessageReceived = pysyncobj.SyncObj._SyncObj__onMessageReceived
 class PatchedSyncObj(pysyncobj.SyncObj):
     """``pysyncobj.SyncObj`` with Raft-correct follower AppendEntries handling.
 
-    Subclass it exactly like ``SyncObj``. Do not set instance attributes here:
-    pysyncobj snapshots every attribute created after its ``__init__``.
+    Subclass it exactly like ``SyncObj``. Do not set instance attributes after
+    ``__init__``: pysyncobj snapshots every attribute created after its own.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._askedFromBase: Tuple[Node, int] | None = None  # the leader and term last asked to resume at our base
+        super().__init__(*args, **kwargs)
 
     def _patchedOnMessageReceived(self, node: Node, message: Message) -> None:
         if message['type'] == 'next_node_idx' and node not in self._SyncObj__raftMatchIndex:
@@ -124,9 +138,9 @@ class PatchedSyncObj(pysyncobj.SyncObj):
             # still names it, or arrives late): upstream reads its match index and raises KeyError,
             # and the transport drops the connection every group shares. Found by tests/engine_sim.
             return
-        if (message['type'] == 'next_node_idx' and 'conflict_term' in message
+        if (message['type'] == 'next_node_idx' and message.get('reset') is True
                 and self._SyncObj__raftState == _upstream._RAFT_STATE.LEADER):
-            message = {**message, 'next_node_idx': self._resumeAfterConflict(message)}
+            message = {**message, 'next_node_idx': self._resumeAt(message)}
         if (message['type'] == 'append_entries'
                 and message['term'] >= self._SyncObj__raftCurrentTerm
                 and message.get('transmission') in (None, 'finish')):
@@ -165,12 +179,30 @@ class PatchedSyncObj(pysyncobj.SyncObj):
             self._SyncObj__recvTransmission = ''
 
         prevLogIdx = message['prevLogIdx']
+        base: LogEntry = self._SyncObj__raftLog[0]
+        if prevLogIdx is not None and prevLogIdx < base[1]:
+            asked = (node, message['term'])
+            if not entries and self._askedFromBase == asked:
+                # Sent from past the leader's last entry, once it was asked to resume at our base (an
+                # earlier heartbeat may predate an install): its log ends at prevLogIdx.
+                self._snapshotContradicted(node, f'the leader\'s log ends at {prevLogIdx}, before entry {base[1]}, '
+                                                 'which this log begins at')
+                return
+            # Upstream answers with its log end, and a leader whose log contradicts this one's base then
+            # walks back below it again: for ever. Asked from the base on, the leader shows which.
+            self._askedFromBase = asked
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=base[1] + 1, success=False, reset=True)
+            return
         prevEntries = self._SyncObj__getEntries(prevLogIdx, 1)
         if not prevEntries:
             self._SyncObj__sendNextNodeIdx(node, success=False, reset=True)
             return
         if prevEntries[0][2] != message['prevLogTerm']:
-            self._sendMismatch(node, prevLogIdx, prevEntries[0][2])
+            if prevLogIdx == base[1]:
+                self._snapshotContradicted(node, f'the leader holds entry {base[1]} in term {message["prevLogTerm"]}, '
+                                                 f'and this log begins at it in term {base[2]}')
+            else:
+                self._sendMismatch(node, prevLogIdx, prevEntries[0][2])
             return
 
         existing: List[LogEntry] = self._SyncObj__getEntries(prevLogIdx + 1, len(entries))
@@ -202,6 +234,14 @@ class PatchedSyncObj(pysyncobj.SyncObj):
 
         self._patchedAdvanceCommitIndex(min(leaderCommitIndex, lastVerifiedIdx))
 
+    def _snapshotContradicted(self, node: Node, detail: str) -> None:
+        """The leader's log contradicts the entry this log begins at, one this replica committed and
+        compacted into its snapshot: only a loss of committed entries (every member cut from power, no fsync
+        before an acknowledgement) leaves logs so, and no entry the leader can send repairs it. Logged, and
+        answered as upstream would; a subclass that can start the replica over does so."""
+        logger.critical('the log of %s contradicts this snapshot: %s', node, detail)
+        self._SyncObj__sendNextNodeIdx(node, success=False, reset=True)
+
     def _sendMismatch(self, node: Node, prevLogIdx: int, term: int) -> None:
         """The answer to an append whose previous entry this log holds with another term, `term`:
         upstream's (resume one entry back, which a leader of pysyncobj's reads), and the first index
@@ -214,17 +254,22 @@ class PatchedSyncObj(pysyncobj.SyncObj):
             'conflict_term': term, 'conflict_index': first,
         })
 
-    def _resumeAfterConflict(self, message: Message) -> int:
-        """Where a leader resumes a follower whose log holds `conflict_term` at the index it answered
-        (`next_node_idx`), from `conflict_index` on: after this log's last entry of that term, or, if
-        it has none, where the follower's entries of it begin (Raft, section 5.3). Upstream goes back
-        one entry a heartbeat: a follower that kept a second of writes the rest of the cluster lost in a
-        power cut took 20 s to resume at 200 entries. Never forward of the follower's own answer, nor
-        below this log's first entry but where that answer already is."""
-        back, term, first = message['next_node_idx'], message['conflict_term'], message['conflict_index']
+    def _resumeAt(self, message: Message) -> int:
+        """Where a leader resumes a follower that answered an append with `next_node_idx` and `reset`:
+        there, but never past this log's end (a follower whose log begins after it asks from its first
+        entry: sent from past the end, the append would carry no previous entry), and for one whose log
+        holds `conflict_term` at that index, from `conflict_index` on: after this log's last entry of
+        that term, or, if it has none, where the follower's entries of it begin (Raft, section 5.3).
+        Upstream goes back one entry a heartbeat: a follower that kept a second of writes the rest of
+        the cluster lost in a power cut took 20 s to resume at 200 entries. Never below this log's first
+        entry but where the follower's own answer already is."""
+        back, term, first = message['next_node_idx'], message.get('conflict_term'), message.get('conflict_index')
         log = self._SyncObj__raftLog
         base = log[0][1]
-        if not (type(back) is int and type(term) is int and type(first) is int) or back <= base + 1:
+        if type(back) is not int:
+            return back
+        back = min(back, log[-1][1] + 1)
+        if not (type(term) is int and type(first) is int) or back <= base + 1:
             return back
         at_most = bisect.bisect_right(log, term, 0, min(back - base, len(log)), key=_term) - 1
         resume = base + at_most + 1 if at_most >= 0 and log[at_most][2] == term else first
