@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from raftkv.chaos.faults import FAILING_DISK_SAYS, FaultInjector
 from raftkv.chaos.timeline import FaultRecord, Timeline
+from raftkv.dev.local_cluster import free_port_block
 
 
 class _Disk:
@@ -58,3 +59,39 @@ def test_a_node_whose_spec_copy_cannot_be_read_on_a_failing_disk_said_so_in_one_
     injector._stopped_with_one_line("n8", record, FAILING_DISK_SAYS, "a failing disk")
     assert record.problems == [] and record.notes == ["n8 stopped: error: /data/n8/cluster.toml: cannot read: "
                                                       "Input/output error"]
+
+
+class _OneCrashed:
+    """A cluster stand-in: n3 exited by itself once; no member answers (nothing listens on `port`)."""
+
+    members = ["n1", "n2", "n3"]
+
+    def __init__(self, log: Path, port: int):
+        self.endpoints = [f"127.0.0.1:{port}"]
+        self.started: list[str] = []
+        self._log = log
+        self._exited = {"n3": 1}
+
+    def log_path(self, node_id: str) -> Path:
+        return self._log
+
+    def exited(self) -> dict[str, int]:
+        exited, self._exited = self._exited, {}
+        return exited
+
+    def start(self, node_id: str, env=None) -> None:
+        self.started.append(node_id)
+
+
+def test_a_node_that_stops_while_a_change_of_shape_is_waited_on_is_started_again(tmp_path: Path):
+    """The fsync sweep's seed 504: a node a corrupt fault had left on damaged files stopped on them during a
+    `replace`. Nothing started it again while the replace's heal waited (165 s): it was marked dead, and the
+    two live nodes could not take the replaced node's replicas ("not re-created elsewhere within 140s")."""
+    log = tmp_path / "node.log"
+    log.write_text("")
+    cluster = _OneCrashed(log, free_port_block(1))
+    injector = FaultInjector(cluster, Timeline())
+    record = FaultRecord("membership", "replace", ("n1",), start=time.monotonic())
+    assert not injector._meta_says(lambda meta: True, 1.0, record)
+    assert cluster.started == ["n3"]
+    assert record.problems == [f"n3 exited with code 1 during membership:replace; see {log}"]

@@ -96,7 +96,7 @@ class MembershipFaults:
             return True
         # One change of shape at a time: a second node gone before the first's replicas are back may take a
         # majority. The moves a join sets off (the rebalancer's) end first, up to MOVE_TIMEOUT.
-        self._meta_says(lambda meta: not meta.moves, MOVE_TIMEOUT)
+        self._meta_says(lambda meta: not meta.moves, MOVE_TIMEOUT, record)
         meta = kv.topology().meta
         if meta.moves or any(n.state == NodeState.DEAD and meta.holds_anything(n.id) for n in meta.nodes):
             record.notes.append(f"no {variant}: a move or a dead node's replicas are not done")
@@ -153,9 +153,11 @@ class MembershipFaults:
         self._moves_done(record)
 
     def _left(self, node_id: str, record: FaultRecord) -> None:
-        """Until the decommissioned node is removed and its process has exited by itself."""
+        """Until the decommissioned node is removed and its process has exited by itself (leaving till then:
+        its exit is no crash)."""
+        removed = self._meta_says(lambda meta: meta.node(node_id).state == NodeState.REMOVED, DRAIN_TIMEOUT, record)
         del self.leaving[node_id]
-        if not self._meta_says(lambda meta: meta.node(node_id).state == NodeState.REMOVED, DRAIN_TIMEOUT):
+        if not removed:
             record.problems.append(f"{node_id} was not removed within {DRAIN_TIMEOUT:.0f}s of its decommission")
             return
         proc = self.cluster.procs[node_id]
@@ -186,13 +188,15 @@ class MembershipFaults:
         if (spares := self.cluster.unused_spares()) and not any(r is record for r in self.joining.values()):
             self._join(spares[0], record)
         if not self._meta_says(lambda meta: meta.node(node_id).state == NodeState.DEAD
-                               and not meta.holds_anything(node_id), DRAIN_TIMEOUT + self.spec.tuning.dead_after):
+                               and not meta.holds_anything(node_id), DRAIN_TIMEOUT + self.spec.tuning.dead_after,
+                               record):
             record.problems.append(f"{node_id}'s replicas were not re-created elsewhere within "
                                    f"{DRAIN_TIMEOUT + self.spec.tuning.dead_after:.0f}s of its death")
 
-    def _meta_says(self, holds, timeout: float) -> bool:
+    def _meta_says(self, holds, timeout: float, record: FaultRecord) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            self._tend(record)
             try:
                 with Client(self.cluster.endpoints, timeout=5.0) as kv:
                     if holds(kv.topology().meta):
@@ -202,11 +206,21 @@ class MembershipFaults:
             time.sleep(0.5)
         return False
 
+    def _tend(self, record: FaultRecord) -> None:
+        """While a change of shape is waited on (minutes, at most): a node that stopped meanwhile starts
+        again, as after every heal. A node an earlier corrupt fault left on damaged files stopped on them
+        during a replace (fsync sweep, seed 504); down until the replace's heal ended, 165 s, it was marked
+        dead, and two live nodes could not take the replaced node's replicas."""
+        for node_id, code in self.restart_crashed().items():
+            record.problems.append(f"{node_id} exited with code {code} during {record.name}; "
+                                   f"see {self.cluster.log_path(node_id)}")
+
     def _moves_done(self, record: FaultRecord, move: tuple[int, str, str] | None = None) -> bool:
         """Until no move is under way, or this one (partition, source, target) is not (a move that never
         ends is a problem)."""
         deadline = time.monotonic() + MOVE_TIMEOUT
         while time.monotonic() < deadline:
+            self._tend(record)
             try:
                 with Client(self.cluster.endpoints, timeout=5.0) as kv:
                     moves = kv.topology().meta.moves
