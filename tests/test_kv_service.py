@@ -11,9 +11,11 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
-from raftkv.core.commands import Command, Put
+from raftkv.core.commands import Command, Put, RegisterLearner
 from raftkv.core.errors import NotLeader
+from raftkv.core.learner_registry import learner_names, register_updates
 from raftkv.core.partitioning import partition_for_key
+from raftkv.core.release import VERSION
 from raftkv.core.spec import build_spec, ports_per_node
 from raftkv.core.state_machine import apply_proposal
 from raftkv.dev.local_cluster import free_port_block
@@ -102,6 +104,12 @@ class TwinReads:
                             v.engine.position.index, (), ("n1",))
                 for p, v in sorted(self._voters.items())]
 
+    def leaderships(self) -> list[tuple[int, int]]:
+        return [(p, TERM) for p, v in sorted(self._voters.items()) if v.is_leader]
+
+    def learner_names(self) -> set[str]:
+        return set().union(*(learner_names(v.engine.meta_items()) for v in self._voters.values()))
+
 
 async def serving(tmp_path, scenario) -> None:
     """`scenario(stub, voters)` against node n1 of a 3-node, 3-partition cluster that holds a leader of
@@ -182,5 +190,17 @@ def test_status_tells_where_each_voter_here_stands_and_the_placement(tmp_path):
         assert [(h.partition, h.role, h.leader, h.applied_index, list(h.replicas)) for h in status.hosted] == [
             (0, "leader", "n1", 1, list(topology.placement[0])), (1, "follower", "n2", 0, list(topology.placement[1]))]
         assert status.node_id == "n1" and [n.id for n in status.nodes] == ["n1", "n2", "n3"]
+
+    asyncio.run(serving(tmp_path, scenario))
+
+
+def test_a_brief_status_names_the_partitions_led_here_and_every_learner_registered_here(tmp_path):
+    async def scenario(stub, voters, _topology):
+        voters[1].engine.write([], Position(5, TERM), register_updates(RegisterLearner("feed", "kafka")))
+        brief = await stub.Status(pb.StatusRequest(brief=True), timeout=10)
+        assert [(h.partition, h.role, h.term) for h in brief.hosted] == [(0, "leader", TERM)]
+        assert list(brief.learners) == ["feed"] and brief.version == VERSION and brief.node_id == "n1"
+        full = await stub.Status(pb.StatusRequest(), timeout=10)
+        assert [h.partition for h in full.hosted] == [0, 1] and not full.learners
 
     asyncio.run(serving(tmp_path, scenario))

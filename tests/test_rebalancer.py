@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Callable
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -105,6 +106,7 @@ class _StatusOf:
         self._reply = reply
 
     async def Status(self, request: pb.StatusRequest, timeout: float) -> pb.StatusResponse:
+        assert request.brief, "the poll asks for the brief answer"
         return self._reply
 
 
@@ -119,23 +121,31 @@ class _NodesOfReleases:
         return _StatusOf(self.replies[node_id])
 
 
-def _status(version: str, learners: tuple[str, ...]) -> pb.StatusResponse:
-    return pb.StatusResponse(version=version, hosted=[pb.PartitionStatus(
+def _status(version: str, learners: tuple[str, ...], brief: bool = False) -> pb.StatusResponse:
+    if brief:  # a node of this release
+        return pb.StatusResponse(version=version, learners=learners)
+    return pb.StatusResponse(version=version, hosted=[pb.PartitionStatus(  # a release before the brief answer
         partition=0, role="follower", learners=[pb.LearnerStatus(name=n) for n in learners])])
 
 
-def test_the_version_rises_no_higher_than_a_registered_learners_release(tmp_path):
-    meta = [replace(_meta(tmp_path, nodes=3), cluster_version="0.3.0")]
-
+def _version_rounds(meta: list[ClusterMeta], nodes: _NodesOfReleases) -> Callable[[float], str]:
+    """A round of the metadata leader's duties at a time, which returns the cluster version after it."""
     async def change(command) -> None:
         meta[0] = apply(meta[0], command)
 
-    nodes = _NodesOfReleases({n: _status("0.5.0", ("feed",)) for n in ("n1", "n2", "n3")})
     rebalancer = Rebalancer(TUNING, lambda: meta[0], nodes, change)
 
     def round_at(now: float) -> str:
         asyncio.run(rebalancer.run_once(rebalance=False, now=now))
         return meta[0].cluster_version
+
+    return round_at
+
+
+def test_the_version_rises_no_higher_than_a_registered_learners_release(tmp_path):
+    meta = [replace(_meta(tmp_path, nodes=3), cluster_version="0.3.0")]
+    nodes = _NodesOfReleases({n: _status("0.5.0", ("feed",)) for n in ("n1", "n2", "n3")})
+    round_at = _version_rounds(meta, nodes)
 
     assert round_at(1.0) == "0.3.0"  # feed is registered and has not said which release it runs
     meta[0] = apply(meta[0], LearnerRelease("feed", "0.4.0"))
@@ -145,3 +155,14 @@ def test_the_version_rises_no_higher_than_a_registered_learners_release(tmp_path
     nodes.replies = {n: _status("0.7.0", ()) for n in ("n1", "n2", "n3")}  # feed removed: its record no longer counts
     meta[0] = apply(meta[0], LearnerRelease("feed", "0.5.0"))
     assert round_at(4.0) == "0.7.0"
+
+
+def test_learners_count_whether_a_node_answers_briefly_or_in_full_as_an_older_release_does(tmp_path):
+    meta = [replace(_meta(tmp_path, nodes=3), cluster_version="0.3.0")]
+    nodes = _NodesOfReleases({"n1": _status("0.5.0", ("feed",), brief=True), "n2": _status("0.5.0", ("audit",)),
+                              "n3": _status("0.5.0", (), brief=True)})
+    round_at = _version_rounds(meta, nodes)
+    meta[0] = apply(meta[0], LearnerRelease("feed", "0.4.0"))
+    assert round_at(1.0) == "0.3.0"  # audit, named in n2's full answer only, has not said which release it runs
+    meta[0] = apply(meta[0], LearnerRelease("audit", "0.5.0"))
+    assert round_at(2.0) == "0.4.0"  # feed, named in n1's brief answer only

@@ -279,8 +279,10 @@ class SplitKeysResponse(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("brief",)
+    BRIEF_FIELD_NUMBER: _ClassVar[int]
+    brief: bool
+    def __init__(self, brief: _Optional[bool] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
     __slots__ = ("id", "api_address")
@@ -338,7 +340,7 @@ class LearnerStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., sink: _Optional[str] = ..., options: _Optional[_Mapping[str, str]] = ..., progress: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "cluster", "partitions", "nodes", "hosted", "meta_epoch", "version")
+    __slots__ = ("node_id", "cluster", "partitions", "nodes", "hosted", "meta_epoch", "version", "learners")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +348,7 @@ class StatusResponse(_message.Message):
     HOSTED_FIELD_NUMBER: _ClassVar[int]
     META_EPOCH_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     cluster: str
     partitions: int
@@ -353,7 +356,8 @@ class StatusResponse(_message.Message):
     hosted: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
     meta_epoch: int
     version: str
-    def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., partitions: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., hosted: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., meta_epoch: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., partitions: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., hosted: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., meta_epoch: _Optional[int] = ..., version: _Optional[str] = ..., learners: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FollowRequest(_message.Message):
     __slots__ = ("after",)

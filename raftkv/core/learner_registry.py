@@ -58,6 +58,11 @@ def progress_updates(command: LearnerProgress, read_meta: Callable[[bytes], byte
     return {progress_key: _U64.pack(command.index)}
 
 
+def learner_names(meta: Iterable[tuple[bytes, bytes]]) -> set[str]:
+    """The names of the learners registered, without decoding their records."""
+    return {key[len(_LEARNER):].decode() for key, _ in meta if key.startswith(_LEARNER)}
+
+
 def learners_from(meta: Iterable[tuple[bytes, bytes]]) -> dict[str, LearnerInfo]:
     docs, progress = {}, {}
     for key, value in meta:

@@ -82,6 +82,12 @@ class ReadPort(Protocol):
     def statuses(self) -> list[VoterStatus]:
         """The voters this node holds, by partition."""
 
+    def leaderships(self) -> list[tuple[int, int]]:
+        """(partition, term) of each voter here that believes it leads."""
+
+    def learner_names(self) -> set[str]:
+        """The learners registered in any partition held here."""
+
 
 class TopologyPort(Protocol):
     @property

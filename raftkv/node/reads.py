@@ -8,7 +8,7 @@ import asyncio
 from typing import Iterator, Mapping
 
 from raftkv.api import kv_pb2 as pb
-from raftkv.core.learner_registry import learners_from
+from raftkv.core.learner_registry import learner_names, learners_from
 from raftkv.node.group_commit import PartitionFrontend
 from raftkv.node.ports import VoterStatus
 from raftkv.storage.engine import KeyRange, Position
@@ -56,6 +56,12 @@ class LocalReads:
                 last_data_index=r.last_data_index, learners=tuple(learners_from(r.engine.meta_items()).values()),
                 members=voter.member_ids()))
         return statuses
+
+    def leaderships(self) -> list[tuple[int, int]]:
+        return [(p, voter.replica.group.term) for p, voter in sorted(self._voters.items()) if voter.is_leader]
+
+    def learner_names(self) -> set[str]:
+        return set().union(*(learner_names(voter.replica.engine.meta_items()) for voter in self._voters.values()))
 
 
 def _wait(voter: PartitionFrontend, consistency: int) -> asyncio.Future | None:

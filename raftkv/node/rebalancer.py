@@ -78,13 +78,15 @@ class Rebalancer:
         releases = {node_id: reply.version for node_id, reply in zip(nodes, replies) if reply is not None}
         self._watch = heard(self._watch, nodes, set(releases), now)
         answered = [(node_id, reply) for node_id, reply in zip(nodes, replies) if reply is not None]
-        learners = {ls.name for _, reply in answered for ps in reply.hosted for ls in ps.learners}
+        # a release before the brief answer names its learners in its full one
+        learners = {name for _, reply in answered for name in reply.learners}
+        learners |= {ls.name for _, reply in answered for ps in reply.hosted for ls in ps.learners}
         return releases, leaders_from((node_id, ps.partition, ps.role, ps.term)
                                       for node_id, reply in answered for ps in reply.hosted), learners
 
     async def _status(self, node_id: str) -> pb.StatusResponse | None:
         try:
-            return await self._peers.stub(node_id).Status(pb.StatusRequest(), timeout=STATUS_TIMEOUT)
+            return await self._peers.stub(node_id).Status(pb.StatusRequest(brief=True), timeout=STATUS_TIMEOUT)
         except grpc.aio.AioRpcError:
             return None
 

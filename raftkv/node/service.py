@@ -30,6 +30,7 @@ from raftkv.node.execute_stream import answer_stream
 from raftkv.node.gatekeeper import Gatekeeper, op_requests
 from raftkv.node.peers import Peers, answer_once_connected
 from raftkv.node.ports import Proposals, ReadPort
+from raftkv.raft.group import Role
 from raftkv.core.release import VERSION
 from raftkv.core.spec import ClusterSpec
 from raftkv.security.permissions import Access, Identity, Request
@@ -312,8 +313,15 @@ class KVService(kv_pb2_grpc.KVServicer):
     # -- Status -----------------------------------------------------------
 
     async def Status(self, request: pb.StatusRequest, context) -> pb.StatusResponse:
+        learners: list[str] = []
         try:
-            hosted = self._hosted()
+            if request.brief:  # the metadata leader's poll, every round: at 1,024 partitions, answering
+                # it in full took 41% of an idle node's CPU
+                hosted = [pb.PartitionStatus(partition=p, role=Role.LEADER.label, term=term)
+                          for p, term in self._reads.leaderships()]
+                learners = sorted(self._reads.learner_names())
+            else:
+                hosted = self._hosted()
         except RaftKVError as error:  # a replica closed under the call (the node stops), or damaged
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
         return pb.StatusResponse(
@@ -325,6 +333,7 @@ class KVService(kv_pb2_grpc.KVServicer):
             hosted=hosted,
             meta_epoch=self._topology().epoch,
             version=VERSION,
+            learners=learners,
         )
 
     def _hosted(self) -> list[pb.PartitionStatus]:
