@@ -25,7 +25,8 @@ from raftkv.raft.group import Role
 from raftkv.security.permissions import Access, Grant, Identity, check
 from raftkv.storage import rocks_sst
 from raftkv.storage.engine import KeyRange, MemoryEngine, Position
-from raftkv.storage.rocks_engine import INGEST_PREFIX, RocksEngine
+from raftkv.storage.rocks_engine import RocksEngine
+from raftkv.storage.rocks_files import INGEST_PREFIX
 from tests.test_partition_replica import Twins, items
 
 VALUE = b"v" * 100

@@ -16,7 +16,7 @@ from rocksdict import AccessType, Options, Rdict
 
 from raftkv import Client
 from tests.conftest import wait_for_compaction, wait_until
-from raftkv.storage.rocks_engine import checkpoint_position, read_every_block
+from raftkv.storage.rocks_files import checkpoint_position, read_every_block
 from tests.raft_admin import lead, statuses
 
 

@@ -15,7 +15,8 @@ from raftkv.storage.engine import KeyRange, Position
 from raftkv.chaos.small_disk import SmallDisk
 from raftkv.core.errors import CorruptData, StorageFull, Unavailable
 from raftkv.storage import rocks_memory
-from raftkv.storage.rocks_engine import INSTALL_READY, RocksEngine, recover_interrupted_install
+from raftkv.storage.rocks_engine import RocksEngine
+from raftkv.storage.rocks_files import INSTALL_READY, recover_interrupted_install
 from tests.conftest import wait_until
 from tests.test_engine import scan
 

@@ -38,7 +38,7 @@ from raftkv.backup.plan import (CLOCK_MARGIN, MAX_EXPORT, PRUNE_WINDOW, is_fresh
                                 to_upload)
 from raftkv.core.errors import ConfigError, CorruptData, RaftKVError, Unavailable
 from raftkv.storage.engine import Position
-from raftkv.storage.rocks_engine import checkpoint_position
+from raftkv.storage.rocks_files import checkpoint_position
 
 log = logging.getLogger(__name__)
 

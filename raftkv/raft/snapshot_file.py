@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raftkv.storage.engine import Position
-from raftkv.storage.rocks_engine import link_checkpoint
+from raftkv.storage.rocks_files import link_checkpoint
 from raftkv.core.errors import CorruptData, StorageFull
 from raftkv.core.durable import fsync_path
 

@@ -1,15 +1,9 @@
-"""RocksDB behind the Engine interface: one database per partition replica.
+"""RocksDB behind the Engine interface: one database per partition replica (its files, checkpoints
+and installs: `rocks_files`).
 
-Directory layout under the partition's folder:
-
-    db/            the live database (rocksdict, raw bytes)
-    db.incoming/   a snapshot being installed (complete once INSTALL_READY exists)
-    db.old/        the database being replaced
-
-The applied Raft position lives in the column family `raftkv` and is written
-in the same WriteBatch as the user mutations, so state and position never
-disagree. Installing a snapshot is two renames; `open` finishes or rolls back
-an install that a crash interrupted.
+The applied Raft position is written in the same WriteBatch as the user
+mutations, so state and position never disagree. Installing a snapshot
+closes the database, swaps the folders and opens it again.
 
 rocksdict flushes a column family's memtable whenever a view of it
 (`get_column_family`) is dropped: a table file and a synced WAL each time,
@@ -30,11 +24,8 @@ failed batch was not applied, and the position says so.
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import shutil
-import struct
 import tempfile
 import threading
 import time
@@ -42,169 +33,25 @@ import weakref
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from rocksdict import AccessType, Checkpoint, DbClosedError, Options, Rdict, WriteBatch
+from rocksdict import Checkpoint, DbClosedError, Rdict, WriteBatch
 
+from raftkv import failpoints
 from raftkv.core.command_kinds import write_mutation
 from raftkv.core.commands import IngestSst, Mutation
-from raftkv import failpoints
-from raftkv.storage import rocks_sst
-from raftkv.storage.engine import ZERO, KeyRange, Position
 from raftkv.core.durable import fsync_directory, fsync_tree, make_dirs
 from raftkv.core.errors import CorruptData, DiskFailed, StorageFull, Unavailable
-from raftkv.storage import rocks_memory
+from raftkv.storage import rocks_sst
+from raftkv.storage.engine import ZERO, KeyRange, Position
+from raftkv.storage.rocks_files import (INGEST_PREFIX, INSTALL_READY, META_CF, POSITION, POSITION_KEY, SCRATCH_PREFIX,
+                                        corrupt_database, empty_database, failed_disk, is_corruption, is_io_error,
+                                        no_space, open_database, read_every_block, recover_interrupted_install)
 from raftkv.storage.rocks_scan import RocksScan
 
 log = logging.getLogger(__name__)
 
-_META_CF = "raftkv"
-_POSITION_KEY = b"position"
 _META_PREFIX = b"m/"  # the state machine's metadata, beside the position key
-_POSITION = struct.Struct("<QQ")
-INSTALL_READY = "INSTALL_READY"
 LOCK_RELEASE_SECONDS = 2.0  # a reopen waits this long for a cut scan's step to let go of the old handle
 REOPEN_MIN_FREE_BYTES = 8 << 20  # a broken engine reopens its database once the disk has this much room
-
-
-def _no_space(exc: BaseException) -> bool:
-    return "No space left" in str(exc) or "ENOSPC" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC
-
-
-def _options() -> Options:
-    opts = rocks_memory.options()
-    opts.create_if_missing(True)
-    opts.create_missing_column_families(True)
-    # RocksDB deletes a write-ahead log file only once every family with data in it has flushed. The
-    # position's family is tiny and, flushed alone, flushed only when the logs reached four times the
-    # write buffers: a replica kept everything it was written since it opened (119 MB of log beside
-    # 105 MB of tables at 1,000,000 keys), replayed it at each open, and a move's checkpoint flushed
-    # it all. Flushing the families together lets each flush free the logs before it.
-    opts.set_atomic_flush(True)
-    return opts
-
-
-def _open(path: Path) -> Rdict:
-    try:
-        return Rdict(str(path), _options(), column_families={_META_CF: rocks_memory.options()})
-    except Exception as exc:  # rocksdict raises a bare Exception for corruption
-        if _no_space(exc):
-            raise StorageFull(f"disk full opening {path}; free space on that disk") from None
-        if _is_corruption(exc):
-            raise corrupt_database(path, exc) from None
-        if _is_io_error(exc):
-            raise failed_disk(path, exc) from None
-        raise
-
-
-def _is_corruption(exc: BaseException) -> bool:
-    text = str(exc)
-    return "Corruption" in text or "checksum" in text.lower()
-
-
-def _is_io_error(exc: BaseException) -> bool:
-    return str(exc).startswith("IO error") and not _no_space(exc)
-
-
-def corrupt_database(path: Path, exc: BaseException) -> CorruptData:
-    return CorruptData(
-        f"database {path} is corrupt ({str(exc).splitlines()[0]}); stop the node, move {path.parent} away "
-        "and restart it so the partition re-syncs from its peers"
-    )
-
-
-def failed_disk(path: Path, exc: BaseException) -> DiskFailed:
-    return DiskFailed(
-        f"database {path}: the disk failed ({str(exc).splitlines()[0]}), so nothing on it can be trusted; "
-        f"check the disk (dmesg), then move {path.parent} away and restart the node so the partition "
-        "re-syncs from its peers"
-    )
-
-
-def _read_only(db: Path) -> Rdict:
-    """The database (a checkpoint) at `db`, opened read-only: nothing in it is written. CorruptData, naming
-    RocksDB's complaint, when it does not open (a file missing or damaged)."""
-    try:
-        return Rdict(str(db), Options(raw_mode=True), column_families={_META_CF: Options(raw_mode=True)},
-                     access_type=AccessType.read_only())
-    except Exception as exc:  # rocksdict raises a bare Exception
-        raise CorruptData(f"RocksDB cannot open it: {str(exc).splitlines()[0]}") from None
-
-
-def checkpoint_position(db: Path) -> Position:
-    """The position of the database (a checkpoint) at `db`; CorruptData as `_read_only`."""
-    rdict = _read_only(db)
-    try:
-        meta = rdict.get_column_family(_META_CF)
-        raw = meta.get(_POSITION_KEY)
-        del meta  # a column family view keeps the database open
-    except Exception as exc:
-        raise CorruptData(f"RocksDB cannot read it: {str(exc).splitlines()[0]}") from None
-    finally:
-        rdict.close()
-    return Position(*_POSITION.unpack(raw)) if raw is not None else ZERO
-
-
-def read_every_block(checkpoint: Path, database: Path) -> None:
-    """Read every block of `checkpoint`, a checkpoint of `database`, so that RocksDB checks each one's
-    checksum. It checks a block only when it reads it, and a checkpoint hard-links the database's table
-    files, damage and all: a leader shipped a block damaged on its disk, never read there, to two learners,
-    which installed it and stopped (docs/chaos.md). CorruptData (or DiskFailed), naming `database`, at the
-    first block that does not check out. About half a second a million keys."""
-    try:
-        rdict = _read_only(checkpoint)
-    except CorruptData as exc:
-        raise corrupt_database(database, exc) from None
-
-    def damage(exc: Exception) -> Exception:
-        return failed_disk(database, exc) if _is_io_error(exc) else corrupt_database(database, exc)
-
-    try:
-        for family in (rdict, rdict.get_column_family(_META_CF)):
-            for _ in RocksScan(family, KeyRange(), lambda: None, damage, cache=False):
-                pass
-    finally:
-        rdict.close()
-
-
-def link_checkpoint(src: Path, dest: Path) -> None:
-    """A copy at `dest` of the checkpoint at `src`, for a database to open while `src` is kept: its table
-    files hard-linked (RocksDB never changes one), the rest copied (MANIFEST, CURRENT, OPTIONS, a WAL:
-    the database that opens them may write them)."""
-    dest.mkdir(parents=True)
-    for path in src.iterdir():
-        if path.suffix in (".sst", ".blob"):
-            os.link(path, dest / path.name)
-        else:
-            shutil.copyfile(path, dest / path.name)
-
-
-def empty_database(path: Path) -> Path:
-    """Create an empty database at `path` (to install in place of one) and return `path`."""
-    _open(path).close()
-    return path
-
-
-SCRATCH_PREFIX = "copy-"  # a checkpoint on its way out of this replica (`RocksEngine.scratch`)
-INGEST_PREFIX = "ingest-"  # a bulk-load file on its way into the database (`RocksEngine._ingest`)
-
-
-def recover_interrupted_install(folder: Path) -> None:
-    """An install cut short finished or undone, and the scratch folders of checkpoints that were being
-    sent and the bulk-load files that were being ingested when the process died deleted (nothing else
-    removes them)."""
-    for scratch in folder.glob(SCRATCH_PREFIX + "*"):
-        shutil.rmtree(scratch, ignore_errors=True)
-    for file in folder.glob(INGEST_PREFIX + "*.sst"):
-        file.unlink()
-    db, incoming, old = folder / "db", folder / "db.incoming", folder / "db.old"
-    if not db.exists():
-        if (incoming / INSTALL_READY).exists():
-            incoming.rename(db)
-        elif old.exists():
-            old.rename(db)
-        fsync_directory(folder)
-    for leftover in (incoming, old):
-        if leftover.exists():
-            shutil.rmtree(leftover)
 
 
 class RocksEngine:
@@ -223,8 +70,8 @@ class RocksEngine:
         self._readers = 0
         self._readers_done = threading.Condition(self._lock)
         self._scans: weakref.WeakSet[RocksScan] = weakref.WeakSet()  # open ones, to cut at a close
-        self._db = _open(self.folder / "db")
-        self._meta = self._db.get_column_family(_META_CF)
+        self._db = open_database(self.folder / "db")
+        self._meta = self._db.get_column_family(META_CF)
         self._meta_items: list[tuple[bytes, bytes]] | None = None  # read once per change (`meta_items`)
         # Every open, not only the first: a kill between RocksDB making db/ and this sync leaves a
         # db/ that exists but whose name a later power cut would still take.
@@ -234,19 +81,19 @@ class RocksEngine:
 
     def _read_position(self) -> Position:
         try:
-            raw = self._meta.get(_POSITION_KEY)
+            raw = self._meta.get(POSITION_KEY)
         except Exception as exc:
             raise self._checked(exc) from None
-        return Position(*_POSITION.unpack(raw)) if raw is not None else ZERO
+        return Position(*POSITION.unpack(raw)) if raw is not None else ZERO
 
     def _checked(self, exc: Exception) -> Exception:
         """The error to raise for what RocksDB raised: CorruptData or DiskFailed (reported to
         on_corrupt), Unavailable once closed (a call that raced the node's stop), or itself."""
         if self._meta is None:
             return Unavailable(f"{self.folder} is closed (the node is stopping, or its database is being reopened)")
-        if _is_corruption(exc):
+        if is_corruption(exc):
             error = corrupt_database(self.folder / "db", exc)
-        elif _is_io_error(exc):
+        elif is_io_error(exc):
             error = failed_disk(self.folder / "db", exc)
         else:
             return exc
@@ -319,7 +166,7 @@ class RocksEngine:
             for before, file in zip(batches, files):
                 self._write_batch(before)
                 self._ingest(file)
-            meta_cf = self._db.get_column_family_handle(_META_CF)
+            meta_cf = self._db.get_column_family_handle(META_CF)
             if meta:
                 self._meta_items = None
             for key, value in (meta or {}).items():
@@ -327,7 +174,7 @@ class RocksEngine:
                     wb.delete(_META_PREFIX + key, meta_cf)
                 else:
                     wb.put(_META_PREFIX + key, value, meta_cf)
-            wb.put(_POSITION_KEY, _POSITION.pack(position.index, position.term), meta_cf)
+            wb.put(POSITION_KEY, POSITION.pack(position.index, position.term), meta_cf)
             del meta_cf
             try:
                 self._write_batch(wb)
@@ -345,7 +192,7 @@ class RocksEngine:
             # The batch refers to a column family handle, which keeps the database open: none may
             # outlive this frame in the traceback the caller holds, or the database could not be closed.
             del wb
-            if _no_space(exc):
+            if no_space(exc):
                 self._broken = True
                 raise StorageFull(f"disk full writing {self.folder}; writes resume once space is freed") from None
             raise self._checked(exc) from None
@@ -359,7 +206,7 @@ class RocksEngine:
             path.write_bytes(file.data)
         except OSError as exc:
             path.unlink(missing_ok=True)
-            if _no_space(exc):
+            if no_space(exc):
                 self._broken = True  # as a failed write: the leader refuses writes and hands leadership on
                 raise StorageFull(f"disk full writing a bulk-load file in {self.folder}; writes resume once "
                                   "space is freed") from None
@@ -369,7 +216,7 @@ class RocksEngine:
             self._db.ingest_external_file([str(path)], rocks_sst.ingest_options())
         except Exception as exc:
             path.unlink(missing_ok=True)
-            if _no_space(exc):
+            if no_space(exc):
                 self._broken = True
                 raise StorageFull(f"disk full ingesting a bulk-load file into {self.folder}; writes resume once "
                                   "space is freed") from None
@@ -399,7 +246,7 @@ class RocksEngine:
         self._release()
         swap()
         self._db = self._open_when_released()
-        self._meta = self._db.get_column_family(_META_CF)
+        self._meta = self._db.get_column_family(META_CF)
         self._position = self._read_position()
         self._broken = False
 
@@ -410,7 +257,7 @@ class RocksEngine:
         deadline = time.monotonic() + LOCK_RELEASE_SECONDS
         while True:
             try:
-                return _open(self.folder / "db")
+                return open_database(self.folder / "db")
             except DiskFailed as exc:
                 if "lock hold by current process" not in str(exc) or time.monotonic() > deadline:
                     raise
@@ -442,7 +289,7 @@ class RocksEngine:
             try:
                 Checkpoint(self._db).create_checkpoint(str(dest))
             except Exception as exc:  # RocksDB flushes first, which a full disk refuses
-                if _no_space(exc):
+                if no_space(exc):
                     raise StorageFull(f"disk full taking a checkpoint of {self.folder}; another voter's copy "
                                       "serves meanwhile") from None
                 raise self._checked(exc) from None
