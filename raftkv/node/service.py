@@ -315,8 +315,8 @@ class KVService(kv_pb2_grpc.KVServicer):
     async def Status(self, request: pb.StatusRequest, context) -> pb.StatusResponse:
         learners: list[str] = []
         try:
-            if request.brief:  # the metadata leader's poll, every round: at 1,024 partitions, answering
-                # it in full took 41% of an idle node's CPU
+            if request.brief:  # the metadata leader's poll, every round: at 1,024 partitions the full
+                # answer is about 90 KB, and 6 ms of CPU to build
                 hosted = [pb.PartitionStatus(partition=p, role=Role.LEADER.label, term=term)
                           for p, term in self._reads.leaderships()]
                 learners = sorted(self._reads.learner_names())
