@@ -392,6 +392,23 @@ def test_a_leader_whose_log_ends_before_the_snapshot_contradicts_it_once_asked_f
     assert f.obj.contradictions == ["the leader's log ends at 4, before entry 6, which this log begins at"]
 
 
+def test_a_heartbeat_from_before_an_install_is_asked_again_never_taken_for_a_contradiction(
+        make_follower: Callable[..., Follower]) -> None:
+    """`test_chaos.py`'s bad-disk run: a follower installed snapshots at 1109 and 1743 within 160 ms, and
+    heartbeats its leader had sent from entry 1568 before the second arrived after it; the follower,
+    asked once already in that term, stopped on "the leader's log ends at 1568". A leader that has
+    committed the follower's first entry holds it, and a new first entry is asked about afresh."""
+    f = compacted_follower(make_follower)
+    stale = {'type': 'append_entries', 'term': 2, 'commit_index': 11, 'entries': [], 'prevLogIdx': 4,
+             'prevLogTerm': 1}
+    for _ in range(3):
+        f.deliver_raw(f.leader, stale)
+        assert f.last_reply()['next_node_idx'] == 7
+    f.obj._SyncObj__deleteEntriesTo(8)  # a newer snapshot: the log begins at entry 8 now
+    f.deliver_raw(f.leader, dict(stale, commit_index=4))
+    assert f.last_reply()['next_node_idx'] == 9 and f.obj.contradictions == []
+
+
 def test_membership_change_rolled_back_only_when_truncated(
         make_follower: Callable[..., Follower]) -> None:
     f = make_follower(PatchedSyncObj, dynamicMembershipChange=True)

@@ -129,7 +129,7 @@ class PatchedSyncObj(pysyncobj.SyncObj):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._askedFromBase: Tuple[Node, int] | None = None  # the leader and term last asked to resume at our base
+        self._askedFromBase: Tuple[Node, int, int] | None = None  # the leader, term and base last asked to resume at
         super().__init__(*args, **kwargs)
 
     def _patchedOnMessageReceived(self, node: Node, message: Message) -> None:
@@ -181,10 +181,12 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         prevLogIdx = message['prevLogIdx']
         base: LogEntry = self._SyncObj__raftLog[0]
         if prevLogIdx is not None and prevLogIdx < base[1]:
-            asked = (node, message['term'])
-            if not entries and self._askedFromBase == asked:
-                # Sent from past the leader's last entry, once it was asked to resume at our base (an
-                # earlier heartbeat may predate an install): its log ends at prevLogIdx.
+            asked = (node, message['term'], base[1])
+            if not entries and self._askedFromBase == asked and leaderCommitIndex < base[1]:
+                # Sent from past the leader's last entry, once it was asked to resume at this base (an
+                # earlier heartbeat may predate an install), by a leader that has not committed the base
+                # entry (one that has holds it: its heartbeat predates the install, CI of the guard's
+                # fix): its log ends at prevLogIdx.
                 self._snapshotContradicted(node, f'the leader\'s log ends at {prevLogIdx}, before entry {base[1]}, '
                                                  'which this log begins at')
                 return
