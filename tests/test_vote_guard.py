@@ -11,22 +11,71 @@ import pytest
 from raftkv import Client, RaftKVError
 from raftkv.chaos.netcut import NetCut
 from raftkv.core.errors import CorruptData, DiskFailed
-from raftkv.raft.vote_guard import FLOOR_FILE, VoteFloor, VoteGuard
+from raftkv.raft.vote_guard import FLOOR_FILE, VoteFloor, VoteGuard, VoterAnswer, answers_needed, floor_from
 from tests.conftest import wait_until
 from tests.raft_admin import leader_of
 
 
-def test_a_guard_waits_for_its_floor_then_admits_only_later_terms_and_full_logs(tmp_path):
+def test_a_guard_waits_for_its_floor_then_admits_only_later_terms_and_logs_as_up_to_date(tmp_path):
     guard = VoteGuard(tmp_path, guarded=True)
-    assert guard.waiting and guard.refusal(99, 10**9) and guard.held_back(10**9)
-    guard.settle(VoteFloor(term=7, index=120))
-    assert guard.refusal(7, 500)  # it may have voted in term 7 before it lost its data
-    assert guard.refusal(8, 119)  # a candidate without every committed entry
-    assert guard.refusal(8, 120) is None
-    assert guard.held_back(119) and guard.held_back(120) is None
+    assert guard.waiting and guard.refusal(99, 99, 10**9) and guard.held_back(99, 10**9)
+    guard.settle(VoteFloor(term=7, index=120, log_term=6))
+    assert guard.refusal(7, 7, 500)  # it may have voted in term 7 before it lost its data
+    assert guard.refusal(8, 6, 119)  # a candidate without every committed entry
+    assert guard.refusal(8, 5, 900)  # a longer log of an earlier term: a deposed leader's
+    assert guard.refusal(8, 6, 120) is None and guard.refusal(8, 7, 2) is None
+    assert guard.held_back(6, 119) and guard.held_back(6, 120) is None
     reopened = VoteGuard(tmp_path, guarded=True)  # a restart before it caught up keeps the floor
-    assert not reopened.waiting and reopened.floor == VoteFloor(7, 120)
-    assert VoteGuard(tmp_path / "fresh", guarded=False).refusal(1, 0) is None
+    assert not reopened.waiting and reopened.floor == VoteFloor(7, 120, 6)
+    assert VoteGuard(tmp_path / "fresh", guarded=False).refusal(1, 0, 0) is None
+
+
+def test_a_restart_before_the_floor_is_learned_still_waits(tmp_path):
+    """Found by the simulation's `wipe` fault: the node opens a replica guarded when its folder is empty,
+    and a restart finds it holding files; before the guard was kept from the start, that restart voted as
+    a fresh replica, and a wiped pair elected one of themselves over committed entries."""
+    VoteGuard(tmp_path, guarded=True)
+    assert VoteGuard(tmp_path, guarded=False).waiting
+
+
+def test_a_floor_needs_enough_voters_and_takes_the_most_up_to_date_log():
+    """Seed 30 of the simulation: one voter's commit index was the floor, while the entries the wiped
+    leader had committed were on the voter that was down."""
+    behind, ahead = VoterAnswer(term=12, commit_index=282, last_log=(12, 293)), VoterAnswer(13, 290, (12, 312))
+    assert [answers_needed(n) for n in (1, 2, 3, 4, 5)] == [1, 1, 2, 2, 3]
+    assert floor_from([behind], voters=3) is None  # the other may hold entries committed with the wiped one
+    assert floor_from([behind, ahead], voters=3) == VoteFloor(term=13, index=312, log_term=12)
+    assert floor_from([behind], voters=2) == VoteFloor(12, 293, 12)
+    older = VoterAnswer(13, 300, None)  # a release that does not say where its log ends
+    assert floor_from([behind, older], voters=3) == VoteFloor(13, 300, None)
+    wiped = VoterAnswer(14, 0, (14, 320), recovering=True)  # lost its data too: counts only once all answered
+    assert floor_from([behind, wiped], voters=3) == VoteFloor(14, 320, 14)  # two disks of three replaced
+    assert floor_from([behind, wiped], voters=4) is None and floor_from([wiped], voters=2) is None
+
+
+def test_once_caught_up_only_the_term_part_stays_and_a_floor_no_log_holds_is_lowered(tmp_path):
+    """Without either, the simulation's groups stayed leaderless for good after a power cut of every node
+    in lose-last-second mode: the floor's entries were gone from every log."""
+    guard = VoteGuard(tmp_path, guarded=True)
+    guard.settle(VoteFloor(term=13, index=494, log_term=13))
+    assert not guard.lower(VoteFloor(13, 500, 13)) and guard.floor == VoteFloor(13, 494, 13)  # never raised
+    assert guard.lower(VoteFloor(term=12, index=490, log_term=13))  # the quorum's logs all end before it
+    assert guard.floor == VoteFloor(13, 490, 13) and guard.recovering  # the term part never goes down
+    guard.caught_up(489)
+    assert guard.recovering and guard.held_back(13, 489)
+    guard.caught_up(490)
+    assert not guard.recovering and guard.held_back(0, 0) is None and guard.refusal(14, 0, 0) is None
+    assert guard.refusal(13, 20, 900)  # it may still have voted in term 13
+    assert VoteGuard(tmp_path, guarded=False).floor == VoteFloor(13, 0, 0)
+
+
+def test_a_guarded_replica_takes_no_append_until_it_knows_the_term_it_forgot(tmp_path):
+    """Seed 121 of the simulation: a wiped voter, back with term 0, acknowledged a deposed leader's
+    appends, and that leader committed entries over ones a later leader had committed."""
+    guard = VoteGuard(tmp_path, guarded=True)
+    assert not guard.admits_leader(99)
+    guard.settle(VoteFloor(term=4, index=47, log_term=3))
+    assert not guard.admits_leader(3) and guard.admits_leader(4) and guard.admits_leader(5)
 
 
 def test_an_unreadable_or_damaged_floor_stops_the_replica_with_one_line(tmp_path):

@@ -25,12 +25,12 @@ def test_raft_grants_a_vote_only_to_a_log_at_least_as_up_to_date_in_a_term_it_ha
 
 def test_a_guarded_voter_names_the_floor_that_refuses(tmp_path):
     guard = VoteGuard(tmp_path, guarded=True)
-    assert "does not know yet" in guard.refusal(99, 10**9)
-    guard.settle(VoteFloor(term=7, index=120))
-    assert guard.refusal(7, 500) == "this replica lost its data, and may have voted in terms up to 7"
-    assert guard.refusal(8, 119) == ("its log ends at 119, before entry 120, which the group had committed when "
-                                     "this replica lost its data")
-    assert guard.refusal(8, 120) is None
+    assert "does not know yet" in guard.refusal(99, 99, 10**9)
+    guard.settle(VoteFloor(term=7, index=120, log_term=6))
+    assert guard.refusal(7, 7, 500) == "this replica lost its data, and may have voted in terms up to 7"
+    assert guard.refusal(8, 6, 119) == ("its log ends at 6:119, behind 6:120, the most up-to-date log of the voters "
+                                        "asked when this replica lost its data")
+    assert guard.refusal(8, 6, 120) is None
 
 
 def test_each_kind_of_election_line_is_logged_once_per_period_per_group(caplog):

@@ -592,7 +592,7 @@ class ReplicaRequest(_message.Message):
     def __init__(self, group: _Optional[int] = ..., log_index: _Optional[int] = ..., linearizable: _Optional[bool] = ...) -> None: ...
 
 class ReplicaState(_message.Message):
-    __slots__ = ("mode", "applied_index", "commit_index", "leader", "snapshot_bytes_received", "log_index_term", "base", "term", "guarded")
+    __slots__ = ("mode", "applied_index", "commit_index", "leader", "snapshot_bytes_received", "log_index_term", "base", "term", "guarded", "last_log_index", "last_log_term")
     MODE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -602,6 +602,8 @@ class ReplicaState(_message.Message):
     BASE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     GUARDED_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_LOG_TERM_FIELD_NUMBER: _ClassVar[int]
     mode: str
     applied_index: int
     commit_index: int
@@ -611,7 +613,9 @@ class ReplicaState(_message.Message):
     base: _containers.RepeatedCompositeFieldContainer[LogEntry]
     term: int
     guarded: bool
-    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ..., log_index_term: _Optional[int] = ..., base: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ..., term: _Optional[int] = ..., guarded: _Optional[bool] = ...) -> None: ...
+    last_log_index: int
+    last_log_term: int
+    def __init__(self, mode: _Optional[str] = ..., applied_index: _Optional[int] = ..., commit_index: _Optional[int] = ..., leader: _Optional[str] = ..., snapshot_bytes_received: _Optional[int] = ..., log_index_term: _Optional[int] = ..., base: _Optional[_Iterable[_Union[LogEntry, _Mapping]]] = ..., term: _Optional[int] = ..., guarded: _Optional[bool] = ..., last_log_index: _Optional[int] = ..., last_log_term: _Optional[int] = ...) -> None: ...
 
 class CheckpointChunk(_message.Message):
     __slots__ = ("index", "term", "path", "data", "base", "files")

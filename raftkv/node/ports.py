@@ -110,7 +110,9 @@ class ReplicaProgress:
     applied_index: int = 0
     commit_index: int = 0
     term: int = 0
-    guarded: bool = False  # a voter that lost its data and does not vote yet (lost_data.py)
+    guarded: bool = False  # a voter that lost its data and has not caught up with it yet (vote_guard)
+    last_log_index: int = 0
+    last_log_term: int = 0
     snapshot_bytes_received: int = 0
     leader: str = ""
     log_index_term: int = 0  # the term of the entry asked about; 0 when the log does not hold it

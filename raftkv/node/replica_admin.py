@@ -48,8 +48,10 @@ class ReplicaAdmin:
             return ReplicaProgress("none")
         raft = replica.group
         guard = hosted.lost_data.guards.get(g)
+        last = raft.last_log_index
         return ReplicaProgress(mode, applied_index=raft.last_applied, commit_index=raft.commit_index, term=raft.term,
-                               guarded=guard is not None and guard.waiting,
+                               guarded=guard is not None and guard.recovering,
+                               last_log_index=last, last_log_term=raft.term_at(last) or 0,
                                snapshot_bytes_received=raft.snapshot_bytes_received,
                                leader=hosted.node_at(g, replica.leader_address) or "",
                                log_index_term=(log_index and raft.term_at(log_index)) or 0,

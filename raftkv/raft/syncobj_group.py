@@ -153,10 +153,13 @@ class _Member(SnapshotHooks, PatchedSyncObj):
             self._group.load_state()
         now = self._group.config.clock()  # read again after pysyncobj's tick: it takes time, and stamps answers
         guard = self._group.config.guard
-        if guard is not None and (why := guard.held_back(self._group.last_log_index)) is not None:
-            if self._SyncObj__raftElectionDeadline < now and self._SyncObj__raftState != _LEADER:
-                self._group.votes.held_back(why)
-            self._SyncObj__raftElectionDeadline = now + self._group.config.tuning.election_timeout_max
+        if guard is not None:
+            guard.caught_up(self.raftCommitIndex)
+            last = self._SyncObj__raftLog[-1]
+            if (why := guard.held_back(last[2], last[1])) is not None:
+                if self._SyncObj__raftElectionDeadline < now and self._SyncObj__raftState != _LEADER:
+                    self._group.votes.held_back(why)
+                self._SyncObj__raftElectionDeadline = now + self._group.config.tuning.election_timeout_max
         if self._group.steady.before_tick(now):  # the node engine drives the group (engine/steady.py)
             return
         self._group.quiet.before_tick(now)

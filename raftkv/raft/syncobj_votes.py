@@ -1,7 +1,13 @@
-"""Which vote requests a member's pysyncobj sees, and its election lines (`vote_refusal`).
+"""Which vote requests (and, for a guarded member, appends) a member's pysyncobj sees, and its election
+lines (`vote_refusal`).
+
+A guarded member (vote_guard) lost its current term with its data, so it takes no append until it
+has a floor, and none from a leader of a term before the floor's after: a deposed leader's entries
+counted on it, as they would not have before the wipe, and were committed over entries a later
+leader had committed (the engine simulation's `wipe` fault, seed 121).
 
 pysyncobj answers a refused vote with nothing either, so a request is dropped here when:
-- the member is guarded (vote_guard) and may not grant it;
+- the member is guarded and may not grant it;
 - the member has a live leader (it leads, rests, or its election timer still runs) and the candidate
   is not in its configuration. Raft does not tell a removed member, which campaigns with ever higher
   terms, and pysyncobj adopts any higher term it hears: a removed member its peers still hear (the
@@ -38,17 +44,20 @@ class Votes:
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "response_vote":
             return self._first_vote(node, message.get("term"))
+        guard = self._config.guard
+        if kind == "append_entries":
+            return guard is None or guard.admits_leader(message.get("term", 0))
         if kind != "request_vote":
             return True
-        term, last_index = message.get("term", 0), message.get("last_log_index", 0)
-        guard = self._config.guard
-        if guard is not None and (why := guard.refusal(term, last_index)) is not None:
+        term = message.get("term", 0)
+        last_term, last_index = message.get("last_log_term", 0), message.get("last_log_index", 0)
+        if guard is not None and (why := guard.refusal(term, last_term, last_index)) is not None:
             self._refused(node, term, why)
             return False
         if node not in self._member._SyncObj__otherNodes and self._has_live_leader():
             self._refused(node, term, "not a member here, and this replica's leader is live")
             return False
-        if (why := raft_refusal(term, message.get("last_log_term", 0), last_index, self._voter())) is not None:
+        if (why := raft_refusal(term, last_term, last_index, self._voter())) is not None:
             self._refused(node, term, why)  # pysyncobj refuses it, silently
         return True
 

@@ -7,7 +7,10 @@ faults at random moments of virtual time (each a Poisson process of its own rate
 - leadership transfers, to a chosen member or to whichever pysyncobj picks;
 - membership changes, one at a time per group, as a node's mover asks them: a member removed (the node
   closes it and deletes its data a moment later), a member added on a node that has none (it opens
-  with no data once the change is applied). Groups keep between 2 and N voters.
+  with no data once the change is applied). Groups keep between 2 and N voters;
+- a node wiped (the chaos harness's restart:wipe, a replaced disk): killed, its data deleted, restarted
+  a moment later with its voter members guarded (vote_guard) until each learns a floor from a peer that
+  kept its data. One node at a time: another is wiped only once every guarded member caught up.
 In the default durability mode each node syncs its journals about once a second (journal_syncer).
 """
 
@@ -31,6 +34,7 @@ class Faults:
     cluster_power: float = 0.03
     transfer: float = 0.15
     membership: float = 0.1
+    wipe: float = 0.0  # off by default: the seeds the golden digests pin keep their schedules
     handback: float = 2.0  # forced hand-overs of an engine-driven group back to pysyncobj (with the engine on)
     change_timeout: float = 5.0  # a change not answered by then (its leader went) no longer holds up the next
 
@@ -52,6 +56,7 @@ class Nemesis:
         self._every(faults.cluster_power, self._cluster_power_cut)
         self._every(faults.transfer, self._transfer)
         self._every(faults.membership, self._change)
+        self._every(faults.wipe, self._wipe)
         if cluster.network.engines:
             self._every(faults.handback, lambda: cluster.hand_back(self._rng.choice(cluster.groups), self._rng))
         if not cluster.fsync:
@@ -126,6 +131,13 @@ class Nemesis:
         self.cluster.after_power_cut()
         for node in self.cluster.nodes:
             self._scheduler.after(self._rng.uniform(0.2, 2.0), self._restart, node)
+
+    def _wipe(self) -> None:
+        if self.cluster.recovering():
+            return
+        node = self._rng.choice(self.cluster.nodes)
+        self.cluster.wipe(node)
+        self._scheduler.after(self._rng.uniform(0.2, 3.0), self._restart, node)
 
     def _restart(self, node: str) -> None:
         if self.active:

@@ -21,7 +21,7 @@ import pytest
 
 from raftkv.raft.engine import learners, steady
 from raftkv.raft.engine.node_engine import NodeEngine
-from raftkv.raft import syncobj_group
+from raftkv.raft import syncobj_group, vote_guard
 from raftkv.raft.state_repair import StateRepair
 from raftkv.raft.syncobj_group import SyncObjGroup
 from raftkv.raft.syncobj_votes import Votes
@@ -201,3 +201,63 @@ def test_a_member_restarted_with_an_uncommitted_membership_change_counts_it(monk
     monkeypatch.setattr(SyncObjGroup, "_take_logged_members", lambda self: None)
     monkeypatch.setattr(syncobj_group, "membership_change", lambda command: None)  # pysyncobj replays it again
     assert any("durable quorum" in line for line in run(config).violations)
+
+
+def _one_answer(monkeypatch):
+    monkeypatch.setattr(vote_guard, "answers_needed", lambda voters: 1)
+
+
+def _commit_index_floor(monkeypatch):
+    def floor_from(answers, voters):
+        if not answers or len(answers) < vote_guard.answers_needed(voters):
+            return None
+        return vote_guard.VoteFloor(max(a.term for a in answers), max(a.commit_index for a in answers), None)
+    monkeypatch.setattr(sim_cluster, "floor_from", floor_from)
+
+
+def _never_retired(monkeypatch):
+    def caught_up(self, commit_index):  # noted, so the simulation wipes another node, but kept
+        self.reached = self.reached or self.floor is not None and commit_index >= self.floor.index
+    monkeypatch.setattr(vote_guard.VoteGuard, "reached", False, raising=False)
+    monkeypatch.setattr(vote_guard.VoteGuard, "caught_up", caught_up)
+    monkeypatch.setattr(vote_guard.VoteGuard, "recovering", property(
+        lambda self: self.waiting or self.floor is not None and self.floor.index > 0 and not self.reached))
+
+
+def _never_lowered(monkeypatch):
+    monkeypatch.setattr(vote_guard.VoteGuard, "lower", lambda self, floor: False)
+
+
+def _appends_while_waiting(monkeypatch):
+    monkeypatch.setattr(vote_guard.VoteGuard, "admits_leader", lambda self, term: True)
+
+
+def _guard_not_kept_until_settled(monkeypatch):
+    def opened(self, folder, guarded):
+        self._path = Path(folder) / vote_guard.FLOOR_FILE
+        self.floor, self.waiting = vote_guard._read(self._path)
+        self.waiting = self.waiting or guarded and self.floor is None
+    monkeypatch.setattr(vote_guard.VoteGuard, "__init__", opened)
+
+
+@pytest.mark.parametrize("options, seed, without, breaks", [
+    (dict(replicas=3, faults=Faults(wipe=0.2, cluster_power=0.1)), 1, _one_answer, "leader completeness"),
+    (dict(nodes=5, groups=8, fsync=True, faults=Faults(wipe=0.2)), 13, _commit_index_floor, "leader completeness"),
+    (dict(replicas=3, faults=Faults(wipe=0.2, cluster_power=0.1)), 3, _never_retired, "no leader"),
+    (dict(replicas=2, faults=Faults(wipe=0.2, cluster_power=0.1)), 1, _never_lowered, "no leader"),
+    (dict(nodes=5, groups=8, fsync=True, faults=Faults(wipe=0.15)), 121, _appends_while_waiting, "state-machine"),
+    (dict(replicas=3, faults=Faults(wipe=0.2, cluster_power=0.1)), 2, _guard_not_kept_until_settled,
+     "leader completeness"),
+], ids=["a-floor-from-every-majority", "the-most-up-to-date-log", "retired-once-caught-up",
+        "lowered-when-no-log-holds-it", "no-append-while-the-term-is-forgotten", "kept-from-the-start"])
+def test_a_wiped_voter_is_guarded_safely_and_its_group_settles(monkeypatch, options, seed, without, breaks):
+    """Nodes wiped among the other faults (the chaos harness's restart:wipe): their voters open guarded
+    (vote_guard). Each seed here broke Raft's safety, or left a group leaderless for good, without one part
+    of the guard; with it, the run is safe and every group settles."""
+    config = SimConfig(seed=seed, steps=20_000, **options)
+    result = run(config)
+    assert result.ok and not result.liveness, result.report(100)
+    assert result.stats["wipes"] > 0 and result.stats["vote floors learned"] > 0
+    without(monkeypatch)
+    failed = run(config)
+    assert any(breaks in line for line in failed.violations + failed.liveness), failed.report(40)
