@@ -7,7 +7,10 @@ node (`Client.move_replica`: learner catch-up, add, voter, remove). Reported: th
 move's time, the partition's bytes on disk over that time (MB/s), and the put
 latency p99 before and during the move; with `--json-out`, also what the move sent
 (checkpoint and snapshot bytes, from the nodes' metrics), what the new node wrote to
-its disk meanwhile (/proc/PID/io), and the source's files by kind.
+its disk meanwhile (/proc/PID/io), the source's files by kind, and the slow writes
+(over SLOW_MS) and how many of them were sent within 100 ms of a checkpoint the
+leader's replica took (its log compactions, from RocksDB's LOG); `--samples-out`
+writes every write's send time and latency, and the leader's checkpoint times.
 
 etcd 3.4: 3 members loaded with the same keys; a learner member is added
 (`MemberAdd(isLearner)`), started, and promoted once etcd allows it
@@ -53,6 +56,8 @@ from raftkv.dev.metrics_scrape import samples  # noqa: E402
 
 TARGET_MB_S = 100.0  # the issue's target for raftkv; CockroachDB's default snapshot rate is 32 MiB/s
 NEW_NODE = "n4"
+SLOW_MS = 25.0  # a write this slow is a stall (the quiet p99 is 4-8 ms)
+NEAR_S = 0.1  # a slow write sent this close to a checkpoint of the leader's counts as that checkpoint's
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class Moved:
     sent_mb: float = 0.0  # raftkv: checkpoint and snapshot bytes the group's nodes sent during the move
     target_written_mb: float = 0.0  # raftkv: bytes the new node's process wrote to its disk during the move
     files_mb: dict[str, float] | None = None  # raftkv: the source replica's files by kind (sst, wal, other)
+    slow: dict[str, int] | None = None  # raftkv: slow writes before and during the move, and at the leader's checkpoints
+    samples: dict | None = None  # raftkv: what --samples-out writes
 
     @property
     def mb_s(self) -> float:
@@ -160,12 +167,35 @@ def raftkv_move(data_dir: Path, config: Config, rate: int, before: float, consol
             if isinstance(reply, str):
                 raise RuntimeError(f"the writer failed: {reply}")
     sent_at, latency, errors = reply
+    checkpoints = _checkpoint_times(data_dir / "raftkv" / leader / "p0000" / "db" / "LOG")
+    warm = writes_from + before / 2
     console.print(f"[dim]raftkv: moved {size_mb:.1f} MB of partition 0 from {source} to {NEW_NODE} in "
                   f"{ended_at - started_at:.2f} s[/dim]")
     return Moved("raftkv", config.keys, load_s, size_mb, ended_at - started_at,
-                 p99_before_ms=_p99(sent_at, latency, writes_from + before / 2, started_at),  # after a warm-up
+                 p99_before_ms=_p99(sent_at, latency, warm, started_at),  # after a warm-up
                  p99_during_ms=_p99(sent_at, latency, started_at, ended_at), writes=len(latency), errors=errors,
-                 sent_mb=sent_mb, target_written_mb=written_mb, files_mb=files_mb)
+                 sent_mb=sent_mb, target_written_mb=written_mb, files_mb=files_mb,
+                 slow=_slow_writes(sent_at, latency, checkpoints, warm, started_at, ended_at),
+                 samples={"move_started": started_at, "move_ended": ended_at, "leader": leader,
+                          "leader_checkpoints": checkpoints, "writes": [[t, ms] for t, ms in zip(sent_at, latency)]})
+
+
+def _checkpoint_times(log: Path) -> list[float]:
+    """When RocksDB began each checkpoint of a database, in seconds since the epoch (its LOG's local times)."""
+    times = []
+    for line in log.read_text(errors="replace").splitlines():
+        if "Started the snapshot process" in line:
+            times.append(time.mktime(time.strptime(line[:19], "%Y/%m/%d-%H:%M:%S")) + float("0" + line[19:26]))
+    return times
+
+
+def _slow_writes(sent_at, latency, checkpoints: list[float], warm: float, started: float, ended: float) -> dict:
+    """Writes over SLOW_MS sent before the move (after the warm-up) and during it, and how many of those
+    were sent within NEAR_S of a checkpoint the leader took."""
+    slow = [t for t, ms in zip(sent_at, latency) if ms > SLOW_MS and warm <= t < ended]
+    return {"before": sum(t < started for t in slow), "during": sum(t >= started for t in slow),
+            "at_leader_checkpoints": sum(any(abs(t - c) <= NEAR_S for c in checkpoints) for t in slow),
+            "leader_checkpoints": sum(warm <= c < ended for c in checkpoints)}
 
 
 def _start_writer(endpoints, rate: int):
@@ -266,6 +296,10 @@ def print_table(console: Console, results: list[Moved], rate: int, version: str)
     raftkv_row, etcd_row = results
     console.print(f"raftkv/etcd time ratio {raftkv_row.move_s / etcd_row.move_s:.2f}x; raftkv {raftkv_row.mb_s:.1f} "
                   f"MB/s (target >= {TARGET_MB_S:.0f} MB/s: {'met' if raftkv_row.mb_s >= TARGET_MB_S else 'not met'})")
+    if (slow := raftkv_row.slow) is not None:
+        console.print(f"raftkv writes over {SLOW_MS:.0f} ms: {slow['before']} before the move, {slow['during']} during; "
+                      f"{slow['at_leader_checkpoints']} of them sent within {NEAR_S * 1000:.0f} ms of one of the "
+                      f"{slow['leader_checkpoints']} checkpoints the leader took (its log compactions)")
 
 
 def main() -> None:
@@ -276,6 +310,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20,000 keys, 1,000 writes/s: a smoke run")
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--json-out", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--samples-out", type=Path, help="write every write's send time and latency here")
     args = parser.parse_args()
     keys, rate, before = (20_000, 1000, 2.0) if args.quick else (args.keys, args.rate, args.before)
     config = Config(keys=keys)
@@ -288,6 +323,8 @@ def main() -> None:
     print_table(console, [moved, etcd], rate, etcd_version(binary))
     if args.json_out:
         args.json_out.write_text(json.dumps(report(moved, etcd, rate), indent=2) + "\n")
+    if args.samples_out:
+        args.samples_out.write_text(json.dumps(moved.samples) + "\n")
 
 
 def report(moved: Moved, etcd: Moved, rate: int) -> dict:
@@ -303,6 +340,7 @@ def report(moved: Moved, etcd: Moved, rate: int) -> dict:
         "partition_files_mb": {k: round(v, 1) for k, v in moved.files_mb.items()},
         "sent_mb": round(moved.sent_mb, 1), "target_written_mb": round(moved.target_written_mb, 1),
         "etcd_db_mb": round(etcd.size_mb, 1),
+        "slow_writes": moved.slow,
     }
 
 
