@@ -77,7 +77,8 @@ class AdminService(kv_pb2_grpc.AdminServicer):
         return pb.ReplicaState(mode=p.mode, applied_index=p.applied_index, commit_index=p.commit_index, term=p.term,
                                guarded=p.guarded, snapshot_bytes_received=p.snapshot_bytes_received, leader=p.leader,
                                log_index_term=p.log_index_term, last_log_index=p.last_log_index,
-                               last_log_term=p.last_log_term, base=[pb.LogEntry(command=c, index=i, term=t) for c, i, t in p.base])
+                               last_log_term=p.last_log_term,
+                               base=[pb.LogEntry(command=c, index=i, term=t) for c, i, t in p.base])
 
     async def Checkpoint(self, request: pb.ReplicaRequest, context):
         await self._gate.admit(context, Request.admin("checkpoint"))

@@ -106,9 +106,7 @@ class LostData:
                 continue
             was = guard.floor
             try:
-                if was is None:
-                    guard.settle(floor)
-                elif not guard.lower(floor):
+                if not guard.learn(floor):
                     await asyncio.sleep(RELEARN_SECONDS)
                     continue
             except CorruptData as error:  # the fsync failed: this disk cannot be trusted

@@ -185,8 +185,8 @@ class PatchedSyncObj(pysyncobj.SyncObj):
             if not entries and self._askedFromBase == asked and leaderCommitIndex < base[1]:
                 # Sent from past the leader's last entry, once it was asked to resume at this base (an
                 # earlier heartbeat may predate an install), by a leader that has not committed the base
-                # entry (one that has holds it: its heartbeat predates the install, CI of the guard's
-                # fix): its log ends at prevLogIdx.
+                # entry (one that has holds it: its heartbeat predates the install, test_chaos's bad-disk
+                # run): its log ends at prevLogIdx.
                 self._snapshotContradicted(node, f'the leader\'s log ends at {prevLogIdx}, before entry {base[1]}, '
                                                  'which this log begins at')
                 return

@@ -118,6 +118,13 @@ class VoteGuard:
             {"term": floor.term, "index": floor.index, "log_term": floor.log_term}).encode())
         self.floor, self.waiting = floor, False
 
+    def learn(self, floor: VoteFloor) -> bool:
+        """A floor the other voters gave: the first settles, a later one may only lower it. True: it changed."""
+        if self.floor is None:
+            self.settle(floor)
+            return True
+        return self.lower(floor)
+
     def lower(self, floor: VoteFloor) -> bool:
         """`floor`, learned again while this replica has not reached its own: when every log of that quorum
         ends before its own floor's entry, the entries past theirs were never committed or a power cut of

@@ -20,12 +20,13 @@ from raftkv.raft.group import Outcome, Role
 from raftkv.raft.hub import Directory
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.raft.syncobj_journal import membership_change
-from raftkv.raft.vote_guard import VoteGuard, VoterAnswer, floor_from
+from raftkv.raft.vote_guard import VoteGuard
 from tests.engine_sim.checker import Checker
 from tests.engine_sim.clock import Scheduler, SimLoop
 from tests.engine_sim.network import ENGINE, SimNetwork
 from tests.engine_sim.storage import JournalDisk, SimJournal, SimLogSync, SimStateMachine, StateDisk
 from tests.engine_sim.trace import Trace
+from tests.engine_sim.wipes import Wipes
 
 TUNING = Tuning()
 _LEADER = Role.LEADER.value
@@ -85,9 +86,7 @@ class SimCluster:
         self.journals: dict[tuple[str, int], JournalDisk] = {}
         self.states: dict[tuple[str, int], StateDisk] = {}
         self.down: set[str] = set()
-        self._wiped: set[str] = set()  # nodes whose data was deleted: their next start opens them guarded
-        self._recovering: set[str] = set()  # wiped nodes until each voter member caught up with its floor
-        self._wiped_logs: dict[tuple[str, int], list[list]] = {}  # the synced logs wipes took (`_synced_logs`)
+        self.wipes = Wipes(self, self._rng)
         self.unsure: set[int] = set()  # groups a membership change may have changed without the answer saying so
         self.lost_acknowledged = 0  # default mode: acknowledged proposals a power cut may have taken
         self._opening: tuple[str, int] | None = None
@@ -129,7 +128,7 @@ class SimCluster:
         state = SimStateMachine(self.states.setdefault(key, StateDisk()), partial(self._applied, node, group),
                                 partial(self.checker.on_roll_back, node, group))
         voters, learner = self.voters[group], node == LEARNER
-        guard = None if learner else VoteGuard(folder, guarded=node in self._wiped)
+        guard = None if learner else VoteGuard(folder, guarded=node in self.wipes.pending)
         config = GroupConfig(
             partition=group, hub=self.network.hubs[node], self_address=None if learner else address(node, group),
             peers=tuple(address(n, group) for n in voters if n != node), folder=folder, fsync=self.fsync,
@@ -153,42 +152,7 @@ class SimCluster:
         self.trace.add("open", f"g{group} {node} term {raft.term} log ..{raft.last_log_index} "
                                f"commit {raft.commit_index} state at {state.position.index}"
                                f"{' (guarded)' if guard is not None and guard.waiting else ''}")
-        if guard is not None and guard.recovering:
-            self.scheduler.after(self._rng.uniform(0.2, 1.0), self._learn_floor, node, group, guard)
-
-    def _learn_floor(self, node: str, group: int, guard: VoteGuard) -> None:
-        """As `LostData._learn_vote_floor` asks over the Admin API: the voters that kept their data, until
-        enough answer; then every few seconds until the member caught up, to lower a floor no log reaches."""
-        member = self.members.get((node, group))
-        if member is None or member.raft.config.guard is not guard or not guard.recovering:
-            return
-        answers = [VoterAnswer(m.raft.term, m.raft.commit_index, (m.raft.term_at(m.raft.last_log_index) or 0,
-                                                                   m.raft.last_log_index), m.raft.config.guard.recovering)
-                   for m in self.running(group) if m.node != node]
-        floor = floor_from(answers, len(self.voters[group]))
-        if floor is None:
-            self.scheduler.after(1.0, self._learn_floor, node, group, guard)
-            return
-        was = guard.floor
-        if was is None:
-            guard.settle(floor)
-            self.trace.add("floor", f"g{group} {node} terms after {floor.term}, logs up to {floor.describe()}")
-        elif guard.lower(floor):
-            self.trace.add("floor-lowered", f"g{group} {node} from {was.describe()} to {guard.floor.describe()}")
-        self.scheduler.after(5.0, self._learn_floor, node, group, guard)
-
-    def recovering(self) -> bool:
-        """A wiped node is down, or one of its voter members has not caught up with its floor yet."""
-        for node in sorted(self._recovering):
-            if node in self.down:
-                return True
-            for group in self.groups:
-                member = self.members.get((node, group))
-                guard = member.raft.config.guard if member is not None else None
-                if guard is not None and guard.recovering:
-                    return True
-            self._recovering.discard(node)
-        return False
+        self.wipes.opened(node, group, guard)
 
     def _close(self, node: str, group: int) -> None:
         member = self.members.pop((node, group), None)
@@ -260,7 +224,8 @@ class SimCluster:
         others = [node.address.split(":")[0] for node in member.raft._member._SyncObj__otherNodes]
         now = {member.node, *others}
         then = _voters_before_changes_after(now, member.journal, index)
-        holding = {n for n in now | then if any(_holds(log, index, term) for log in self._synced_logs(n, member.group))}
+        holding = {n for n in now | then
+                   if any(_holds(log, index, term) for log in self._synced_logs(n, member.group))}
         if all(len(holding & voters) <= len(voters) // 2 for voters in (now, then)):
             self.checker.fail(f"durable quorum: g{member.group} {member.node} applies {index}:{term}, which only "
                               f"{sorted(holding) or 'no member'} of {sorted(now)} synced")
@@ -269,7 +234,7 @@ class SimCluster:
         """What the member's disk holds synced, and what its disks held before a wipe took them (they had
         synced those entries when they were committed)."""
         disk = self.journals.get((node, group))
-        return self._wiped_logs.get((node, group), []) + ([disk.durable] if disk is not None else [])
+        return self.wipes.lost_logs(node, group) + ([disk.durable] if disk is not None else [])
 
     # -- at the end ------------------------------------------------------------------
 
@@ -386,17 +351,15 @@ class SimCluster:
         for group in self.groups:
             if node in self.voters[group]:
                 self._open(node, group)
-        self._wiped.discard(node)
+        self.wipes.pending.discard(node)
 
     def wipe(self, node: str) -> None:
         """kill -9 of the node, and every member's data deleted (its journal, state and folder)."""
         self.crash(node, power=False)
+        self.wipes.took(node, {g: disk.durable for g in self.groups
+                               if (disk := self.journals.get((node, g))) is not None})
         for group in self.groups:
-            if (disk := self.journals.get((node, group))) is not None:
-                self._wiped_logs.setdefault((node, group), []).append(list(disk.durable))
             self._delete(node, group)
-        self._wiped.add(node)
-        self._recovering.add(node)
         self.trace.add("wipe", node)
 
     def sync_node(self, node: str) -> None:

@@ -133,7 +133,7 @@ class Nemesis:
             self._scheduler.after(self._rng.uniform(0.2, 2.0), self._restart, node)
 
     def _wipe(self) -> None:
-        if self.cluster.recovering():
+        if self.cluster.wipes.recovering():
             return
         node = self._rng.choice(self.cluster.nodes)
         self.cluster.wipe(node)

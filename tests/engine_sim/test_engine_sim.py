@@ -26,6 +26,7 @@ from raftkv.raft.state_repair import StateRepair
 from raftkv.raft.syncobj_group import SyncObjGroup
 from raftkv.raft.syncobj_votes import Votes
 from tests.engine_sim import cluster as sim_cluster
+from tests.engine_sim import wipes as sim_wipes
 from tests.engine_sim.faults import Faults
 from tests.engine_sim.run import SimConfig, run
 
@@ -212,7 +213,7 @@ def _commit_index_floor(monkeypatch):
         if not answers or len(answers) < vote_guard.answers_needed(voters):
             return None
         return vote_guard.VoteFloor(max(a.term for a in answers), max(a.commit_index for a in answers), None)
-    monkeypatch.setattr(sim_cluster, "floor_from", floor_from)
+    monkeypatch.setattr(sim_wipes, "floor_from", floor_from)
 
 
 def _never_retired(monkeypatch):
