@@ -153,7 +153,7 @@ class _Member(SnapshotHooks, PatchedSyncObj):
             self._group.load_state()
         now = self._group.config.clock()  # read again after pysyncobj's tick: it takes time, and stamps answers
         guard = self._group.config.guard
-        if guard is not None:
+        if guard is not None and guard.recovering:  # (every voter has a guard; few ever lost their data)
             guard.caught_up(self.raftCommitIndex)
             last = self._SyncObj__raftLog[-1]
             if (why := guard.held_back(last[2], last[1])) is not None:
