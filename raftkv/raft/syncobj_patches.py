@@ -57,11 +57,11 @@ to the original handler unchanged.
 
 A follower asked about an entry below its log's first one (its snapshot)
 answers by asking from that first entry on, not with its log end: a leader
-whose log holds that entry in another term, or ends before it (an append with
-no entries: sent from past the leader's end), then proves that a loss of
-committed entries (lose-last-second mode, a power cut of every member) left
-this replica's snapshot with entries no leader will send again, and
-``_snapshotContradicted`` says so (upstream's leader and follower passed
+whose log holds that entry in another term, or ends before it (a leader of
+ours answers such an ask with an append marked ``log_end``), then proves that
+a loss of committed entries (lose-last-second mode, a power cut of every
+member) left this replica's snapshot with entries no leader will send again,
+and ``_snapshotContradicted`` says so (upstream's leader and follower passed
 ``nextIndex`` back and forth for ever). A leader of ours never resumes a
 follower past its own log's end.
 
@@ -129,7 +129,6 @@ class PatchedSyncObj(pysyncobj.SyncObj):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._askedFromBase: Tuple[Node, int, int] | None = None  # the leader, term and base last asked to resume at
         super().__init__(*args, **kwargs)
 
     def _patchedOnMessageReceived(self, node: Node, message: Message) -> None:
@@ -141,6 +140,7 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         if (message['type'] == 'next_node_idx' and message.get('reset') is True
                 and self._SyncObj__raftState == _upstream._RAFT_STATE.LEADER):
             message = {**message, 'next_node_idx': self._resumeAt(message)}
+            self._answerAskFromBase(node, message.get('log_begins'))
         if (message['type'] == 'append_entries'
                 and message['term'] >= self._SyncObj__raftCurrentTerm
                 and message.get('transmission') in (None, 'finish')):
@@ -181,19 +181,18 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         prevLogIdx = message['prevLogIdx']
         base: LogEntry = self._SyncObj__raftLog[0]
         if prevLogIdx is not None and prevLogIdx < base[1]:
-            asked = (node, message['term'], base[1])
-            if not entries and self._askedFromBase == asked and leaderCommitIndex < base[1]:
-                # Sent from past the leader's last entry, once it was asked to resume at this base (an
-                # earlier heartbeat may predate an install), by a leader that has not committed the base
-                # entry (one that has holds it: its heartbeat predates the install, test_chaos's bad-disk
-                # run): its log ends at prevLogIdx.
+            if message.get('log_end') is True:
                 self._snapshotContradicted(node, f'the leader\'s log ends at {prevLogIdx}, before entry {base[1]}, '
                                                  'which this log begins at')
                 return
             # Upstream answers with its log end, and a leader whose log contradicts this one's base then
-            # walks back below it again: for ever. Asked from the base on, the leader shows which.
-            self._askedFromBase = asked
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=base[1] + 1, success=False, reset=True)
+            # walks back below it again: for ever. Asked from the base on, a leader of ours says whether
+            # its log ends before it (`_answerAskFromBase`): a heartbeat cannot, as one sent before this
+            # replica installed its snapshot may arrive after (test_chaos's bad-disk run, twice).
+            self._SyncObj__transport.send(node, {
+                'type': 'next_node_idx', 'next_node_idx': base[1] + 1, 'reset': True, 'success': False,
+                'log_begins': base[1],
+            })
             return
         prevEntries = self._SyncObj__getEntries(prevLogIdx, 1)
         if not prevEntries:
@@ -276,6 +275,19 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         at_most = bisect.bisect_right(log, term, 0, min(back - base, len(log)), key=_term) - 1
         resume = base + at_most + 1 if at_most >= 0 and log[at_most][2] == term else first
         return min(back, max(resume, base + 1))
+
+    def _answerAskFromBase(self, node: Node, begins: Any) -> None:
+        """A follower whose log begins at entry `begins`, one it committed, asked to resume there: if this
+        log ends before it, it lacks a committed entry, and the follower is told so by an append marked
+        `log_end` (`_patchedAppendEntries`). Sent in answer to the ask, it cannot predate the follower's
+        snapshot; and a leader's log never ends earlier later in its term."""
+        last = self._SyncObj__raftLog[-1]
+        if type(begins) is int and begins > last[1]:
+            self._SyncObj__transport.send(node, {
+                'type': 'append_entries', 'term': self._SyncObj__raftCurrentTerm,
+                'commit_index': self._SyncObj__raftCommitIndex, 'entries': [], 'prevLogIdx': last[1],
+                'prevLogTerm': last[2], 'log_end': True,
+            })
 
     def _mayReplaceCommitted(self, idx: int) -> bool:
         """Whether a leader may replace this log's committed entries from ``idx`` on. Never in Raft;
