@@ -404,6 +404,43 @@ def test_on_a_fake_clock_a_connection_that_hears_nothing_for_dead_after_is_close
     asyncio.run(scenario())
 
 
+def test_pings_and_their_answers_leave_at_once_while_raft_frames_wait_for_a_slow_sync():
+    """test_chaos's bad-disk run: a node whose fsync took 5 s held its pongs behind the sync; its peers
+    heard nothing for longer than dead_after, closed their connections and dialed again, and a heartbeat
+    sent on the old one was handled after a snapshot sent on the new one."""
+    async def frame(reader: asyncio.StreamReader) -> tuple:
+        header = await asyncio.wait_for(reader.readexactly(hub_frames.HEADER_BYTES), 5)
+        return _body(header + await reader.readexactly(hub_frames.frame_length(header)))
+
+    async def scenario():
+        streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        server = await asyncio.start_server(lambda *stream: streams.append(stream), "127.0.0.1", 0)
+        hub = RaftHub(asyncio.get_running_loop(), "n1", Directory, None, retry_seconds=0.5, dead_after=30.0)
+        hub.before_send = lambda: 7  # the node log's sync of write 7 has not come yet
+        try:
+            where = server.sockets[0].getsockname()[:2]
+            pinging, answering = [Connection(hub, *await asyncio.open_connection(*where), peer="n2", dialed=dialed)
+                                  for dialed in (True, False)]
+            hub._links["n2"] = pinging
+            await until(lambda: len(streams) == 2)
+            accepted = [reader for reader, _ in streams]
+            for connection in (pinging, answering):
+                hub.reply(connection, 3, {"type": "next_node_idx"})  # an answer: it waits for the sync
+            await asyncio.sleep(0)  # the turn's flush holds them
+            assert hub._holding == {pinging, answering}
+            hub._ping()
+            hub._on_control(answering, "ping", None)
+            assert [await frame(accepted[0]), await frame(accepted[1])] == [(CONTROL, "ping", None),
+                                                                           (CONTROL, "pong", None)]
+            hub.synced(7)
+            assert [(await frame(reader))[0] for reader in accepted] == [3, 3]
+        finally:
+            server.close()
+            await hub.close()
+
+    asyncio.run(scenario())
+
+
 def test_on_a_fake_clock_refusals_are_logged_at_most_every_ten_seconds(caplog):
     async def scenario():
         now = [0.0]

@@ -21,9 +21,9 @@ Here each process has one hub on its asyncio loop (docs/raft-transport.md):
   written: `log_turn`), then writes every connection's, none if that failed. In fsync mode they are
   held until the node log's sync (on its I/O thread) covers that write (`synced`), except the early
   ones (a leader's appends), which never overtake a held frame (`hub_connection`).
-- Each dialer pings every `ping_every` seconds and the other side answers; a connection that hears
-  nothing for `dead_after` seconds is closed (a cut network otherwise leaves it hanging for TCP's
-  minutes), and the dialer tries again every `retry_seconds`.
+- Each dialer pings every `ping_every` seconds and the other side answers, both at once, never held
+  for a sync; a connection that hears nothing for `dead_after` seconds is closed (a cut network
+  otherwise leaves it hanging for TCP's minutes), and the dialer tries again every `retry_seconds`.
 
 Groups attach a `GroupEndpoint` (their transport, `syncobj_transport.GroupTransport`) under their
 group number; who a group member is comes from the `Directory` the owner keeps up to date.
@@ -335,7 +335,7 @@ class RaftHub:
         if verb == "ping" and not connection.dialed:
             if hub_frames.announces_engine(arg) and connection.peer is not None:
                 self._engine_peers[connection.peer] = connection
-            connection.send(hub_frames.encode((CONTROL, "pong", None)))
+            connection.send_now(hub_frames.encode((CONTROL, "pong", None)))
         elif verb in ("join", "leave") and not connection.dialed and isinstance(arg, int):
             subscribers = self._subscribers.setdefault(arg, set())
             if verb == "join":
@@ -380,9 +380,11 @@ class RaftHub:
         now = self.clock()
         for connection in [c for c in self._links.values() if c] + list(self._accepted):
             if now - connection.last_received > self._dead_after:
+                log.info("closing the Raft connection %r: nothing heard on it for %.1fs", connection,
+                         now - connection.last_received)
                 connection.close()
             elif connection.dialed:
-                connection.send(hub_frames.encode((CONTROL, "ping", None)))
+                connection.send_now(hub_frames.encode((CONTROL, "ping", None)))
         self._pinger = self.loop.call_later(self._ping_every, self._ping)
 
     def _refused(self, writer: asyncio.StreamWriter, why: str) -> None:

@@ -61,6 +61,14 @@ class Connection:
         (self._early if early else self._pending).append(frame)
         return True
 
+    def send_now(self, frame: bytes) -> None:
+        """A ping or its answer: it acknowledges nothing, so it leaves at once, ahead of frames that wait for
+        the node log's sync. Held behind a 5 s fsync, it left the peer hearing nothing for longer than
+        `dead_after`: it closed the connection and dialed again, and frames of the two connections crossed
+        (test_chaos's bad-disk run)."""
+        if not self.closed:
+            self._write_frames([frame])
+
     def _end_turn(self, point: int | None) -> None:
         """The hub's flush: `point` None drops this turn's frames (the records they speak of were not
         written); else they leave once the node log's sync covers write `point` (0: at once)."""
