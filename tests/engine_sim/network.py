@@ -6,7 +6,10 @@ goes down at once when B's process dies (a reset), only after a while when the n
 is cut (the hub's pings time out), and comes up again a little after both are back (the dialer's
 retry). A message on a connection that went down is lost. A message whose handling raises closes its
 connection, as `RaftHub`'s reader does (`errors` keeps what was raised). On top of that, each message may be lost,
-duplicated or delayed past later ones (`NetFaults`), which TCP would not do but Raft must survive.
+duplicated or delayed past later ones (`NetFaults`), which TCP would not do but Raft must survive. And with
+`stale`, a message may wait seconds in the receiver's socket and still be handled, after messages of a
+connection dialed since: a node whose loop a slow fsync blocked for 10 s read its old connection's
+frames and its new one's interleaved (docs/chaos.md, "Bugs it found").
 Each link draws from a random generator of its own, so the schedule does not depend on the order in
 which pysyncobj walks its sets of peers (string hashes differ between processes).
 """
@@ -33,6 +36,8 @@ class NetFaults:
     jitter: float = 0.010
     detect: float = 2.0  # at most this long before a cut connection is noticed (the hub's pings)
     reconnect: float = 0.5  # at most this long before a connection is made again (the hub's retry)
+    stale: float = 0.0  # per message: held up to `stale_delay` s, handled while its receiver's process lives
+    stale_delay: float = 4.0
 
 
 
@@ -150,15 +155,23 @@ class SimNetwork:
             return True
         copies = 2 if rng.random() < faults.duplication and _idempotent(message) else 1
         epoch = self._epoch.get((a, b), 0)
+        # the receiver's process, for a message held in its socket: handled if that process still runs
+        held = self.hubs.get(b) if faults.stale and rng.random() < faults.stale else None
         for _ in range(copies):
             when = self._scheduler.now + faults.delay + rng.random() * faults.jitter
-            if not faults.reorder:
+            if held is not None:
+                when += rng.random() * faults.stale_delay
+            elif not faults.reorder:
                 when = self._fifo[(a, b)] = max(when, self._fifo.get((a, b), 0.0))
-            self._scheduler.at(when, self._deliver, a, b, group, message, epoch, member=(b, group))
+            self._scheduler.at(when, self._deliver, a, b, group, message, epoch, held, member=(b, group))
         return True
 
-    def _deliver(self, a: str, b: str, group: int, message: object, epoch: int) -> None:
-        if self._epoch.get((a, b), 0) != epoch or not self._reachable(a, b):
+    def _deliver(self, a: str, b: str, group: int, message: object, epoch: int, held: SimHub | None) -> None:
+        if held is not None:
+            if self.hubs.get(b) is not held:
+                self._trace.message("cut", a, b, group, message)
+                return
+        elif self._epoch.get((a, b), 0) != epoch or not self._reachable(a, b):
             self._trace.message("cut", a, b, group, message)
             return
         self._trace.message("recv", a, b, group, message)
