@@ -23,11 +23,13 @@ from raftkv.raft.engine import learners, steady
 from raftkv.raft.engine.node_engine import NodeEngine
 from raftkv.raft import syncobj_group, vote_guard
 from raftkv.raft.state_repair import StateRepair
+from raftkv.raft.syncobj_patches import PatchedSyncObj
 from raftkv.raft.syncobj_group import SyncObjGroup
 from raftkv.raft.syncobj_votes import Votes
 from tests.engine_sim import cluster as sim_cluster
 from tests.engine_sim import wipes as sim_wipes
 from tests.engine_sim.faults import Faults
+from tests.engine_sim.network import NetFaults
 from tests.engine_sim.run import SimConfig, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,6 +191,20 @@ def test_a_vote_delivered_twice_counts_once(monkeypatch):
     assert run(config).ok
     monkeypatch.setattr(Votes, "_first_vote", lambda self, node, term: True)
     assert any("leader completeness" in line for line in run(config).violations)
+
+
+def test_an_answer_to_a_predecessors_forwarded_command_is_never_taken_for_the_successors(monkeypatch):
+    """fsync mode, seed 158, messages held up to 8 s in their receiver's socket (`--stale`): n1's member of
+    g0 forwarded its command 1 at 20.9 s (held until 28.3), was removed at 23.2 and added back at 24.5,
+    and forwarded g0.1004 as its command 1 at 26.0 (appended at 489; that answer was held too). The
+    leader appended the predecessor's command at 540 and answered "1: 540", and n1 acknowledged g0.1004
+    at 540, which held the other command. Command numbers now start from the clock
+    (`PatchedSyncObj._requestIdsFrom`)."""
+    config = SimConfig(seed=158, steps=20_000, fsync=True, engine=True, learners=True,
+                       net=NetFaults(stale=0.05, stale_delay=8.0))
+    assert run(config).ok
+    monkeypatch.setattr(PatchedSyncObj, "_requestIdsFrom", lambda self: 0)
+    assert any("is not in the settled state" in line for line in run(config).violations)
 
 
 def test_a_member_restarted_with_an_uncommitted_membership_change_counts_it(monkeypatch):
