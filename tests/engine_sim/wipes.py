@@ -49,6 +49,10 @@ class Wipes:
             self._recovering.discard(node)
         return False
 
+    def guarded(self, node: str) -> bool:
+        """`node` was wiped and may still have guarded members (whose votes go only to logs at their floor)."""
+        return node in self._recovering
+
     def _ask(self, node: str, group: int, guard: VoteGuard) -> None:
         cluster = self._cluster
         member = cluster.members.get((node, group))
