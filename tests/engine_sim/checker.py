@@ -29,6 +29,7 @@ from tests.engine_sim.storage import LogEntry
 @dataclass
 class GroupRecord:
     committed: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # index -> (term, command)
+    committed_in: dict[int, int] = field(default_factory=dict)  # index -> the term of the member that first counted it
     applied: dict[int, int] = field(default_factory=dict)  # index -> history digest
     applied_at: dict[bytes, int] = field(default_factory=dict)  # payload -> index
     acked: dict[bytes, int] = field(default_factory=dict)  # acknowledged proposal -> index
@@ -109,20 +110,29 @@ class Checker:
         return True
 
     def new_leader(self, node: str, group: int, term: int, log) -> None:
+        """Raft's leader completeness: an entry committed in a term is in the log of every leader of a later
+        one. Not of an earlier one: a candidate of term 25 whose votes were held up won after a leader of
+        term 26 had committed 454:20, which it lacked (seed 1247, `--stale`)."""
         first, last = log[0][1], log[-1][1]
-        for index, (entry_term, command) in self.group(group).committed.items():
+        record = self.group(group)
+        for index, (entry_term, command) in record.committed.items():
+            if record.committed_in[index] >= term:
+                continue
             held = log[index - first] if first <= index <= last else None
             if held is None or held[2] != entry_term:
                 self.fail(f"leader completeness: g{group} {node} leads term {term} without committed entry "
                           f"{index}:{entry_term} (it holds {None if held is None else held[1:]})")
                 return
 
-    def committed(self, node: str, group: int, log, start: int, end: int) -> None:
-        """A member's commit index moved from `start` to `end`: the entries between are committed."""
-        committed = self.group(group).committed
+    def committed(self, node: str, group: int, log, start: int, end: int, current_term: int) -> None:
+        """A member in `current_term` moved its commit index from `start` to `end`: the entries between are
+        committed (in that term, if no member counted them before)."""
+        record = self.group(group)
+        committed = record.committed
         first = log[0][1]
         for index in range(start + 1, end + 1):
             _, _, term = entry = log[index - first]
+            record.committed_in.setdefault(index, current_term)
             seen = committed.setdefault(index, (term, entry[0]))
             if seen != (term, entry[0]):
                 self.fail(f"commit: g{group} {node} counts {index}:{term} committed; {index}:{seen[0]} was")
@@ -153,6 +163,7 @@ class Checker:
         gone = [i for i in record.committed if i >= index]
         for i in gone:
             del record.committed[i]
+            del record.committed_in[i]
         record.forgotten += len(gone)
         record.replaceable.update(gone)
         for i in [i for i in record.applied if i >= index]:

@@ -205,7 +205,7 @@ class SimCluster:
             if (leader := self.leader(member.group)) is not None and leader.raft.steady.leading:
                 self.trace.counts["learned"] += commit - member.checked_commit
         elif commit > member.checked_commit:
-            checker.committed(member.node, member.group, journal, member.checked_commit, commit)
+            checker.committed(member.node, member.group, journal, member.checked_commit, commit, raft.term)
         member.checked_commit = commit
 
     def _applied(self, node: str, group: int, index: int, term: int, payload: bytes, digest: int) -> None:
