@@ -70,6 +70,10 @@ class RecordingTransport(TCPTransport):
         self.sent.append((node, message))
         return super().send(node, message)
 
+    def notify(self, node: Any, message: Any) -> bool:
+        """`GroupTransport.notify`: a send that acknowledges nothing."""
+        return self.send(node, message)
+
 
 class Follower:
     """A SyncObj (patched or not) fed with crafted messages from a fake leader."""
@@ -416,6 +420,20 @@ def test_a_leader_whose_log_ends_before_the_snapshot_says_so_when_asked_and_cont
     f = compacted_follower(make_follower)
     f.deliver_raw(f.leader, dict(marked[0], term=2))
     assert f.obj.contradictions == ["the leader's log ends at 5, before entry 6, which this log begins at"]
+
+
+def test_a_candidate_told_of_a_later_term_follows_in_it_and_an_earlier_one_changes_nothing(
+        make_follower: Callable[..., Follower]) -> None:
+    """Raft's RequestVote reply carries the voter's term; pysyncobj sends none, so a member answers a
+    request from an earlier term with `vote_refused` (syncobj_votes), and a candidate adopts the term."""
+    f = filled_follower(make_follower, PatchedSyncObj, last=4, commit=4)
+    f.obj._SyncObj__setCurrentTerm(5, None)
+    f.obj._SyncObj__setState(pysyncobj.syncobj._RAFT_STATE.CANDIDATE)
+    f.deliver_raw(f.other, {'type': 'vote_refused', 'term': 4})
+    assert f.obj.raftCurrentTerm == 5 and f.obj._SyncObj__raftState == pysyncobj.syncobj._RAFT_STATE.CANDIDATE
+    f.deliver_raw(f.other, {'type': 'vote_refused', 'term': 9})
+    assert f.obj.raftCurrentTerm == 9 and f.obj._SyncObj__raftState == pysyncobj.syncobj._RAFT_STATE.FOLLOWER
+    assert f.obj._SyncObj__votedForNodeId is None and not f.transport.sent
 
 
 def test_membership_change_rolled_back_only_when_truncated(

@@ -155,8 +155,19 @@ class PatchedSyncObj(pysyncobj.SyncObj):
                 and message['term'] >= self._SyncObj__raftCurrentTerm
                 and message.get('transmission') in (None, 'finish')):
             self._patchedAppendEntries(node, message)
+        elif message['type'] == 'vote_refused':
+            self._adoptTerm(message.get('term'))
         else:
             _originalOnMessageReceived(self, node, message)
+
+    def _adoptTerm(self, term: Any) -> None:
+        """A member answered this one's vote request from a term before its own with that term (Raft's
+        RequestVote reply, which pysyncobj never sends): a later one, and this member follows in it, so
+        its next campaign is heard."""
+        if type(term) is int and term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(term, None)
+            self._SyncObj__setState(_upstream._RAFT_STATE.FOLLOWER)
+            self._SyncObj__raftLeader = None
 
     # SyncObj.__init__ registers self.__onMessageReceived with the transport;
     # this name is what that lookup resolves to (no mangling: one underscore).

@@ -6,6 +6,12 @@ has a floor, and none from a leader of a term before the floor's after: a depose
 counted on it, as they would not have before the wipe, and were committed over entries a later
 leader had committed (the engine simulation's `wipe` fault, seed 121).
 
+A request from a term before this member's is answered with that term (`vote_refused`), which a
+candidate of ours adopts (`PatchedSyncObj`), as Raft's RequestVote reply does: pysyncobj answers
+nothing, so a candidate that the other side never sends to (its configuration lacks it, after an
+uncommitted removal) campaigned below that side's term for good, and a group of three stayed without
+a leader (the simulation with `--stale`, seed 1006).
+
 pysyncobj answers a refused vote with nothing either, so a request is dropped here when:
 - the member is guarded and may not grant it;
 - the member has a live leader (it leads, rests, or its election timer still runs) and the candidate
@@ -50,6 +56,8 @@ class Votes:
         if kind != "request_vote":
             return True
         term = message.get("term", 0)
+        if type(term) is int and term < self._member.raftCurrentTerm:
+            self._refuse_stale_term(node)
         last_term, last_index = message.get("last_log_term", 0), message.get("last_log_index", 0)
         if guard is not None and (why := guard.refusal(term, last_term, last_index)) is not None:
             self._refused(node, term, why)
@@ -60,6 +68,11 @@ class Votes:
         if (why := raft_refusal(term, last_term, last_index, self._voter())) is not None:
             self._refused(node, term, why)  # pysyncobj refuses it, silently
         return True
+
+    def _refuse_stale_term(self, node) -> None:
+        """Tell a candidate asking from an earlier term this member's, which it adopts (`PatchedSyncObj`)."""
+        member = self._member
+        member._SyncObj__transport.notify(node, {"type": "vote_refused", "term": member.raftCurrentTerm})
 
     def _first_vote(self, node, term: object) -> bool:
         """Whether a vote is one pysyncobj may count: a member's first in the current term."""
