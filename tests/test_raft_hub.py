@@ -435,6 +435,10 @@ def test_pings_and_their_answers_leave_at_once_while_raft_frames_wait_for_a_slow
             hub.synced(7)
             assert [(await frame(reader))[0] for reader in accepted] == [3, 3]
         finally:
+            for connection in (pinging, answering):  # `answering` is no accepted connection of the hub's
+                connection.close()
+            for _, writer in streams:
+                writer.close()
             server.close()
             await hub.close()
 

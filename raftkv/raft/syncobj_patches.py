@@ -160,6 +160,10 @@ class PatchedSyncObj(pysyncobj.SyncObj):
         else:
             _originalOnMessageReceived(self, node, message)
 
+    # SyncObj.__init__ registers self.__onMessageReceived with the transport;
+    # this name is what that lookup resolves to (no mangling: one underscore).
+    _SyncObj__onMessageReceived = _patchedOnMessageReceived
+
     def _adoptTerm(self, term: Any) -> None:
         """A member answered this one's vote request from a term before its own with that term (Raft's
         RequestVote reply, which pysyncobj never sends): a later one, and this member follows in it, so
@@ -168,10 +172,6 @@ class PatchedSyncObj(pysyncobj.SyncObj):
             self._SyncObj__setCurrentTerm(term, None)
             self._SyncObj__setState(_upstream._RAFT_STATE.FOLLOWER)
             self._SyncObj__raftLeader = None
-
-    # SyncObj.__init__ registers self.__onMessageReceived with the transport;
-    # this name is what that lookup resolves to (no mangling: one underscore).
-    _SyncObj__onMessageReceived = _patchedOnMessageReceived
 
     def _patchedAppendEntries(self, node: Node, message: Message) -> None:
         # Same bookkeeping as upstream before it looks at the log.

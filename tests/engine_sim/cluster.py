@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from raftkv.core.spec import Tuning
 from raftkv.raft.engine.node_engine import NodeEngine
@@ -325,24 +326,26 @@ class SimCluster:
         if self.fsync:
             return
         for group in self.groups:
-            record = self.checker.group(group)
-            if not record.committed:
-                continue
             logs = [self._log(n, group) for n in self.voters[group]]
             majority = len(logs) // 2 + 1
             voting = [log for n, log in zip(self.voters[group], logs) if not self.wipes.guarded(n)]
             electable = [log for log in voting if sum(1 for other in voting if _last(other) <= _last(log)) >= majority]
-            lowest_lost = None
-            for index in sorted(record.committed, reverse=True):
-                term = record.committed[index][0]
-                if (sum(1 for log in logs if _holds(log, index, term)) >= majority
-                        and all(_holds(log, index, term) for log in electable)):
-                    break
-                lowest_lost = index
-            if lowest_lost is not None:
-                self.lost_acknowledged += self.checker.forget_from(group, lowest_lost)
-                # a membership change among the entries lost: the metadata names voters the group lacks
-                self.unsure.add(group)
+            self._forget_unless(group, lambda index, term: sum(1 for log in logs if _holds(log, index, term)) >= majority
+                                and all(_holds(log, index, term) for log in electable))
+
+    def _forget_unless(self, group: int, survives: Callable[[int, int], bool]) -> None:
+        """The group's committed entries from the lowest above the last one that `survives(index, term)` may be
+        replaced (`Checker.forget_from`)."""
+        record = self.checker.group(group)
+        lowest_lost = None
+        for index in sorted(record.committed, reverse=True):
+            if survives(index, record.committed[index][0]):
+                break
+            lowest_lost = index
+        if lowest_lost is not None:
+            self.lost_acknowledged += self.checker.forget_from(group, lowest_lost)
+            # a membership change among the entries lost: the metadata names voters the group lacks
+            self.unsure.add(group)
 
     def _log(self, node: str, group: int) -> list:
         member = self.members.get((node, group))
@@ -377,15 +380,8 @@ class SimCluster:
         taken them from the others first (default mode; seed 3506, where a stale commit notice had counted
         them on the wiped node since). Nothing can bring them back; the vote guard keeps the rest."""
         for group in self.groups:
-            record = self.checker.group(group)
             logs = [self._log(n, group) for n in self.voters[group] if n != wiped]
-            lowest_lost = None
-            for index in sorted(record.committed, reverse=True):
-                if any(_holds(log, index, record.committed[index][0]) for log in logs):
-                    break
-                lowest_lost = index
-            if lowest_lost is not None:
-                self.lost_acknowledged += self.checker.forget_from(group, lowest_lost)
+            self._forget_unless(group, lambda index, term: any(_holds(log, index, term) for log in logs))
 
     def sync_node(self, node: str) -> None:
         """The default mode's once-a-second sync of every journal of a node (journal_syncer)."""
