@@ -57,7 +57,7 @@ class _FeedStateMachine:
         self.pending_snapshot = None
 
     def flush(self) -> None:
-        self.engine.flush()
+        self.engine.flush_memtable()
 
 
 class LearnerReplica(Replica[RocksEngine]):

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -322,6 +323,30 @@ def test_rocks_reads_of_a_closed_engine_say_it_is_closed(tmp_path):
     with pytest.raises(Unavailable, match="is closed"):
         e.scan(KeyRange(b"", None))
     assert e._readers == 0
+
+
+def test_a_close_while_a_worker_flushes_the_memtable_waits_for_it_and_releases_the_database(tmp_path, caplog):
+    """A compaction's flush runs on the snapshot worker while the loop goes on; a replica closed meanwhile
+    (a move's removal, the node's stop) could not close a handle the flush was inside ("Already
+    borrowed"), so the database stayed open and locked."""
+    e = RocksEngine(tmp_path / "p")
+    for batch in range(10):  # about 10 MB in the memtable: its flush takes tens of ms
+        e.write([Put(b"k%07d" % i, os.urandom(100)) for i in range(batch * 10_000, (batch + 1) * 10_000)],
+                Position(batch + 1, 1))
+    flush = threading.Thread(target=e.flush_memtable)
+    flush.start()
+    wait_until(lambda: e._flushing or not flush.is_alive(), 10, "the flush to begin")
+    assert flush.is_alive(), "the flush ended before the close: nothing was tested"
+    e.close()
+    flush.join()
+    assert "Already borrowed" not in caplog.text
+    again = RocksEngine(tmp_path / "p")  # RocksDB's lock went with the close
+    try:
+        assert again.position == Position(10, 1) and again.get(b"k0099999") is not None
+    finally:
+        again.close()
+    with pytest.raises(Unavailable, match="is closed"):
+        e.flush_memtable()
 
 
 def damage_a_table_file(folder: Path) -> None:

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 from pysyncobj import SERIALIZER_STATE
 
+from raftkv import failpoints
 from raftkv.raft import snapshot_file
 from raftkv.core.commands import Put
 from raftkv.core.errors import CorruptData
@@ -149,8 +150,8 @@ def test_a_snapshot_finished_after_a_newer_one_was_installed_does_not_replace_it
         try:
             await until(lambda: replica.role == Role.LEADER)
             await put(replica, range(20))
+            group.compact()  # the state machine's flush goes to the writer first, then
             snapshot_writer().submit(busy.wait)  # the writer is busy: this replica's snapshot waits
-            group.compact()
             await until(lambda: group.snapshots.job is not None)
             await put(replica, range(20, 40))
             # a leader's newer snapshot arrives: pysyncobj renames it over the snapshot file and
@@ -224,6 +225,33 @@ async def put(replica: PartitionReplica, keys: range) -> None:
         assert await asyncio.wait_for(done, 10) == Outcome.APPLIED
 
 
+def test_a_compaction_on_a_slow_disk_syncs_on_the_worker_while_the_loop_serves_writes(tmp_path):
+    """A compaction synced the node's log on the event loop: on a slow disk (test_chaos's fsync fault) py-spy
+    caught the loop held for two fsyncs, about 10 s, and every peer took the node's connections for dead."""
+
+    async def scenario():
+        logs = ReplicaLogs(tmp_path / "raft-log", fsync=False)
+        replica = single_voter(tmp_path / "p0", node_log=logs)
+        group = replica.group
+        try:
+            await until(lambda: replica.role == Role.LEADER)
+            await put(replica, range(20))
+            failpoints.arm("journal-fsync-before", "delay(5000)")  # every fsync of the log takes 5 s
+            armed = asyncio.get_running_loop().time()
+            group.compact()
+            await until(lambda: group.snapshots.job is not None)
+            await put(replica, range(20, 40))
+            assert asyncio.get_running_loop().time() - armed < 4, "the loop waited for the compaction's sync"
+            failpoints.disarm_all()
+            await until(lambda: group.snapshots.job is None and group.log_entries <= 22)  # compacted to the 20th
+        finally:
+            failpoints.disarm_all()
+            replica.close()
+            logs.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_restart_after_a_kill_during_the_first_compaction_is_quiet_and_keeps_the_data(tmp_path, caplog):
     """A kill -9 while a replica's first snapshot was written leaves pysyncobj's placeholder, an empty file,
     as the snapshot file; the journal was not compacted yet. pysyncobj failed to load it at the restart
@@ -266,8 +294,8 @@ def test_a_resting_group_finishes_its_compaction_when_the_snapshot_is_written(tm
             await until(lambda: voter.role == Role.LEADER)
             await put(voter, range(30))
             await until(lambda: voter.group.quiet.resting)
+            voter.group.compact()  # the state machine's flush goes to the worker first, then
             snapshot_writer().submit(gate.wait, 10)  # the worker is busy: the snapshot waits behind this
-            voter.group.compact()
             await until(lambda: voter.group.snapshots.job is not None)
             assert voter.group.quiet.resting and voter.group.log_entries > 2
             gate.set()

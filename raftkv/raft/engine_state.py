@@ -55,4 +55,4 @@ class EngineStateMachine:
         install(self.engine, snapshot)
 
     def flush(self) -> None:
-        self.engine.flush()
+        self.engine.flush_memtable()

@@ -72,7 +72,7 @@ def contradicts(index: int, term: int, position: Position) -> bool:
 
 class StateMachine(Protocol):
     """What a group drives. All calls come on the group's thread (the node's event loop),
-    except `checkpoint`'s result being written to a file."""
+    except `flush`, `verify`, and `checkpoint`'s result being written to a file."""
 
     @property
     def position(self) -> Position:
@@ -97,7 +97,8 @@ class StateMachine(Protocol):
         log's): replace it with `snapshot`'s (None: the empty state), from which the log is applied again."""
 
     def flush(self) -> None:
-        """Make the state durable: the log is about to drop entries it covers."""
+        """A compaction is coming: on the snapshot worker thread, while entries are applied, write out what
+        its `checkpoint` would otherwise write on the group's thread."""
 
 
 class RaftGroup(Protocol):

@@ -207,6 +207,11 @@ class RaftJournal(Journal):
             self._meta_saved = False
             failpoints.hit("journal-fsync-after")
 
+    def write_pending(self) -> None:
+        """Nothing waits to be written: every add is written at once (the node log's `GroupLog` batches)."""
+
+    sync_written = sync  # from any thread: the lock keeps the group's adds out until the fsync is done
+
     @_locked
     def flush(self) -> None:
         self._sync_and_save()

@@ -108,6 +108,11 @@ class GroupLog(Journal):
         """The node log's sync: every group's writes made durable with one fdatasync."""
         self._node.sync()
 
+    def sync_written(self) -> None:
+        """`sync` from a thread other than the group's: what is written made durable, not what is batched
+        (the group's thread writes that first: `write_pending`)."""
+        self._node.sync_written()
+
     def flush(self) -> None:
         self._node.flush()
 

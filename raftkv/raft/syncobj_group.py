@@ -250,6 +250,7 @@ class SyncObjGroup:
         self._snapshot_bytes_sent = metrics.RAFT_BYTES_SENT.labels(config.partition, "snapshot")
         self._keep_from = 0  # the first entry the next compaction keeps (`compact`)
         self._snapshot_base = 0  # the entry the last compaction dropped the log to, had it kept none
+        self._compaction_coming = False  # the state machine flushes on the worker first (`compact`)
         tuning = config.tuning
         poller = self.poller = LoopPoller(loop, config.clock)  # the transport hands it the hub's messages
         on_role_changed = config.on_role_changed
@@ -390,8 +391,16 @@ class SyncObjGroup:
         self._ticker.soon()
 
     def compact(self, keep_from: int = 0) -> None:
-        self.steady.asked("a compaction")
+        """The state machine flushes on the snapshot worker first, then pysyncobj compacts (its checkpoint
+        on the loop has little left to write: `SnapshotFiles.prepare`). Asked again meanwhile: one compaction."""
         self._keep_from = keep_from
+        if not self._compaction_coming:
+            self._compaction_coming = True
+            self.snapshots.prepare(lambda: self._ticker.from_thread(self._compact_now))
+
+    def _compact_now(self) -> None:
+        self._compaction_coming = False
+        self.steady.asked("a compaction")
         self._member.forceLogCompaction()
         self._ticker.soon()
 

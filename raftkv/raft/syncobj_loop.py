@@ -219,8 +219,12 @@ class Ticker:
 
     def soon_from_thread(self) -> None:
         """`soon`, asked from another thread (nothing once the loop is closed)."""
+        self.from_thread(self.soon)
+
+    def from_thread(self, call: Callable[[], None]) -> None:
+        """`call()` on the loop, asked from another thread; nothing once the ticker is stopped or the loop closed."""
         try:
-            self._loop.call_soon_threadsafe(self.soon)
+            self._loop.call_soon_threadsafe(lambda: None if self._stopped else call())
         except RuntimeError:  # the loop closed: the group is gone
             pass
 

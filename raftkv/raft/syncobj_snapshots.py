@@ -3,10 +3,12 @@
 A snapshot is a RocksDB checkpoint of the state machine with its metadata (`snapshot_file`), never
 pysyncobj's pickle of the whole object, and never written by a fork:
 
-- `write` (the serializer) checkpoints on the loop (hard links, milliseconds) into a folder it keeps
-  beside the snapshot file, and writes a file of the head only, naming that folder, on one worker
-  thread per process: a compaction costs the same whatever the size of the database
-  (docs/durability.md);
+- `prepare`, before pysyncobj is asked to compact, has the state machine flush on one worker thread per
+  process, so that the checkpoint on the loop has little left to write;
+- `write` (the serializer) checkpoints on the loop (hard links, a millisecond or two) into a folder it
+  keeps beside the snapshot file, and on the worker syncs the journal and writes a file of the head
+  only, naming that folder: a compaction costs the loop the same whatever the size of the database,
+  and no sync (docs/durability.md, docs/benchmarks.md "What a worker thread can take off the loop");
 - `state` (the serializeChecker) answers SERIALIZING until the worker is done, then renames the new
   file into place, deletes the previous snapshot's folder and answers SUCCESS, after which
   pysyncobj compacts the journal to it;
@@ -156,11 +158,11 @@ class SnapshotFiles:
         the journal or sending the snapshot file.
         """
         last_entry, prev_entry, cluster = data
-        # In both modes: the journal will drop the entries before it (in a compaction that is
-        # always synced), so the snapshot and the database must not be lost to a power cut. The
-        # journal first: a database durable past the log's end contradicts the log after a cut.
-        self.journal.sync()
-        self._sm.flush()
+        # The entries up to the snapshot's written, to be synced on the worker before the snapshot can
+        # count (`_finish`). The checkpoint may make the live database durable past the log's end
+        # meanwhile, as RocksDB's own memtable flushes may at any time: after a power cut the replica
+        # rolls back to the snapshot in place, which is never past its synced log (`StateRepair.after_load`).
+        self.journal.write_pending()
         kept = Path(tempfile.mkdtemp(dir=self.folder, prefix=snapshot_file.KEPT_PREFIX))
         try:
             meta = snapshot_file.Meta(
@@ -185,6 +187,19 @@ class SnapshotFiles:
         job.add_done_callback(lambda _: self.on_written())
         return job
 
+    def prepare(self, then: Callable[[], None]) -> None:
+        """A compaction is coming: on the worker, the state machine writes out what the checkpoint would
+        write on the loop (`StateMachine.flush`: a memtable flush held the GIL for tens to hundreds of
+        ms there); then `then()`, on the worker, whatever the outcome (a flush that failed is the
+        checkpoint's to do, and to fail, as before)."""
+        def flush() -> None:
+            try:
+                self._sm.flush()
+            except Exception as exc:  # the checkpoint meets it again, and says so (`state`)
+                log.debug("partition %d: the flush before a compaction failed: %s", self.partition, exc)
+            then()
+        snapshot_writer().submit(flush)
+
     def _members_at(self, index: int, cluster) -> list[str]:
         """The members' addresses as of entry `index`, from pysyncobj's members as of its last entry.
 
@@ -202,9 +217,13 @@ class SnapshotFiles:
         return sorted(members)
 
     def _finish(self, kept: Path, meta: snapshot_file.Meta) -> snapshot_file.Meta:
-        """On the worker thread: the checkpoint made durable (its files are hard links, but MANIFEST, CURRENT
-        and the links themselves are new), then the head written beside the snapshot (renamed in `state`)."""
+        """On the worker thread: the journal synced to the snapshot's entry (the journal will drop the entries
+        before it, and a snapshot durable past the log's end would hold entries a whole-cluster power cut
+        took: no point to roll back to), the checkpoint made durable (its files are hard links, but
+        MANIFEST, CURRENT and the links themselves are new), then the head written beside the snapshot
+        (renamed in `state`)."""
         try:
+            self.journal.sync_written()
             fsync_tree(kept)
             fsync_directory(self.folder)
             snapshot_file.write_head(self._next, meta)

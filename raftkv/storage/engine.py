@@ -94,6 +94,10 @@ class ReplicaEngine(Engine, Protocol):
     def flush(self) -> None:
         """Make everything written so far durable."""
 
+    def flush_memtable(self) -> None:
+        """From a worker thread, while writes go on: write out now what the next `checkpoint` would have
+        to write itself."""
+
     def checkpoint(self, dest: Path) -> Position:
         """A consistent copy of the whole state at `dest` (a directory it creates), and its position."""
 
@@ -186,6 +190,9 @@ class MemoryEngine:
         return position, iter(selected)
 
     def flush(self) -> None:
+        pass
+
+    def flush_memtable(self) -> None:
         pass
 
     def checkpoint(self, dest: Path) -> Position:

@@ -68,7 +68,8 @@ class RocksEngine:
         recover_interrupted_install(self.folder)
         self._lock = threading.Lock()
         self._readers = 0
-        self._readers_done = threading.Condition(self._lock)
+        self._flushing = 0  # memtable flushes under way on worker threads (`flush_memtable`)
+        self._readers_done = threading.Condition(self._lock)  # notified when either count falls
         self._scans: weakref.WeakSet[RocksScan] = weakref.WeakSet()  # open ones, to cut at a close
         self._db = open_database(self.folder / "db")
         self._meta = self._db.get_column_family(META_CF)
@@ -336,6 +337,27 @@ class RocksEngine:
         except Exception as exc:
             raise self._checked(exc) from None
 
+    def flush_memtable(self) -> None:
+        """The memtable written to table files and the WAL synced, from a worker thread while writes go on:
+        rocksdict releases the GIL for both, but holds it through a whole checkpoint, which flushes the
+        memtable itself (docs/benchmarks.md, "What a worker thread can take off the loop"). Not under the
+        lock, which writes take; a close waits for it instead (RocksDB's handle cannot close while a call
+        is inside it: rocksdict raises "Already borrowed")."""
+        with self._lock:  # a closed handle raises, as Unavailable (`_checked`)
+            db = self._db
+            self._flushing += 1
+        try:
+            db.flush(True)
+            db.flush_wal(True)
+        except Exception as exc:
+            if no_space(exc):
+                raise StorageFull(f"disk full flushing {self.folder}; writes resume once space is freed") from None
+            raise self._checked(exc) from None
+        finally:
+            with self._lock:
+                self._flushing -= 1
+                self._readers_done.notify_all()
+
     def close(self) -> None:
         with self._lock:
             self._release()
@@ -344,6 +366,8 @@ class RocksEngine:
         """Close the database (lock held). A close that fails (RocksDB cannot flush to a full disk, or
         refuses after an earlier write error) still releases it, and its WAL holds everything it had
         acknowledged: a node dropping a replica, or stopping, on a full disk goes on."""
+        while self._flushing:  # a flush ends within a second or so: RocksDB writes one memtable
+            self._readers_done.wait()
         self._meta = self._meta_items = None
         try:
             self._db.close()
