@@ -104,11 +104,41 @@ def test_a_checkpoint_that_cannot_seed_is_refused_and_the_next_voter_is_asked(tm
                         "after 6539, not 6437 and 6438); trying another voter"]
 
 
+class Leading(Voter, kv_pb2_grpc.KVServicer):
+    """A voter that leads the partition: asked for a checkpoint only when no follower sends one."""
+
+    asked = 0
+
+    async def Status(self, request, context):
+        return pb.StatusResponse(node_id="n1", hosted=[pb.PartitionStatus(partition=0, role="leader", term=3)])
+
+    async def Checkpoint(self, request, context):
+        self.asked += 1
+        async for chunk in super().Checkpoint(request, context):
+            yield chunk
+
+
+def test_the_copy_comes_from_a_follower_and_from_the_leader_only_when_none_sends_one(tmp_path):
+    """The checkpoint, the read of its every block and the stream take the sender's event loop: on the leader
+    they stalled every write of the partition for 100-400 ms (bench_move)."""
+    replica = _Replaying(tmp_path / "voter")
+    leader = Leading(replica)
+    try:
+        position = asyncio.run(_copy({"n1": leader, "n2": Voter(replica)}, ["n1", "n2"], tmp_path / "a" / "p0000"))
+        assert position == Position(6539, 3) and leader.asked == 0
+        position = asyncio.run(_copy({"n1": leader, "n2": BadBase()}, ["n1", "n2"], tmp_path / "b" / "p0000"))
+        assert position == Position(6539, 3) and leader.asked == 1
+    finally:
+        replica.engine.close()
+
+
 async def _copy(servicers: dict, sources: list[str], folder):
     servers, addresses = [], {}
     for node_id, servicer in servicers.items():
         server = grpc.aio.server()
         kv_pb2_grpc.add_AdminServicer_to_server(servicer, server)
+        if isinstance(servicer, kv_pb2_grpc.KVServicer):
+            kv_pb2_grpc.add_KVServicer_to_server(servicer, server)
         addresses[node_id] = f"127.0.0.1:{free_port_block(1)}"
         server.add_insecure_port(addresses[node_id])
         await server.start()
