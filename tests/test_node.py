@@ -21,7 +21,7 @@ class Replica:
         self.fails = fails
         self.compaction_checks = 0
 
-    def maybe_compact(self, now: float) -> None:
+    def maybe_compact(self, now: float, moving_in: bool) -> None:
         self.compaction_checks += 1
         if self.fails:
             raise RuntimeError("DB instance already closed")

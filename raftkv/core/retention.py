@@ -14,6 +14,9 @@ only until the journal passes the retention bound. Past that a stopped
 learner re-syncs through a snapshot, which it reports as op="r" events:
 never a silent gap. Followers see no readonly replicas (only the leader
 sends to them), so they hold the log for any learner that is behind.
+A move's target that is being copied or catching up counts as one more
+learner behind (`PartitionReplica.maybe_compact`): it starts from a voter's
+checkpoint and needs the entries after it.
 
 A compaction also keeps the entries after the newest backup's copy of the
 partition (`kept_for_seeds`), up to `learner_retention_entries` and

@@ -23,8 +23,8 @@ from raftkv.core.spec import ClusterSpec
 from raftkv.core.spec_toml import spec_to_toml
 from raftkv.meta.bootstrap import bootstrap_command, spec_meta
 from raftkv.meta.cluster_version import ENGINE_REST_SINCE, NODE_ENGINE_SINCE, at_least
-from raftkv.meta.records import (META, ClusterMeta, MetaCommand, NodeState, SetNodeState, encode_command,
-                                 raft_directory)
+from raftkv.meta.records import (META, ClusterMeta, MetaCommand, MoveStep, NodeState, SetNodeState,
+                                 encode_command, raft_directory)
 from raftkv.meta.state_machine import stored_meta
 from raftkv.meta.wire import topology_of
 from raftkv.console.service import Console
@@ -382,10 +382,11 @@ class Node:
         shown: dict[int, tuple[int, int, int]] = {}
         while True:
             now = time.monotonic()
+            moving_in = {m.group for m in self.topology.moves if m.step == MoveStep.CATCHING_UP}
             for p, frontend in list(self.replicas.frontends.items()):
                 r = frontend.replica
                 try:
-                    r.maybe_compact(now)
+                    r.maybe_compact(now, moving_in=p in moving_in)
                 except Exception:  # one partition's trouble (a full disk) must not stop the others' compaction
                     log.exception("partition %d: housekeeping failed", p)
                 values = (r.group.term, r.group.commit_index, r.applied_index)
