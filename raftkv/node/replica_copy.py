@@ -137,7 +137,7 @@ async def copy_replica(peers: Peers, sources: Iterable[str], partition: int, fol
 
 async def leader_last(peers: Peers, sources: list[str], partition: int) -> list[str]:
     """`sources`, the partition's leader last: the checkpoint, the read of its every block and the stream
-    take the sender's event loop, which on the leader stalls every write (bench_move: 100-400 ms), and
+    take the sender's event loop, which on the leader stalls every write (bench_move: 100-160 ms), and
     on a follower none while the other follower answers. A source that does not say keeps its place."""
     async def leads(node_id: str) -> bool:
         try:
