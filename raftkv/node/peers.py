@@ -8,6 +8,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import grpc
 
+from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
 from raftkv.api.rpc_errors import never_sent
 from raftkv.core.errors import Unavailable, Undetermined
@@ -19,6 +20,7 @@ T = TypeVar("T")
 # before its API listens) or a channel between reconnect attempts (at most a second apart) is a moment.
 CONNECT_PATIENCE = 2.0
 _RESEND_SECONDS = 0.05
+BRIEF_STATUS_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)
@@ -94,3 +96,12 @@ async def answer_once_connected(send: Callable[[float], Awaitable[T]], timeout: 
             if not never_sent(exc) or loop.time() + _RESEND_SECONDS >= patience:
                 raise
         await asyncio.sleep(_RESEND_SECONDS)
+
+
+async def brief_status(peers: Peers, node_id: str) -> pb.StatusResponse | None:
+    """A node's brief status (the partitions it leads, the learners it hosts), None if it did not answer
+    within a second: the metadata leader's poll, and a copier looking for the leader, go on without it."""
+    try:
+        return await peers.stub(node_id).Status(pb.StatusRequest(brief=True), timeout=BRIEF_STATUS_TIMEOUT)
+    except grpc.aio.AioRpcError:
+        return None

@@ -26,12 +26,11 @@ from raftkv.meta.cluster_version import version_to_raise
 from raftkv.meta.planner import PlannedTransfer, leaders_from
 from raftkv.meta.records import BeginMove, ClusterMeta, MetaCommand, NodeState, group_name
 from raftkv.node.mover import RPC_TIMEOUT, on_leader
-from raftkv.node.peers import Peers
+from raftkv.node.peers import Peers, brief_status
 from raftkv.node.rebalance_steps import Watch, balance, heard, judge
 
 log = logging.getLogger(__name__)
 
-STATUS_TIMEOUT = 1.0
 
 
 class Rebalancer:
@@ -74,7 +73,7 @@ class Rebalancer:
         """Each live node's statuses: the release of each node that answered, who leads each partition, and
         the learners registered in the partitions they host."""
         nodes = meta.members
-        replies = await asyncio.gather(*(self._status(n) for n in nodes))
+        replies = await asyncio.gather(*(brief_status(self._peers, n) for n in nodes))
         releases = {node_id: reply.version for node_id, reply in zip(nodes, replies) if reply is not None}
         self._watch = heard(self._watch, nodes, set(releases), now)
         answered = [(node_id, reply) for node_id, reply in zip(nodes, replies) if reply is not None]
@@ -83,12 +82,6 @@ class Rebalancer:
         learners |= {ls.name for _, reply in answered for ps in reply.hosted for ls in ps.learners}
         return releases, leaders_from((node_id, ps.partition, ps.role, ps.term)
                                       for node_id, reply in answered for ps in reply.hosted), learners
-
-    async def _status(self, node_id: str) -> pb.StatusResponse | None:
-        try:
-            return await self._peers.stub(node_id).Status(pb.StatusRequest(brief=True), timeout=STATUS_TIMEOUT)
-        except grpc.aio.AioRpcError:
-            return None
 
     async def _transfer(self, action: PlannedTransfer) -> None:
         request = pb.TransferLeadershipRequest(group=action.partition, node=action.target)

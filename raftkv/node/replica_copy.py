@@ -23,7 +23,7 @@ from raftkv.api import kv_pb2 as pb
 from raftkv.api.checkpoint_stream import receive_checkpoint
 from raftkv import failpoints
 from raftkv.core.errors import CorruptData, Unavailable
-from raftkv.node.peers import Peers
+from raftkv.node.peers import Peers, brief_status
 from raftkv.node.replica import Replica
 from raftkv.raft.syncobj_seed import DATABASE, base_problem, seed
 from raftkv.storage.engine import Position
@@ -32,7 +32,6 @@ from raftkv.storage.rocks_engine import RocksEngine
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1024 * 1024
-STATUS_TIMEOUT = 1.0  # a source that has not said whether it leads by then keeps its place (`leader_last`)
 SCRATCH_PREFIX = ".copy-"  # a copy lands beside the replica's folder first: <data_dir>/.copy-p0003
 
 
@@ -140,11 +139,8 @@ async def leader_last(peers: Peers, sources: list[str], partition: int) -> list[
     take the sender's event loop, which on the leader stalls every write (bench_move: 100-160 ms), and
     on a follower none while the other follower answers. A source that does not say keeps its place."""
     async def leads(node_id: str) -> bool:
-        try:
-            reply = await peers.stub(node_id).Status(pb.StatusRequest(brief=True), timeout=STATUS_TIMEOUT)
-        except grpc.aio.AioRpcError:
-            return False
-        return any(ps.partition == partition and ps.role == "leader" for ps in reply.hosted)
+        reply = await brief_status(peers, node_id)
+        return reply is not None and any(ps.partition == partition and ps.role == "leader" for ps in reply.hosted)
 
     leading = await asyncio.gather(*(leads(node_id) for node_id in sources))
     return [n for n, lead in zip(sources, leading) if not lead] + [n for n, lead in zip(sources, leading) if lead]
