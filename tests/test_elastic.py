@@ -232,6 +232,27 @@ def test_bad_membership_commands_are_one_line_and_change_nothing(make_cluster, t
         assert kv.topology().meta.node("n9").state == NodeState.REMOVED
 
 
+def test_a_join_through_a_member_whose_metadata_group_has_no_leader_waits_until_one_is_elected(make_cluster,
+                                                                                                joiner):
+    """A soak (seed 1880499214) found a wiped node that had joined before stopping on its restart with
+    "the metadata group has no leader right now; retry": its seed was in an election. It asks again."""
+    cluster = make_cluster(nodes=3, partitions=1, replication=3)
+    for node_id in ("n1", "n2", "n3"):
+        cluster.stop(node_id)
+    cluster.start("n1")  # alone: its metadata group cannot elect a leader
+    wait_until(lambda: statuses([cluster.endpoints[0]]), 60, "n1 to serve")
+    joined = joiner(1)
+    joined.join("n4", cluster.endpoints[0])
+    wait_until(lambda: "cannot register this node right now" in joined.log_path("n4").read_text(errors="replace"),
+               30, "n4 to be told there is no metadata leader")
+    assert joined.procs["n4"].poll() is None, joined.log_path("n4").read_text(errors="replace")
+    cluster.start("n2")
+    cluster.start("n3")
+    with Client(cluster.endpoints, timeout=10.0) as kv:
+        wait_until(lambda: kv.topology().meta.has_node("n4") and kv.topology().meta.node("n4").state == NodeState.UP,
+                   60, "n4 to join and serve")
+
+
 def test_a_dead_metadata_voter_that_comes_back_learns_the_topology_from_the_others(make_cluster):
     """Replaced while it was away, it is no member of the metadata group any more, and Raft does not
     tell it: it must ask the other nodes, follow the group as a learner, and come back up."""

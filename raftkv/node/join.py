@@ -12,6 +12,8 @@ data is given `--join` to learn the current members (`current_topology`):
 
 from __future__ import annotations
 
+import logging
+import time
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +22,7 @@ import grpc
 
 from raftkv.api import kv_pb2 as pb
 from raftkv.api import kv_pb2_grpc
+from raftkv.api.rpc_errors import never_sent
 from raftkv.core.durable import replace_file
 from raftkv.core.errors import ChangeRefused, ConfigError, Unauthenticated, Unavailable
 from raftkv.core.spec import ClusterSpec, NodeSpec
@@ -31,6 +34,10 @@ from raftkv.security.tls import Tls, open_blocking_channel, refusal
 
 SPEC_FILE = "cluster.toml"
 JOINED_FILE = "joined.json"
+LEADER_WAIT_SECONDS = 30.0  # a seed that answers it cannot register anyone right now (an election) is asked again
+RETRY_PAUSE_SECONDS = 0.5
+
+log = logging.getLogger(__name__)
 
 
 def joined_before(data_dir: Path) -> tuple[ClusterSpec, ClusterMeta] | None:
@@ -62,7 +69,7 @@ def join(seed: str, node_id: str, host: str, base_port: int, data_dir: Path,
         spec = replace(cluster, nodes=tuple(n for n in cluster.nodes if n.id != node_id) + (me,), path=None)
         record = node_record(spec, me)
         command = pb.ChangeTopologyRequest(command=encode_command(AddNode(record)))
-        meta = _call(seed, tls, lambda: admin.ChangeTopology(command, timeout=15.0)).meta
+        meta = _call(seed, tls, lambda: admin.ChangeTopology(command, timeout=15.0), LEADER_WAIT_SECONDS).meta
     data_dir.mkdir(parents=True, exist_ok=True)
     save_spec(spec, data_dir / SPEC_FILE)
     replace_file(data_dir / JOINED_FILE, encode_meta(meta))
@@ -82,17 +89,30 @@ def current_topology(seed: str, node_id: str, tls: Tls | None) -> ClusterMeta:
     return meta
 
 
-def _call(seed: str, tls: Tls | None, call):
-    try:
-        return topology_of(call())
-    except grpc.RpcError as exc:
-        if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
-            raise ChangeRefused(exc.details()) from None
-        if why := refusal(exc.details() or "", tls):
-            raise Unauthenticated(f"cannot join through {seed}: {why}") from None
-        if exc.code() == grpc.StatusCode.UNAVAILABLE:
-            raise Unavailable(f"cannot join through {seed}: {exc.details()}; is a node of the cluster running "
-                              "there?") from None
-        raise ConfigError(f"joining through {seed} failed: {exc.code().name} {exc.details()}",
-                          source="--join") from None
-
+def _call(seed: str, tls: Tls | None, call, wait: float = 0.0):
+    """`call()`'s topology. UNAVAILABLE from the seed itself (its metadata group has no leader right now: an
+    election, or a cluster restarting) is asked again for up to `wait` seconds; a seed that cannot be
+    reached fails at once, since nothing may be running there (a chaos run's wiped node gave up on an
+    election in a second, and stopped)."""
+    deadline, warned = time.monotonic() + wait, False
+    while True:
+        try:
+            return topology_of(call())
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+                raise ChangeRefused(exc.details()) from None
+            if why := refusal(exc.details() or "", tls):
+                raise Unauthenticated(f"cannot join through {seed}: {why}") from None
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise ConfigError(f"joining through {seed} failed: {exc.code().name} {exc.details()}",
+                                  source="--join") from None
+            if never_sent(exc) or not wait:
+                raise Unavailable(f"cannot join through {seed}: {exc.details()}; is a node of the cluster running "
+                                  "there?") from None
+            if time.monotonic() >= deadline:
+                raise Unavailable(f"cannot join through {seed}: {exc.details()} (asked for {wait:.0f}s)") from None
+            if not warned:
+                log.warning("%s cannot register this node right now (%s); asking again for up to %.0fs", seed,
+                            exc.details(), wait)
+                warned = True
+            time.sleep(RETRY_PAUSE_SECONDS)
