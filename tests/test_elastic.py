@@ -249,7 +249,7 @@ def test_a_join_through_a_member_whose_metadata_group_has_no_leader_waits_until_
     cluster.start("n2")
     cluster.start("n3")
     with Client(cluster.endpoints, timeout=10.0) as kv:
-        wait_until(lambda: kv.topology().meta.has_node("n4") and kv.topology().meta.node("n4").state == NodeState.UP,
+        wait_until(lambda: (meta := kv.topology().meta).has_node("n4") and meta.node("n4").state == NodeState.UP,
                    60, "n4 to join and serve")
 
 

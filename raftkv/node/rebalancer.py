@@ -32,7 +32,6 @@ from raftkv.node.rebalance_steps import Watch, balance, heard, judge
 log = logging.getLogger(__name__)
 
 
-
 class Rebalancer:
     def __init__(self, tuning: Tuning, topology: Callable[[], ClusterMeta], peers: Peers,
                  change: Callable[[MetaCommand], Awaitable[ClusterMeta]]):
