@@ -17,6 +17,7 @@ from raftkv.node.replica import PartitionReplica
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft import snapshot_file
 from raftkv.raft.journal import RaftJournal
+from raftkv.raft.syncobj_seed import seed
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
 from raftkv.storage.rocks_engine import RocksEngine
 from tests.loopback_hubs import LoopbackHubs
@@ -71,6 +72,64 @@ def test_a_database_a_power_cut_left_past_the_log_is_rolled_back_and_applied_fro
         assert "the database reached entry" in caplog.text
         assert "rolled back" in caplog.text
         assert after == {key: b"v" if key <= b"k09" or key == b"k15" else None for key in KEYS}
+
+    asyncio.run(scenario())
+
+
+def test_a_seeded_replica_whose_database_a_power_cut_left_past_the_log_rolls_back_to_its_seed(tmp_path, caplog):
+    """A soak hour (lose-last-second mode): a move's target, seeded at entry 65,526, applied entries to
+    65,567, and a power cut of every node kept its database's writes and lost its log's. Its snapshot
+    file was still the seed's (its first compaction was refused while its database was past its commit
+    index), which named no checkpoint, and the node stopped at every start: "the database is at entry
+    65567 (term 208), not where its seed left it (65526, term 208) or after it in the log". A seed now
+    keeps a checkpoint, as a compaction does, and the replica rolls back to it."""
+    folder, staging, cut = tmp_path / "new", tmp_path / ".copy-new", tmp_path / "journal-at-the-cut"
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        hubs = LoopbackHubs()
+        voter = single_voter(tmp_path / "voter", hubs=hubs)
+        address = voter.group.config.self_address
+
+        def seeded() -> PartitionReplica:  # a move's target catching up as a learner
+            config = GroupConfig(partition=0, hub=hubs.hub(None), self_address=None, peers=(address,), folder=folder,
+                                 fsync=False, tuning=Tuning())
+            return PartitionReplica(0, RocksEngine(folder), Tuning(), open_group=lambda sm: SyncObjGroup(config, sm, loop))
+
+        async def write(keys: list[bytes]) -> None:
+            for key in keys:
+                done = loop.create_future()
+                voter.propose(encode_proposal([Put(key, b"v")]), lambda _, outcome, done=done: done.set_result(outcome))
+                assert await asyncio.wait_for(done, 10) == Outcome.APPLIED
+
+        def data(replica: PartitionReplica) -> dict[bytes, bytes | None]:
+            return {key: replica.engine.get(key) for key in KEYS}
+
+        replica = None
+        try:
+            await until(lambda: voter.role == Role.LEADER)
+            await write(KEYS[:5])
+            staging.mkdir()
+            position = voter.engine.checkpoint(staging / "db")
+            seed(staging, folder, 0, position, voter.group.log_base_at(position.index), [address])
+            replica = seeded()
+            shutil.copytree(folder / "journal", cut)  # what the journal keeps of a cut here: the seed's base
+            await write(KEYS[5:10])
+            await until(lambda: replica.engine.position == voter.engine.position)
+            replica.engine.flush_memtable()  # the database durable past the log, as any memtable flush makes it
+            replica.close()
+            shutil.rmtree(folder / "journal")
+            shutil.copytree(cut, folder / "journal")
+            with caplog.at_level(logging.WARNING, logger="raftkv.raft.state_repair"):
+                replica = seeded()
+                await until(lambda: replica.group.last_applied == voter.group.last_applied)
+            assert "the database reached entry" in caplog.text and "rolled back to the snapshot at entry" in caplog.text
+            assert data(replica) == data(voter) == {key: b"v" if key <= b"k09" else None for key in KEYS}
+        finally:
+            if replica is not None:
+                replica.close()
+            voter.close()
+            await hubs.close()
 
     asyncio.run(scenario())
 

@@ -1,12 +1,15 @@
-"""A replica seeded in place (`syncobj_seed`): its database is the copy it was sent, its snapshot file holds
-none, a crash leaves the old state or the new one, and the file is never sent (docs/elasticity.md, "One copy")."""
+"""A replica seeded in place (`syncobj_seed`): its database is the copy it was sent, its snapshot file names a
+checkpoint of the seed beside it, and a crash leaves the old state or the new one (docs/elasticity.md, "One copy").
+A seed of 0.2 named none: its file is never sent, and it is checked against the database as it opens."""
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import shutil
 import signal
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +25,7 @@ from raftkv.node.replica_copy import drop_unfinished_copies
 from raftkv.raft import snapshot_file
 from raftkv.raft.group import Outcome, Role
 from raftkv.raft.syncobj_group import GroupConfig, SyncObjGroup
-from raftkv.raft.syncobj_seed import seed
+from raftkv.raft.syncobj_seed import SEED_CHECKPOINT, seed
 from raftkv.raft.syncobj_snapshots import SNAPSHOT_FILE, SnapshotFiles
 from raftkv.storage.engine import Position
 from raftkv.storage.rocks_engine import RocksEngine
@@ -68,14 +71,16 @@ def test_a_seed_killed_at_its_fail_points_leaves_an_empty_folder_or_the_whole_re
     if point == "seed-rename-before":
         assert not any(folder.iterdir())  # the old state: the copy starts again
         return
-    assert sorted(p.name for p in folder.iterdir()) == ["db", SNAPSHOT_FILE]  # the new state, whole
+    assert sorted(p.name for p in folder.iterdir()) == ["db", SNAPSHOT_FILE, SEED_CHECKPOINT]  # the new state, whole
     meta = snapshot_file.read_meta(folder / SNAPSHOT_FILE)
     assert meta.in_place and meta.position == position and (meta.prev_entry, meta.last_entry) == BASE
-    engine = RocksEngine(folder)  # the replica's database is the copy itself
-    try:
-        assert engine.position == position and engine.get(b"k") == b"v"
-    finally:
-        engine.close()
+    assert meta.checkpoint == SEED_CHECKPOINT and not meta.seeded
+    for where in (folder, folder / SEED_CHECKPOINT):  # the replica's database is the copy itself; its seed beside
+        engine = RocksEngine(where)
+        try:
+            assert engine.position == position and engine.get(b"k") == b"v"
+        finally:
+            engine.close()
 
 
 def test_a_seed_that_fails_before_its_rename_leaves_the_folder_empty(tmp_path):
@@ -91,11 +96,20 @@ def test_a_seed_that_fails_before_its_rename_leaves_the_folder_empty(tmp_path):
     assert not folder.exists() and staging.is_dir()  # the caller removes the scratch (`copy_replica`)
 
 
+def as_a_seed_of_0_2(folder: Path) -> None:
+    """The seed's files as 0.2 wrote them: a head that names no checkpoint (the live database is the only copy)."""
+    path = folder / SNAPSHOT_FILE
+    snapshot_file.write_head(path, replace(snapshot_file.read_meta(path), checkpoint=None))
+    shutil.rmtree(folder / SEED_CHECKPOINT)
+
+
 def _files(tmp_path: Path, position: Position, journal: list) -> SnapshotFiles:
-    """The snapshot files of a replica seeded at entry 5, whose database is at `position` and log is `journal`."""
+    """The snapshot files of a replica seeded by 0.2 at entry 5, whose database is at `position` and log is
+    `journal`."""
     staging = tmp_path / ".copy"
     (staging / "db").mkdir(parents=True)
     seed(staging, tmp_path / "p0000", 0, Position(5, 2), BASE, [])
+    as_a_seed_of_0_2(tmp_path / "p0000")
     files = SnapshotFiles(0, tmp_path / "p0000", SimpleNamespace(position=position))
     files.journal = journal
     return files
@@ -108,7 +122,7 @@ LOG = [BASE[0], BASE[1], (b"\x00a", 6, 2), (b"\x00b", 7, 3)]
     (Position(5, 2), []),  # as the seed left it: its log is still empty
     (Position(7, 3), LOG),  # it applied entries of its log before a restart, or before it reopened as a voter
 ])
-def test_a_seeded_replica_opens_on_its_database_at_the_seed_or_past_it_by_its_own_log(tmp_path, position, journal):
+def test_a_seed_of_0_2_opens_on_its_database_at_the_seed_or_past_it_by_its_own_log(tmp_path, position, journal):
     files = _files(tmp_path, position, journal)
     assert files.in_place
     files.before_load()
@@ -120,7 +134,7 @@ def _compaction(index: int, term: int) -> snapshot_file.Meta:
                               prev_entry=(b"\x00p", index - 1, term), cluster=[], in_place=True, checkpoint="snapshot-test")
 
 
-def test_a_compaction_up_to_the_seed_s_entry_replaces_the_seed_s_file(tmp_path):
+def test_a_compaction_up_to_the_entry_of_a_seed_of_0_2_replaces_its_file(tmp_path):
     """A moved replica that leads before any entry after its seed compacts up to the seed's entry: its
     full snapshot must replace the seed's file, which holds no database and is never sent. It was
     dropped as if a newer one had been installed meanwhile, and the replica withheld snapshots for good
@@ -171,8 +185,7 @@ def test_the_placeholder_of_a_first_snapshot_being_written_is_no_snapshot(tmp_pa
     (Position(7, 2), LOG),  # past it, but not by an entry of its log
     (Position(9, 3), LOG),  # past its log
 ])
-def test_a_seeded_replica_whose_database_is_not_where_the_seed_left_it_stops_with_one_line(tmp_path, position,
-                                                                                            journal):
+def test_a_seed_of_0_2_whose_database_is_not_where_it_left_it_stops_with_one_line(tmp_path, position, journal):
     files = _files(tmp_path, position, journal)
     with pytest.raises(CorruptData, match=r"not where its seed left it \(5, term 2\).*move .*p0000 away") as error:
         files.before_load()
@@ -209,11 +222,14 @@ class _FailsFirstCheckpoint(DictStateMachine):
         return super().checkpoint(dest, last)
 
 
-def test_a_seeded_voter_compacts_when_it_opens_and_sends_no_snapshot_until_it_holds_a_database(tmp_path):
+@pytest.mark.parametrize("release", ["0.3", "0.2"])
+def test_a_seeded_voter_sends_a_snapshot_only_with_a_database(tmp_path, release):
     """A move's steps on real pysyncobj members: a replica seeded in place catches up as a learner, is added,
-    reopens as a voter on the same folder and compacts at once. That first compaction fails here, so the
-    replica, made leader, holds only the seed's file when a new learner needs a snapshot: it sends none
-    (pysyncobj would have sent the file) until a compaction writes one with its database, then that one."""
+    reopens as a voter on the same folder and is made leader; then a new learner needs a snapshot. A seed of
+    0.3 names its checkpoint: the voter sends a tar packed from it, with no compaction. A seed of 0.2 named
+    none: the voter compacts at once when it opens; that first compaction fails here, so it holds only the
+    seed's file, and sends none (pysyncobj would have sent the file) until a compaction writes one with its
+    database, then that one."""
 
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -247,6 +263,8 @@ def test_a_seeded_voter_compacts_when_it_opens_and_sends_no_snapshot_until_it_ho
             source_machine.checkpoint(tmp_path / ".copy-new" / "db", position)
             seed(tmp_path / ".copy-new", tmp_path / "new", PARTITION, position, source.log_base_at(position.index),
                  addresses)
+            if release == "0.2":
+                as_a_seed_of_0_2(tmp_path / "new")
 
             learner = SyncObjGroup(config("new", None, addresses), DictStateMachine.at(tmp_path / "new" / "db"), loop)
             opened.append(learner)
@@ -257,7 +275,8 @@ def test_a_seeded_voter_compacts_when_it_opens_and_sends_no_snapshot_until_it_ho
             machine = _FailsFirstCheckpoint.at(tmp_path / "new" / "db")  # the database as the seed left it
             voter = SyncObjGroup(config("new", new, addresses), machine, loop)
             opened.append(voter)
-            await until(lambda: machine.checkpoints == 1)  # the compaction when it opened, which failed
+            if release == "0.2":
+                await until(lambda: machine.checkpoints == 1)  # the compaction when it opened, which failed
             assert voter.snapshots.in_place
             await until(lambda: voter.last_applied >= leader.commit_index)
             await _lead(list(groups.values()), voter)
@@ -265,6 +284,10 @@ def test_a_seeded_voter_compacts_when_it_opens_and_sends_no_snapshot_until_it_ho
             snapshots = _sent("snapshot")
             late = SyncObjGroup(config("late", None, addresses + [new]), DictStateMachine(), loop)
             opened.append(late)
+            if release == "0.3":
+                await until(lambda: late._sm.data == machine.data)
+                assert _sent("snapshot") > snapshots and machine.checkpoints == 0
+                return
             await until(lambda: voter.snapshots.withheld_count >= 3)  # three heartbeats that would have sent the file
             assert voter.snapshots.in_place and _sent("snapshot") == snapshots and not late._sm.data
             assert late.leader == new and late.leader_commit_index == voter.commit_index  # it heard them

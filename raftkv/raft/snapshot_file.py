@@ -12,11 +12,13 @@ pysyncobj hands the file to other replicas byte by byte, so it must be one
 self-contained file. Two kinds never leave their node, both the head and the
 entries only, `"in_place": true` in meta.json, no db/ (`write_head`):
 
-- a replica seeded in place (`syncobj_seed`) has its database already: the file
-  is the record of where the seed left it, until the replica's first compaction;
 - a compaction's (docs/durability.md): `"checkpoint": "snapshot-XXXX"` names the
   folder beside the file that holds the checkpoint; `extract_db` copies it by
-  hard links, and the tar is built from it only when a member needs it.
+  hard links, and the tar is built from it only when a member needs it;
+- a seed's (`syncobj_seed`): the replica's database is the copy it was sent, and
+  `"checkpoint": "snapshot-seed"` a checkpoint of it. A seed of 0.2 named none:
+  the file is then only the record of where the seed left the database, until
+  the replica's first compaction (`Meta.seeded`).
 
 Neither is sent (`syncobj_snapshots.SnapshotHooks`). A node of 0.2 reads both as
 a seed's.
@@ -63,7 +65,7 @@ class Meta:
 
     @property
     def seeded(self) -> bool:
-        """The database is the replica's own live one: nothing here can rebuild this snapshot."""
+        """A seed's head of 0.2: the database is the replica's own live one, and nothing here can rebuild it."""
         return self.in_place and self.checkpoint is None
 
 

@@ -475,7 +475,7 @@ class SyncObjGroup:
         self._take_logged_members()
         self.repair.after_load()
         if self.snapshots.seeded and self.config.self_address is not None:
-            self.compact()  # a seeded voter's snapshot holds no database: a full one, so that it can send one
+            self.compact()  # a seed of 0.2 holds no database: a full one, so that it can send one
 
     def _take_logged_members(self) -> None:
         """The configuration as the log has it, uncommitted entries included, as Raft's is. pysyncobj counts a

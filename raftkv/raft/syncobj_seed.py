@@ -9,6 +9,13 @@ it only the entries after that one. If the leader's log no longer holds them (it
 the checkpoint), the leader sends its own snapshot instead: a stale seed costs the saving, never
 correctness.
 
+The snapshot file names a checkpoint of the seed too (`snapshot-seed/db`: the table files hard-linked,
+the few others copied), as a compaction's does. The live database moves on from the seed, and a
+power cut in lose-last-second mode may leave it durable past the log's synced end (any memtable
+flush does it, and the first compaction's checkpoint): the replica then rolls back to that
+checkpoint and applies its log again (`StateRepair.after_load`). A seed of 0.2 named none, and a
+node stopped on it for good ("not where its seed left it", a soak hour; docs/chaos.md).
+
 A crash leaves the old state or the new one (docs/elasticity.md, "One copy"): everything is
 written and synced in the staging folder, which one rename makes the replica's folder. A staging
 folder found at start-up is deleted (`HostedReplicas.start`): the replica's folder is then still
@@ -27,8 +34,10 @@ from raftkv.core.durable import fsync_directory, fsync_tree
 from raftkv.raft.syncobj_snapshots import SNAPSHOT_FILE
 from raftkv.raft.syncobj_patches import LogEntry
 from raftkv.storage.engine import Position
+from raftkv.storage.rocks_files import link_checkpoint
 
 DATABASE = "db"  # in a staging folder, and in a replica's folder (`RocksEngine`)
+SEED_CHECKPOINT = snapshot_file.KEPT_PREFIX + "seed"  # beside it: what the replica rolls back to
 
 
 def base_problem(position: Position, base: Sequence[LogEntry]) -> str | None:
@@ -60,8 +69,9 @@ def seed(staging: Path, folder: Path, partition: int, position: Position, base: 
     prev, last = base
     if folder.exists() and any(folder.iterdir()):
         raise FileExistsError(f"{folder} is not empty: a replica is seeded into an empty folder only")
+    link_checkpoint(staging / DATABASE, staging / SEED_CHECKPOINT / DATABASE)
     meta = snapshot_file.Meta(partition=partition, position=position, last_entry=last, prev_entry=prev,
-                              cluster=sorted(members), in_place=True)
+                              cluster=sorted(members), in_place=True, checkpoint=SEED_CHECKPOINT)
     snapshot_file.write_head(staging / SNAPSHOT_FILE, meta)
     fsync_tree(staging)  # the files were streamed or downloaded, never synced
     failpoints.hit("seed-rename-before")

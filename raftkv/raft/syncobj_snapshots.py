@@ -17,9 +17,10 @@ pysyncobj's pickle of the whole object, and never written by a fork:
   withheld from every member that needs a snapshot (`SnapshotHooks`), and `withheld` has the worker
   pack the kept checkpoint into a full tar, which replaces the head once it is written.
 
-A replica seeded in place (`syncobj_seed`) starts with a head too, whose database is the live one:
-it is read as the record of where the seed left the database, and withheld until a compaction
-replaces it (a voter compacts when it opens, `SyncObjGroup.load_state`).
+A replica seeded in place (`syncobj_seed`) starts with a head too, naming a checkpoint of the seed as
+a compaction's names its own. A seed of 0.2 named none, its database being the live one: such a head
+is read as the record of where the seed left the database, and withheld until a compaction replaces
+it (a voter compacts when it opens, `SyncObjGroup.load_state`).
 
 The rest keeps the journal and the snapshot consistent across crashes (docs/pysyncobj.md, and the
 rewound log in docs/chaos.md).
@@ -101,7 +102,8 @@ class SnapshotFiles:
 
     @property
     def seeded(self) -> bool:
-        """The file is a seed's head: its database is the live one, and only a compaction gives it one to send."""
+        """The file is the head of a seed of 0.2: its database is the live one, and only a compaction gives it one
+        to send (or to roll back to)."""
         return self.in_place and self.kept is None
 
     def _sweep(self) -> None:
@@ -252,7 +254,7 @@ class SnapshotFiles:
             # over it, this one would begin before the journal, which pysyncobj then clears down to it
             # at the next start: the entries between them gone from the log, though the database holds
             # them (the rewound log, docs/chaos.md); and after a whole-cluster power cut, one up to the
-            # same index may hold other entries than ours. A seed's file (no database) is the exception:
+            # same index may hold other entries than ours. A seed's file of 0.2 (no database) is the exception:
             # a moved replica that led before any entry after its seed compacted up to the seed's entry,
             # kept the seed's file, and withheld snapshots for good.
             self._next.unlink(missing_ok=True)
@@ -290,8 +292,9 @@ class SnapshotFiles:
         return meta.last_entry, meta.prev_entry, [TCPNode(address) for address in meta.cluster]
 
     def _check_in_place(self, meta: snapshot_file.Meta) -> None:
-        """A seeded replica's database is at the position its snapshot file records, or past it by entries of
-        its own log (it applied some before a restart, or before it reopened as a voter); CorruptData if not."""
+        """The database of a replica a seed of 0.2 made is at the position its snapshot file records, or past it
+        by entries of its own log (it applied some before a restart, or before it reopened as a voter);
+        CorruptData if not: there is nothing to roll back to."""
         position, journal = self._sm.position, self.journal
         if position == meta.position:
             return
@@ -316,7 +319,7 @@ class SnapshotFiles:
             self._withheld_from.add(node.id)
             if self.seeded:
                 log.info("partition %d: %s needs a snapshot; this replica's holds no database until its first "
-                         "compaction (it was seeded in place), so it is sent one after that", self.partition, node.id)
+                         "compaction (it was seeded in place by 0.2), so it is sent one after that", self.partition, node.id)
             else:
                 log.info("partition %d: %s needs a snapshot; it is sent one once the snapshot's checkpoint is packed",
                          self.partition, node.id)
