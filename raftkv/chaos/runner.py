@@ -5,9 +5,10 @@
 
 The run starts its own cluster from a fresh spec on free loopback ports and
 removes every process, cgroup, nftables table and mount it made, also when it
-fails or is interrupted. Its files (history.jsonl, timeline.json,
-violations.json, the nodes' logs and data dirs) go to `config.out` or a temporary folder; the data dirs are kept
-only when a check fails, and a temporary folder only then.
+fails or is interrupted (Ctrl-C, or SIGTERM where it runs in the main thread). Its
+files (history.jsonl, timeline.json, violations.json, the nodes' logs and data dirs)
+go to `config.out` or a temporary folder; the data dirs are kept only when a check
+fails, and a temporary folder only then.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import random
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -129,6 +131,7 @@ def run_chaos(config: ChaosConfig, *, steps: tuple[FaultStep, ...] | None = None
     run = _Run(config, steps, run_dir, status, rng, until_duration=scheduled)
     try:
         with ExitStack() as cleanup:
+            _unwind_on_sigterm(cleanup)
             run.execute(cleanup)
     finally:
         run.write_files()
@@ -140,6 +143,14 @@ def run_chaos(config: ChaosConfig, *, steps: tuple[FaultStep, ...] | None = None
             shutil.rmtree(run_dir, ignore_errors=True)
             report = dataclasses.replace(report, run_dir=None)
     return report
+
+
+def _unwind_on_sigterm(cleanup: ExitStack) -> None:
+    """SIGTERM unwinds the run like Ctrl-C, so its cleanup runs; Python's default would exit at once and leave
+    the nodes, the broker, a paused process and the mounts behind. Only the main thread can set a handler."""
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+        cleanup.callback(signal.signal, signal.SIGTERM, previous)
 
 
 class _Run:
