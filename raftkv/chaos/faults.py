@@ -34,8 +34,11 @@ from raftkv.dev.local_cluster import LocalCluster
 from raftkv.core.partitioning import replicas_for
 from raftkv.core.spec import ClusterSpec
 from raftkv.core.durable import SLOW_FSYNC_SECONDS, fsync_directory
+from raftkv.node.join import LEADER_WAIT_SECONDS
 
-START_TIMEOUT = 30.0  # for a restarted node to serve its API, or exit
+# For a restarted node to serve its API, or exit; a wiped node that had joined joins again first, which may
+# wait out an election of the metadata group.
+START_TIMEOUT = 30.0 + LEADER_WAIT_SECONDS
 FAILPOINT_PASSES = 20  # an armed fail point lets up to this many hits pass before it crashes the node
 SNAPSHOT_PASSES = 2  # a snapshot is taken every few seconds only
 SLOW_FSYNC_MS = {"fsync-50ms": 50, "fsync-500ms": 500, "fsync-5s": 5000}
