@@ -105,14 +105,19 @@ class FeedConsumer:
             self._consumer.close()
             raise
 
-    def events(self, timeout: float | None = None, to_end: bool = False) -> Iterator[ChangeEvent]:
+    def events(self, timeout: float | None = None, to_end: bool = False,
+               deadline: float | None = None) -> Iterator[ChangeEvent]:
         """Events in arrival order, each once; ends after `timeout` seconds without a record (None: never), or,
-        `to_end` (without group_id), once every partition reached its end: then a timeout is Unavailable."""
+        `to_end` (without group_id), once every partition reached its end: then a timeout is Unavailable.
+        Unavailable too once `deadline` (a `time.monotonic()`) passes first: records that trickle in never
+        leave the feed idle."""
         if to_end and self.group_id:
             raise ValueError("to_end needs the partitions assigned: no group_id")
         idle_since = time.monotonic()
         at_end: set[int] = set()
         while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise Unavailable(f"feed {self.topic!r}: still reading when the deadline passed")
             msg = self._consumer.poll(0.1 if timeout is None else min(0.1, max(timeout, 0.001)))
             if msg is None:
                 if timeout is not None and time.monotonic() - idle_since >= timeout:
@@ -181,10 +186,12 @@ class FeedConsumer:
         self.close()
 
 
-def read_feed(bootstrap: str, topic: str, idle: float = 3.0) -> list[ChangeEvent]:
-    """Every event in the topic once (deduplicated), in arrival order, until `idle` seconds bring nothing new."""
+def read_feed(bootstrap: str, topic: str, idle: float = 3.0, within: float | None = None) -> list[ChangeEvent]:
+    """Every event in the topic once (deduplicated), in arrival order, until `idle` seconds bring nothing new;
+    Unavailable if that takes more than `within` seconds."""
+    deadline = None if within is None else time.monotonic() + within
     with FeedConsumer(bootstrap, topic) as feed:
-        return list(feed.events(timeout=idle))
+        return list(feed.events(timeout=idle, deadline=deadline))
 
 
 def tail(bootstrap: str, topic: str, *, group_id: str | None = None, from_beginning: bool = False,

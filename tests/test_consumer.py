@@ -6,13 +6,14 @@ import io
 import json
 import shutil
 import subprocess
+import threading
 import time
 from collections import Counter
 
 import pytest
 
 from learners.change_event import ChangeEvent
-from learners.consumer import FeedConsumer, tail
+from learners.consumer import FeedConsumer, read_feed, tail
 from learners.sinks.base import DeliveryBatch
 from learners.sinks.kafka_sink import KafkaSink
 from raftkv.cli.feed import check_bootstrap, kafka_feed
@@ -157,6 +158,34 @@ def test_tail_prints_valid_json_lines(broker, duplicated_feed):
     out = io.StringIO()
     assert tail(broker.bootstrap, topic, from_beginning=True, out=out, max_events=3, config=FAST_CONSUMER) == 3
     assert len(out.getvalue().splitlines()) == 3
+
+
+def test_a_read_of_a_feed_that_never_goes_idle_ends_at_its_deadline(broker):
+    """A soak's final check read the Kafka feed again for 20 minutes past its 120 s deadline: records kept
+    trickling in, so the read never went idle, and the deadline was checked only between reads."""
+    topic = new_topic()
+    history = History()
+    sink = open_sink(broker.bootstrap, topic)
+    stop = threading.Event()
+
+    def trickle() -> None:  # for 10 s at most: a read without the deadline then ends idle, and the test fails
+        index, until = 0, time.monotonic() + 10
+        while not stop.wait(0.3) and time.monotonic() < until:
+            index += 1
+            sink.deliver(DeliveryBatch(history.entries(0, 1), {0: index}))
+            sink.flush()
+
+    writer = threading.Thread(target=trickle)
+    writer.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(Unavailable, match="still reading when the deadline passed"):
+            read_feed(broker.bootstrap, topic, idle=1.0, within=2.0)
+        assert time.monotonic() - started < 10
+    finally:
+        stop.set()
+        writer.join()
+        sink.close()
 
 
 def test_a_missing_topic_is_unavailable(broker):

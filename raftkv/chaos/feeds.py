@@ -52,7 +52,7 @@ def start_feeds(spec: ClusterSpec, kinds: Iterable[str], cleanup: ExitStack) -> 
             kafka = LocalFeed(spec, name, name, sink_options={"timeout.ms": "5000"}).start()
             cleanup.callback(kafka.stop)
             feeds.append(Feed(kind, f"topic {kafka.topic}", lambda kafka=kafka: kafka.learner, kafka.log_path,
-                              lambda kafka=kafka: read_feed(kafka.bootstrap, kafka.topic)))
+                              lambda kafka=kafka: read_feed(kafka.bootstrap, kafka.topic, within=FEED_DEADLINE)))
         else:
             port = free_port_block(1)
             address = f"127.0.0.1:{port}"
