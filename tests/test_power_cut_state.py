@@ -35,6 +35,17 @@ def as_a_tar_of_0_2(folder) -> None:
     shutil.rmtree(kept)
 
 
+async def put(leader: PartitionReplica, key: bytes) -> None:
+    """`key` set to b"v" through `leader`, applied."""
+    done = asyncio.get_running_loop().create_future()
+    leader.propose(encode_proposal([Put(key, b"v")]), lambda _, outcome: done.set_result(outcome))
+    assert await asyncio.wait_for(done, 10) == Outcome.APPLIED
+
+
+def data(replica: PartitionReplica) -> dict[bytes, bytes | None]:
+    return {key: replica.engine.get(key) for key in KEYS}
+
+
 @pytest.mark.parametrize("snapshot", [True, "tar of 0.2", False],
                          ids=["from-its-snapshot", "from-a-snapshot-file-of-0.2", "from-empty"])
 def test_a_database_a_power_cut_left_past_the_log_is_rolled_back_and_applied_from_the_log(tmp_path, snapshot, caplog):
@@ -49,15 +60,13 @@ def test_a_database_a_power_cut_left_past_the_log_is_rolled_back_and_applied_fro
         try:
             await until(lambda: replica.role == Role.LEADER)
             for i, key in enumerate(keys):
-                done = asyncio.get_running_loop().create_future()
-                replica.propose(encode_proposal([Put(key, b"v")]), lambda _, outcome, done=done: done.set_result(outcome))
-                assert await asyncio.wait_for(done, 10) == Outcome.APPLIED
+                await put(replica, key)
                 if snapshot and i == 4:
                     replica.group.compact()
                     await until(lambda: replica.group.snapshots.last_index() is not None)
                 if i == cut_after:
                     shutil.copytree(folder / "journal", kept)  # what the journal keeps of a cut here
-            return {key: replica.engine.get(key) for key in KEYS}
+            return data(replica)
         finally:
             replica.close()
 
@@ -98,12 +107,7 @@ def test_a_seeded_replica_whose_database_a_power_cut_left_past_the_log_rolls_bac
 
         async def write(keys: list[bytes]) -> None:
             for key in keys:
-                done = loop.create_future()
-                voter.propose(encode_proposal([Put(key, b"v")]), lambda _, outcome, done=done: done.set_result(outcome))
-                assert await asyncio.wait_for(done, 10) == Outcome.APPLIED
-
-        def data(replica: PartitionReplica) -> dict[bytes, bytes | None]:
-            return {key: replica.engine.get(key) for key in KEYS}
+                await put(voter, key)
 
         replica = None
         try:
@@ -175,14 +179,9 @@ def test_applied_entries_a_new_leader_replaces_after_a_whole_cluster_cut_are_rol
             await until(lambda: sum(r.group.role == Role.LEADER for r in replicas.values()) == 1)
             leader = next(r for r in replicas.values() if r.group.role == Role.LEADER)
             for key in keys:
-                done = loop.create_future()
-                leader.propose(encode_proposal([Put(key, b"v")]), lambda _, outcome, done=done: done.set_result(outcome))
-                assert await asyncio.wait_for(done, 10) == Outcome.APPLIED
+                await put(leader, key)
             await until(lambda: all(r.applied_index >= leader.applied_index for r in replicas.values()))
             return leader
-
-        def data(replica: PartitionReplica) -> dict[bytes, bytes | None]:
-            return {key: replica.engine.get(key) for key in KEYS}
 
         try:
             for address in addresses:
