@@ -34,6 +34,7 @@ from raftkv.dev.local_cluster import LocalCluster
 from raftkv.core.partitioning import replicas_for
 from raftkv.core.spec import ClusterSpec
 from raftkv.core.durable import SLOW_FSYNC_SECONDS, fsync_directory
+from raftkv.core.event_loop import STRAGGLER
 from raftkv.node.join import LEADER_WAIT_SECONDS
 
 # For a restarted node to serve its API, or exit; a wiped node that had joined joins again first, which may
@@ -195,12 +196,18 @@ class FaultInjector(MembershipFaults):
             self.damaged[node_id] = record  # it may still run into the damage later, and stop
         elif started == "exited":
             self._refused(node_id, record)
+        else:  # a problem already; its damaged files would stop every later start too
+            self._kill(node_id)
+            self._start_wiped(node_id, record)
 
     def _refused(self, node_id: str, record: FaultRecord, says: tuple[str, ...] = ("corrupt",),
                  on: str = "damaged files") -> None:
         """A node stopped on damaged files (or a failing disk): it must say so in one line; then it is
         wiped and re-syncs, as that line tells an operator to do."""
         self._stopped_with_one_line(node_id, record, says, on)
+        self._start_wiped(node_id, record)
+
+    def _start_wiped(self, node_id: str, record: FaultRecord) -> None:
         self.down.add(node_id)
         self._wipe(node_id, record)
         self._start(node_id)
@@ -208,6 +215,8 @@ class FaultInjector(MembershipFaults):
     def _stopped_with_one_line(self, node_id: str, record: FaultRecord, says: tuple[str, ...], on: str) -> None:
         code = self.cluster.procs[node_id].returncode
         errors = self.logs.errors(node_id)
+        if self.logs.lines(node_id, STRAGGLER):
+            record.problems.append(f"{node_id}: a task {STRAGGLER} as it stopped; see {self.cluster.log_path(node_id)}")
         if code == 2 and len(errors) == 1 and any(word in errors[0] for word in says):
             record.notes.append(f"{node_id} stopped: {errors[0]}")
         else:

@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 
 import click
-import uvloop
 
 from learners import learner_process, learner_status
 from raftkv import failpoints
@@ -15,6 +14,7 @@ from raftkv.cli.options import config_option, endpoints_option, json_option, ope
 from learners.sinks.base import CheckedSink, available_sinks, load_sink
 from learners.sinks.options import limits
 from raftkv.cli import output
+from raftkv.core import event_loop
 from raftkv.core.errors import ConfigError, Unavailable
 from raftkv.core.spec_toml import load_spec
 
@@ -140,5 +140,5 @@ def start(name, config, sink_options, data_dir, metrics_port, api_port, host) ->
     overrides = parse_key_values(sink_options, "--sink-option")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failpoints.arm_from_environment()
-    uvloop.run(learner_process.serve(spec, name, Path(data_dir) if data_dir else None, overrides, metrics_port,
+    event_loop.run(learner_process.serve(spec, name, Path(data_dir) if data_dir else None, overrides, metrics_port,
                                       api_port, host))

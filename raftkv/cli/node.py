@@ -9,13 +9,13 @@ import signal
 from pathlib import Path
 
 import click
-import uvloop
 from rich.table import Table
 
 from raftkv import failpoints
 from raftkv.cli.options import config_option, endpoints_option, json_option, open_client, tls_files
 from raftkv.cli.output import console, err_console, progress_bars
 from raftkv.cli.replica import wait_for
+from raftkv.core import event_loop
 from raftkv.core.errors import ConfigError
 from raftkv.core.spec_toml import load_spec
 from raftkv.node import process as node_process
@@ -66,7 +66,7 @@ def start(config: str | None, node_id: str, seed: str | None, host: str, base_po
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failpoints.arm_from_environment()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack, on stderr
-    uvloop.run(node_process.serve(spec, node_id, initial))
+    event_loop.run(node_process.serve(spec, node_id, initial))
 
 
 @node.command()
